@@ -1,0 +1,74 @@
+"""Device choice (npu → cuda → cpu) and the memory figures each backend can report."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+DEVICE_ENV = "RELAYGR_DEVICE"
+_KINDS = ("npu", "cuda", "cpu")
+
+
+def npu_available() -> bool:
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    import torch_npu  # noqa: F401  (registers the "npu" device with torch)
+
+    return bool(getattr(torch, "npu", None)) and torch.npu.is_available()
+
+
+def select_device(requested: str | None = None) -> torch.device:
+    """The device to bind to: ``requested`` (or $RELAYGR_DEVICE) when set, else npu → cuda → cpu.
+
+    ``requested`` may be a kind ("cuda") or a kind with an index ("cuda:1"); a device that is not
+    present is an error rather than a silent fallback, so a misconfigured worker fails at start.
+    """
+    requested = requested or os.environ.get(DEVICE_ENV) or "auto"
+    if requested == "auto":
+        if npu_available():
+            return torch.device("npu:0")
+        if torch.cuda.is_available():
+            return torch.device("cuda:0")
+        return torch.device("cpu")
+    kind = requested.split(":", 1)[0]
+    if kind not in _KINDS:
+        raise ValueError(f"device must be one of auto, npu[:N], cuda[:N], cpu; got {requested!r}")
+    if kind == "npu" and not npu_available():
+        raise ValueError(f"device {requested!r} requested but torch_npu is not installed or sees no NPU")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {requested!r} requested but CUDA is not available")
+    device = torch.device(requested)
+    if device.type in ("cuda", "npu") and device.index is None:
+        device = torch.device(f"{device.type}:0")
+    return device
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """Total memory of an accelerator, or None on the CPU (where host RAM is the limit)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "npu":
+        return torch.npu.get_device_properties(device).total_memory
+    return None
+
+
+def device_allocated_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    if device.type == "npu":
+        return torch.npu.memory_allocated(device)
+    return None
+
+
+def host_pinning_supported(device: torch.device) -> bool:
+    """Pinned host memory makes DRAM ⇄ HBM copies asynchronous; it only exists beside an accelerator."""
+    return device.type in ("cuda", "npu")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "npu":
+        torch.npu.synchronize(device)

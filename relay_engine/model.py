@@ -1,0 +1,551 @@
+"""An HSTU-style generative recommender with an explicit cached path for relay-race inference.
+
+Following "Actions Speak Louder than Words" (Zhai et al., 2024): a sequence of (item, action)
+tokens; per layer one fused projection gives U, V, Q, K through SiLU; attention is pointwise
+(SiLU, no softmax) with relative position and, when timestamps are given, time-bucket biases,
+normalised by the number of keys each query sees; the layer output is ``W_o(Norm(A·V) ⊙ U)``
+added to the residual stream.
+
+Candidates are scored M-FALCON style: history tokens are causal; each candidate attends to the
+whole history and to itself only, never to other candidates; all candidates share the position
+just after the history. So the history's keys and values never depend on the candidates, and the
+long-term prefix's per-layer K/V (``PrefixKV``) can be computed once by ``prefill`` and reused by
+``rank`` — which gives the same scores as ``rank_full`` recomputing everything.
+
+Normalisation is per query row by its own key count (``i + 1`` for history row i, ``L + 1`` for a
+candidate). A length-wide normaliser would make the prefix's deeper-layer K/V depend on how many
+tokens come after it, and no prefix cache could then be exact.
+
+One function, ``_forward``, serves all three operations, so the baseline and the cached path run
+the same kernels with the same batching of candidates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from relay_engine.config import EDIT_SCOPES, EditingConfig, ModelFingerprint
+
+
+class ModelInputError(ValueError):
+    """Bad input to the model, naming the field and what is allowed."""
+
+    def __init__(self, field_name: str, message: str):
+        self.field = field_name
+        super().__init__(f"{field_name}: {message}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    num_items: int = 65_536
+    num_actions: int = 8  # action 0 is reserved for candidates (their action is what we predict)
+    embed_dim: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    head_dim: int = 32  # per head, for Q/K and for V/U alike
+    num_position_buckets: int = 64
+    num_time_buckets: int = 64
+    max_seq_len: int = 16_384  # history tokens (prefix + short-term) a request may carry
+    # History query rows processed per block: bounds the [H, block, keys] score tensor in memory.
+    block_rows: int = 512
+    seed: int = 0
+
+    def fingerprint(self) -> ModelFingerprint:
+        return ModelFingerprint(self.num_layers, self.num_heads, self.head_dim)
+
+    @property
+    def attn_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    def version(self) -> str:
+        """Identity of the weights: same config and seed → same weights → same version."""
+        text = repr(sorted(self.__dict__.items()))
+        return "hstu-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def kv_bytes_per_token(self, with_timestamps: bool = False) -> int:
+        """Bytes of prefix cache per token: K and V (float32) in every layer, plus its timestamp."""
+        return self.num_layers * 2 * self.num_heads * self.head_dim * 4 + (8 if with_timestamps else 0)
+
+
+@dataclass
+class History:
+    """A run of user behaviour tokens. items/actions: [T] int64; timestamps: [T] int64 seconds or None."""
+
+    items: torch.Tensor
+    actions: torch.Tensor
+    timestamps: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.items.shape[0])
+
+    @classmethod
+    def from_lists(cls, items: Sequence[int], actions: Sequence[int],
+                   timestamps: Sequence[int] | None = None) -> History:
+        return cls(
+            torch.as_tensor(items, dtype=torch.int64),
+            torch.as_tensor(actions, dtype=torch.int64),
+            None if timestamps is None else torch.as_tensor(timestamps, dtype=torch.int64),
+        )
+
+    def concat(self, other: History) -> History:
+        if (self.timestamps is None) != (other.timestamps is None):
+            raise ModelInputError("timestamps", "prefix and short-term tokens must both have timestamps or neither")
+        ts = None if self.timestamps is None else torch.cat([self.timestamps, other.timestamps])
+        return History(torch.cat([self.items, other.items]), torch.cat([self.actions, other.actions]), ts)
+
+    def digest(self) -> str:
+        """Content hash of the tokens: part of the cache key, so a changed prefix never hits."""
+        h = hashlib.blake2b(digest_size=16)
+        for t in (self.items, self.actions, self.timestamps):
+            if t is None:
+                h.update(b"-")
+            else:
+                h.update(t.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+
+@dataclass
+class PrefixKV:
+    """Per-layer keys and values of a pre-inferred long-term prefix.
+
+    kv: [num_layers, 2, H, T, D] (index 0 = K, 1 = V); timestamps: [T] or None.
+    """
+
+    kv: torch.Tensor
+    timestamps: torch.Tensor | None
+    length: int
+    model_version: str
+    edit_hash: str
+
+    @property
+    def nbytes(self) -> int:
+        ts = 0 if self.timestamps is None else self.timestamps.numel() * self.timestamps.element_size()
+        return self.kv.numel() * self.kv.element_size() + ts
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv.device
+
+    def to(self, device: torch.device, *, pin: bool = False, non_blocking: bool = False) -> PrefixKV:
+        kv = self.kv.to(device, non_blocking=non_blocking)
+        ts = None if self.timestamps is None else self.timestamps.to(device, non_blocking=non_blocking)
+        if pin:
+            kv = kv.pin_memory()
+            ts = None if ts is None else ts.pin_memory()
+        return PrefixKV(kv, ts, self.length, self.model_version, self.edit_hash)
+
+
+@dataclass(frozen=True)
+class HeadBias:
+    """Edits in tensor form: per layer a [H, D] bias added to the head outputs, or None."""
+
+    by_layer: tuple[torch.Tensor | None, ...]
+    scope: str = "all"
+    content_hash: str = "none"
+
+    @classmethod
+    def none(cls, num_layers: int) -> HeadBias:
+        return cls((None,) * num_layers)
+
+
+@dataclass
+class _Layer:
+    uvqk_w: torch.Tensor  # [E, 4·H·D]
+    uvqk_b: torch.Tensor  # [4·H·D]
+    out_w: torch.Tensor  # [H·D, E]
+    out_b: torch.Tensor  # [E]
+    pos_bias: torch.Tensor  # [H, num_position_buckets]
+    time_bias: torch.Tensor  # [H, num_time_buckets]
+
+
+@dataclass
+class _Weights:
+    item_emb: torch.Tensor  # [num_items, E]
+    action_emb: torch.Tensor  # [num_actions, E]
+    layers: list[_Layer] = field(default_factory=list)
+
+
+class HSTUModel:
+    """The model's weights on one device and the three operations of relay-race inference."""
+
+    def __init__(self, config: ModelConfig | None = None, device: torch.device | str = "cpu",
+                 weights: _Weights | None = None):
+        self.config = config or ModelConfig()
+        self.device = torch.device(device)
+        self.version = self.config.version()
+        self.weights = weights if weights is not None else self._init_weights()
+        self.weights = _move_weights(self.weights, self.device)
+        self.edit = HeadBias.none(self.config.num_layers)
+        self._pos_bucket_of_diff = _position_buckets(self.config).to(self.device)
+
+    # --- weights ---------------------------------------------------------------------------
+
+    def _init_weights(self) -> _Weights:
+        c = self.config
+        g = torch.Generator().manual_seed(c.seed)
+
+        def normal(*shape: int, std: float) -> torch.Tensor:
+            return torch.randn(*shape, generator=g) * std
+
+        layers = [
+            _Layer(
+                uvqk_w=normal(c.embed_dim, 4 * c.attn_dim, std=1 / math.sqrt(c.embed_dim)),
+                uvqk_b=torch.zeros(4 * c.attn_dim),
+                out_w=normal(c.attn_dim, c.embed_dim, std=1 / math.sqrt(c.attn_dim)),
+                out_b=torch.zeros(c.embed_dim),
+                pos_bias=normal(c.num_heads, c.num_position_buckets, std=0.1),
+                time_bias=normal(c.num_heads, c.num_time_buckets, std=0.1),
+            )
+            for _ in range(c.num_layers)
+        ]
+        return _Weights(
+            item_emb=normal(c.num_items, c.embed_dim, std=0.5),
+            action_emb=normal(c.num_actions, c.embed_dim, std=0.5),
+            layers=layers,
+        )
+
+    def parameters(self) -> list[torch.Tensor]:
+        w = self.weights
+        out = [w.item_emb, w.action_emb]
+        for layer in w.layers:
+            out += [layer.uvqk_w, layer.uvqk_b, layer.out_w, layer.out_b, layer.pos_bias, layer.time_bias]
+        return out
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {f"p{i}": p.detach().cpu() for i, p in enumerate(self.parameters())}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        params = self.parameters()
+        if len(state) != len(params):
+            raise ValueError(f"state has {len(state)} tensors, model has {len(params)}")
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                src = state[f"p{i}"]
+                if src.shape != p.shape:
+                    raise ValueError(f"parameter p{i}: shape {tuple(src.shape)} != {tuple(p.shape)}")
+                p.copy_(src.to(p.device))
+
+    # --- editing hook point ------------------------------------------------------------------
+
+    def head_bias_from(self, editing: EditingConfig | None) -> HeadBias:
+        """Turn an editing configuration into per-layer [H, D] biases, checking it fits this model."""
+        c = self.config
+        if editing is None or not editing.edits:
+            return HeadBias.none(c.num_layers)
+        if editing.fingerprint != c.fingerprint():
+            raise ModelInputError(
+                "editing.fingerprint",
+                f"targets {editing.fingerprint}, but this model is {c.fingerprint()}",
+            )
+        if editing.scope not in EDIT_SCOPES:
+            raise ModelInputError("editing.scope", f"must be one of {EDIT_SCOPES}")
+        by_layer: list[torch.Tensor | None] = [None] * c.num_layers
+        for e in editing.edits:
+            if by_layer[e.layer] is None:
+                by_layer[e.layer] = torch.zeros(c.num_heads, c.head_dim, device=self.device)
+            by_layer[e.layer][e.head] += e.alpha * torch.tensor(e.direction, dtype=torch.float32,
+                                                                device=self.device)
+        return HeadBias(tuple(by_layer), editing.scope, editing.content_hash())
+
+    def set_edit(self, edit: HeadBias) -> None:
+        """Swap the edit in force (one reference assignment: atomic between requests)."""
+        if len(edit.by_layer) != self.config.num_layers:
+            raise ModelInputError("edit", f"has {len(edit.by_layer)} layers, model has {self.config.num_layers}")
+        self.edit = edit
+
+    # --- the three operations ----------------------------------------------------------------
+
+    def prefix_nbytes(self, seq_len: int, with_timestamps: bool) -> int:
+        """Exact size of the PrefixKV that ``prefill`` returns for seq_len tokens."""
+        return seq_len * self.config.kv_bytes_per_token(with_timestamps)
+
+    @torch.no_grad()
+    def prefill(self, prefix: History, edit: HeadBias | None = None) -> PrefixKV:
+        """Pre-infer a long-term prefix: its per-layer K/V, ready for ``rank``.
+
+        ``edit`` defaults to the edit in force; the engine passes the one its request started with.
+        """
+        edit = edit or self.edit
+        self.check_history(prefix, "prefix", allow_empty=False)
+        prefix = self._to_device(prefix)
+        kv, _ = self._forward(None, prefix, None, None, edit)
+        return PrefixKV(kv, prefix.timestamps, len(prefix), self.version, edit.content_hash)
+
+    @torch.no_grad()
+    def rank(self, prefix_kv: PrefixKV, short_term: History, candidates: Sequence[int] | torch.Tensor,
+             query_timestamp: int | None = None, edit: HeadBias | None = None) -> torch.Tensor:
+        """Score candidates against a cached prefix plus fresh short-term tokens. Returns [C] scores."""
+        edit = edit or self.edit
+        if prefix_kv.model_version != self.version:
+            raise ModelInputError("prefix_kv", f"was computed by model {prefix_kv.model_version}, not {self.version}")
+        if prefix_kv.edit_hash != edit.content_hash:
+            raise ModelInputError("prefix_kv", f"was computed under edit {prefix_kv.edit_hash}, "
+                                               f"the edit in force is {edit.content_hash}")
+        if prefix_kv.device != self.device:
+            raise ModelInputError("prefix_kv", f"is on {prefix_kv.device}, the model on {self.device}")
+        self.check_history(short_term, "short_term", allow_empty=True)
+        if (prefix_kv.timestamps is None) != (short_term.timestamps is None):
+            raise ModelInputError("short_term.timestamps", "must be given exactly when the prefix had timestamps")
+        if prefix_kv.length + len(short_term) > self.config.max_seq_len:
+            raise ModelInputError("short_term", f"prefix + short-term is {prefix_kv.length + len(short_term)} "
+                                                f"tokens; the model takes at most {self.config.max_seq_len}")
+        cands = self.check_candidates(candidates)
+        _, scores = self._forward(prefix_kv, self._to_device(short_term), cands, query_timestamp, edit)
+        return scores
+
+    @torch.no_grad()
+    def rank_full(self, prefix: History, short_term: History, candidates: Sequence[int] | torch.Tensor,
+                  query_timestamp: int | None = None, edit: HeadBias | None = None) -> torch.Tensor:
+        """The baseline: recompute the whole history and the candidates. Returns [C] scores."""
+        edit = edit or self.edit
+        self.check_history(prefix, "prefix", allow_empty=True)
+        self.check_history(short_term, "short_term", allow_empty=True)
+        history = prefix.concat(short_term)
+        if len(history) == 0:
+            raise ModelInputError("prefix", "prefix and short-term tokens are both empty; need at least one token")
+        cands = self.check_candidates(candidates)
+        _, scores = self._forward(None, self._to_device(history), cands, query_timestamp, edit)
+        return scores
+
+    # --- input checks ------------------------------------------------------------------------
+
+    def check_history(self, h: History, name: str, *, allow_empty: bool) -> None:
+        c = self.config
+        for part in ("items", "actions") + (("timestamps",) if h.timestamps is not None else ()):
+            t = getattr(h, part)
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1:
+                raise ModelInputError(f"{name}.{part}", "must be a 1-D int64 tensor")
+            if t.shape[0] != len(h):
+                raise ModelInputError(f"{name}.{part}", f"has {t.shape[0]} entries, items has {len(h)}")
+        if not allow_empty and len(h) == 0:
+            raise ModelInputError(name, "is empty; need at least one token")
+        if len(h) > c.max_seq_len:
+            raise ModelInputError(name, f"has {len(h)} tokens; the model takes at most {c.max_seq_len}")
+        if len(h):
+            _check_range(h.items, f"{name}.items", 0, c.num_items - 1)
+            _check_range(h.actions, f"{name}.actions", 0, c.num_actions - 1)
+            if h.timestamps is not None:
+                _check_range(h.timestamps, f"{name}.timestamps", 0, 2**62)
+
+    def check_candidates(self, candidates: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        try:
+            cands = torch.as_tensor(candidates)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ModelInputError("candidates", f"must be a list of item ids ({exc})") from None
+        if cands.numel() == 0:
+            raise ModelInputError("candidates", "is empty; need at least one candidate")
+        if cands.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8) or cands.dim() != 1:
+            raise ModelInputError("candidates", f"must be a 1-D list of integer item ids, got {cands.dtype} "
+                                                f"with {cands.dim()} dims")
+        _check_range(cands, "candidates", 0, self.config.num_items - 1)
+        return cands.to(self.device, torch.int64)
+
+    def _to_device(self, h: History) -> History:
+        ts = None if h.timestamps is None else h.timestamps.to(self.device)
+        return History(h.items.to(self.device), h.actions.to(self.device), ts)
+
+    # --- the shared forward ------------------------------------------------------------------
+
+    def embed(self, items: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        w = self.weights
+        return (w.item_emb[items] + w.action_emb[actions]) * math.sqrt(self.config.embed_dim)  # [T, E]
+
+    def _forward(self, cached: PrefixKV | None, history: History, candidates: torch.Tensor | None,
+                 query_timestamp: int | None, edit: HeadBias,
+                 head_capture: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run new history tokens (after an optional cached prefix) and optional candidates.
+
+        Returns (kv of the new history tokens [layers, 2, H, Tn, D], candidate scores [C] or None).
+        ``head_capture``, when given, receives per layer the head outputs [rows, H, D] after the
+        edit (the probing point of the editing workflow).
+        """
+        c = self.config
+        H, D = c.num_heads, c.head_dim
+        Tp = cached.length if cached is not None else 0
+        Tn = len(history)
+        C = 0 if candidates is None else int(candidates.shape[0])
+        L = Tp + Tn  # history length; candidates sit at position L
+
+        ts_hist = history.timestamps
+        ts_prefix = cached.timestamps if cached is not None else None
+        use_time = ts_hist is not None or ts_prefix is not None
+        if use_time:
+            if query_timestamp is None:
+                last = ts_hist[-1] if Tn else ts_prefix[-1]
+                query_timestamp = int(last)
+            ts_cand = torch.full((C,), int(query_timestamp), dtype=torch.int64, device=self.device)
+            ts_rows = torch.cat([ts_hist, ts_cand]) if C else ts_hist  # [Tn + C]
+        else:
+            ts_rows = None
+
+        x_hist = self.embed(history.items, history.actions)  # [Tn, E]
+        if C:
+            cand_actions = torch.zeros_like(candidates)
+            x = torch.cat([x_hist, self.embed(candidates, cand_actions)])  # [Tn + C, E]
+        else:
+            x = x_hist
+        rows = Tn + C
+        is_candidate = torch.arange(rows, device=self.device) >= Tn  # [rows]
+        # Keys each query row sees (its normaliser): history row at position p → p + 1; candidate → L + 1.
+        n_keys = torch.where(is_candidate, torch.full((rows,), float(L + 1), device=self.device),
+                             torch.arange(Tp + 1, Tp + rows + 1, device=self.device, dtype=torch.float32))
+
+        new_kv = torch.empty(c.num_layers, 2, H, Tn, D, device=self.device)
+        scale = 1.0 / math.sqrt(D)
+        for li, layer in enumerate(self.weights.layers):
+            normed = F.layer_norm(x, (c.embed_dim,))
+            uvqk = F.silu(torch.addmm(layer.uvqk_b, normed, layer.uvqk_w))  # [rows, 4·H·D]
+            u, v, q, k = (t.reshape(rows, H, D).transpose(0, 1) for t in uvqk.split(c.attn_dim, dim=1))
+            # u, v, q, k: [H, rows, D]
+            new_kv[li, 0] = k[:, :Tn]
+            new_kv[li, 1] = v[:, :Tn]
+            pos_vec = self._pos_bias_vector(layer, L + 1)  # [H, L + 1] bias by position difference
+            attn = torch.empty(H, rows, D, device=self.device)  # A·V, before normalisation
+            kp = cached.kv[li, 0] if cached is not None else None  # [H, Tp, D]
+            vp = cached.kv[li, 1] if cached is not None else None
+            for start in range(0, rows, c.block_rows):
+                end = min(rows, start + c.block_rows)
+                attn[:, start:end] = self._attend_block(
+                    layer, q[:, start:end], start, end, Tp, Tn, kp, vp, k[:, :Tn], v[:, :Tn],
+                    k, v, pos_vec, ts_rows, ts_prefix, ts_hist, scale,
+                )
+            attn = attn / n_keys[None, :, None]
+            y = F.layer_norm(attn.transpose(0, 1).reshape(rows, c.attn_dim), (c.attn_dim,))
+            heads = (y * u.transpose(0, 1).reshape(rows, c.attn_dim)).reshape(rows, H, D)  # [rows, H, D]
+            bias = edit.by_layer[li]
+            if bias is not None:
+                if edit.scope == "all":
+                    heads = heads + bias
+                else:  # "candidates"
+                    heads = heads + bias * is_candidate[:, None, None]
+            if head_capture is not None:
+                head_capture.append(heads)
+            x = x + torch.addmm(layer.out_b, heads.reshape(rows, c.attn_dim), layer.out_w)
+
+        scores = None
+        if C:
+            h_c = F.layer_norm(x[Tn:], (c.embed_dim,))  # [C, E]
+            scores = (h_c * self.weights.item_emb[candidates]).sum(-1) / math.sqrt(c.embed_dim)
+        return new_kv, scores
+
+    def _attend_block(self, layer: _Layer, q_blk: torch.Tensor, start: int, end: int, Tp: int, Tn: int,
+                      kp: torch.Tensor | None, vp: torch.Tensor | None, kn: torch.Tensor, vn: torch.Tensor,
+                      k_all: torch.Tensor, v_all: torch.Tensor, pos_vec: torch.Tensor,
+                      ts_rows: torch.Tensor | None, ts_prefix: torch.Tensor | None,
+                      ts_hist: torch.Tensor | None, scale: float) -> torch.Tensor:
+        """Un-normalised A·V for query rows [start, end) of (new history ++ candidates): [H, b, D]."""
+        out = torch.empty_like(q_blk)
+        h_end = min(end, Tn)
+        if h_end > start:  # history rows: causal
+            out[:, : h_end - start] = self._attend_history_rows(
+                layer, q_blk[:, : h_end - start], start, h_end, Tp, kp, vp, kn, vn, pos_vec,
+                ts_rows, ts_prefix, ts_hist, scale)
+        if end > Tn:  # candidate rows: all history, then themselves
+            c0 = max(start, Tn)
+            out[:, c0 - start:] = self._attend_candidate_rows(
+                layer, q_blk[:, c0 - start:], c0, end, Tp, Tn, kp, vp, kn, vn, k_all, v_all, pos_vec,
+                ts_rows, ts_prefix, ts_hist, scale)
+        return out
+
+    def _attend_history_rows(self, layer, q, start, end, Tp, kp, vp, kn, vn, pos_vec, ts_rows, ts_prefix,
+                             ts_hist, scale) -> torch.Tensor:
+        """History rows [start, end) (new-token indices; positions Tp+start…): [H, n, D].
+
+        Rows are processed in reverse order so the relative-position bias of (row, key) pairs,
+        constant along anti-diagonals, is a strided view of one short vector instead of a gather.
+        """
+        n = end - start
+        q_rev = q.flip(1)  # [H, n, D]; reversed row r is new-token index end-1-r
+        last_pos = Tp + end - 1
+        ts_q = None if ts_rows is None else ts_rows[start:end].flip(0)
+        out = torch.zeros_like(q_rev)
+        if Tp:
+            s = self._biased_scores(layer, q_rev, kp, _hankel(pos_vec, last_pos, n, 0, Tp), ts_q, ts_prefix, scale)
+            out.baddbmm_(F.silu(s, inplace=True), vp)
+        s = self._biased_scores(layer, q_rev, kn[:, :end], _hankel(pos_vec, last_pos, n, Tp, end), ts_q,
+                                None if ts_hist is None else ts_hist[:end], scale)
+        a = F.silu(s, inplace=True)
+        # reversed row r (new-token index end-1-r) sees new keys j ≤ end-1-r
+        a.mul_(torch.ones(n, end, dtype=torch.bool, device=self.device).tril_(start).flip(0))
+        out.baddbmm_(a, vn[:, :end])
+        return out.flip(1)
+
+    def _attend_candidate_rows(self, layer, q, c0, c1, Tp, Tn, kp, vp, kn, vn, k_all, v_all, pos_vec,
+                               ts_rows, ts_prefix, ts_hist, scale) -> torch.Tensor:
+        """Candidate rows [c0, c1): every history key, then the candidate itself: [H, nc, D]."""
+        L = Tp + Tn
+        ts_q = None if ts_rows is None else ts_rows[c0:c1]
+        out = torch.zeros_like(q)
+        for keys, values, key_pos0, ts_k in ((kp, vp, 0, ts_prefix), (kn, vn, Tp, ts_hist)):
+            if keys is None or keys.shape[1] == 0:
+                continue
+            T = keys.shape[1]
+            # every candidate sits at position L: one bias row [H, 1, T], broadcast over candidates
+            bias = pos_vec[:, L - key_pos0 - torch.arange(T, device=self.device)][:, None, :]
+            s = self._biased_scores(layer, q, keys, bias, ts_q, ts_k, scale)
+            out.baddbmm_(F.silu(s, inplace=True), values)
+        kc, vc = k_all[:, c0:c1], v_all[:, c0:c1]  # [H, nc, D]
+        s_self = (q * kc).sum(-1) * scale + pos_vec[:, 0:1]  # [H, nc]; position difference 0
+        if ts_rows is not None:
+            s_self = s_self + layer.time_bias[:, 0:1]  # time difference 0 → bucket 0
+        return out + F.silu(s_self)[..., None] * vc
+
+    def _biased_scores(self, layer: _Layer, q: torch.Tensor, k: torch.Tensor, pos_bias: torch.Tensor,
+                       ts_q: torch.Tensor | None, ts_k: torch.Tensor | None, scale: float) -> torch.Tensor:
+        """scale·q·kᵀ + position bias (+ time bias when both sides have timestamps): [H, b, T]."""
+        bias = pos_bias
+        if ts_q is not None and ts_k is not None:
+            buckets = _time_buckets(ts_q[:, None] - ts_k[None, :], self.config.num_time_buckets)  # [b, T]
+            bias = layer.time_bias[:, buckets] + pos_bias
+        return torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)
+
+    def _pos_bias_vector(self, layer: _Layer, n: int) -> torch.Tensor:
+        """[H, n]: the position bias for each difference 0…n-1 (bucketed, learned per head)."""
+        return layer.pos_bias[:, self._pos_bucket_of_diff[:n]]
+
+
+def _hankel(pos_vec: torch.Tensor, last_row_pos: int, n_rows: int, key_pos0: int, n_keys: int) -> torch.Tensor:
+    """Position bias [H, n_rows, n_keys] for rows at last_row_pos, last_row_pos-1, … (reversed)
+    against keys at key_pos0 … key_pos0+n_keys-1, as a strided view: entry (r, j) is the bias of
+    difference last_row_pos - r - key_pos0 - j, so it depends only on r + j. Negative differences
+    (masked pairs) read the bias of difference 0."""
+    top = last_row_pos - key_pos0
+    diffs = (top - torch.arange(n_rows + n_keys - 1, device=pos_vec.device)).clamp_(min=0)
+    vec = pos_vec[:, diffs].contiguous()  # [H, n_rows + n_keys - 1]
+    return vec.as_strided((vec.shape[0], n_rows, n_keys), (vec.stride(0), 1, 1))
+
+
+def _position_buckets(c: ModelConfig) -> torch.Tensor:
+    """Bucket of each position difference 0…max_seq_len: exact below half the buckets, log above."""
+    exact = c.num_position_buckets // 2
+    d = torch.arange(c.max_seq_len + 2, dtype=torch.float64)
+    log_part = exact + torch.log(d.clamp(min=exact) / exact) / math.log(max(c.max_seq_len, exact + 1) / exact) \
+        * (c.num_position_buckets - exact - 1)
+    return torch.where(d < exact, d, log_part.floor()).clamp(max=c.num_position_buckets - 1).long()
+
+
+def _time_buckets(dt: torch.Tensor, n: int) -> torch.Tensor:
+    """Bucket of a time difference (s): log2-spaced; negative differences fall in bucket 0."""
+    return torch.log2(dt.clamp(min=0).float() + 1.0).mul_(2.0).long().clamp_(0, n - 1)
+
+
+def _check_range(t: torch.Tensor, name: str, lo: int, hi: int) -> None:
+    t_min, t_max = int(t.min()), int(t.max())
+    if t_min < lo or t_max > hi:
+        bad = t_min if t_min < lo else t_max
+        raise ModelInputError(name, f"value {bad} out of range [{lo}, {hi}]")
+
+
+def _move_weights(w: _Weights, device: torch.device) -> _Weights:
+    return _Weights(
+        item_emb=w.item_emb.to(device),
+        action_emb=w.action_emb.to(device),
+        layers=[_Layer(**{k: getattr(layer, k).to(device) for k in layer.__dataclass_fields__})
+                for layer in w.layers],
+    )
