@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint bench profile clean
+.PHONY: setup browser run test lint bench profile clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet $(FIND_LINKS) -e '.[dev]'
 	@touch $(STAMP)
 
-setup: $(STAMP)
+# Browser tests drive Debian's Chromium through Playwright (no browser download of its own).
+CHROMIUM ?= $(or $(shell command -v chromium 2>/dev/null),/usr/bin/chromium)
+browser:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's chromium for the browser tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "chromium is missing: install it (Debian: sudo apt-get install chromium) or set CHROMIUM_PATH"; \
+	  fi; \
+	fi
+
+setup: $(STAMP) browser
 
 run: $(STAMP)
 	$(PY) -m relay_engine.profile
@@ -24,7 +36,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 

@@ -148,14 +148,14 @@ class HBMCache:
             if entry is None or entry.state is not EntryState.PRODUCING:
                 return False
             self.reserved_bytes -= entry.nbytes
-            extra = kv.nbytes - entry.nbytes
-            if extra > 0 and not self._make_room(kv.nbytes, evicted, exclude=key):
-                del self._entries[key]
+            del self._entries[key]
+            if not self._make_room(kv.nbytes, evicted):
                 self.counters.rejected += 1
                 ok = False
             else:
                 entry.nbytes, entry.kv, entry.state = kv.nbytes, kv, EntryState.READY
                 entry.last_access = self.clock()
+                self._entries[key] = entry
                 self.ready_bytes += kv.nbytes
                 self._note_peak()
                 ok = True
@@ -222,10 +222,15 @@ class HBMCache:
             return len(stale)
 
     def resize(self, budget_bytes: int, ttl_s: float) -> None:
-        """Apply a new budget; evicts (to DRAM) down to it. Reservations in flight are kept."""
+        """Apply a new budget: evicts (to DRAM) down to it; if reservations in flight alone exceed
+        it, the newest are cancelled (their commit then fails and the KV serves only its waiters)."""
         evicted: list[CacheEntry] = []
         with self._lock:
             self.budget_bytes, self.ttl_s = budget_bytes, ttl_s
+            producing = [e for e in self._entries.values() if e.state is EntryState.PRODUCING]
+            while self.reserved_bytes > budget_bytes and producing:
+                self._drop(producing.pop())
+                self.counters.rejected += 1
             self._make_room(0, evicted)
         self._hand_off(evicted)
 
@@ -237,7 +242,7 @@ class HBMCache:
 
     # --- internals (lock held) -----------------------------------------------------------------
 
-    def _make_room(self, nbytes: int, evicted: list[CacheEntry], exclude: CacheKey | None = None) -> bool:
+    def _make_room(self, nbytes: int, evicted: list[CacheEntry]) -> bool:
         """Evict until nbytes more fit; evicts nothing when even evicting everything would not do."""
         if nbytes > self.budget_bytes:
             return False
@@ -245,7 +250,7 @@ class HBMCache:
         if excess <= 0:
             return True
         victims: list[CacheEntry] = []
-        for victim in self.policy.order(e for e in self._entries.values() if e.key != exclude):
+        for victim in self.policy.order(self._entries.values()):
             victims.append(victim)
             excess -= victim.nbytes
             if excess <= 0:

@@ -191,11 +191,12 @@ def test_shrinking_the_budget_applies_at_once():
     assert stats.hbm_bytes <= stats.hbm_budget_bytes and stats.hbm_entries == 1
 
 
-def test_stats_report_latency_and_slo():
-    engine = engine_with()
+@pytest.mark.parametrize(("slo_ms", "within"), [(60_000.0, 3), (1e-6, 0)])
+def test_stats_count_requests_within_the_slo(slo_ms, within):
+    engine = engine_with(trigger={"ranking_p99_slo_ms": slo_ms})
     for _ in range(3):
         rank(engine, "k", make_history(64, SMALL, seed=1))
     stats = engine.stats()
     assert stats.rank_latency.count == 3
-    assert stats.counters["rank_within_slo"] == 3
+    assert stats.counters["rank_within_slo"] == within
     assert stats.device == "cpu"

@@ -1,0 +1,1 @@
+"""Users, roles (viewer < operator < admin) and API tokens (stored as sha256 digests only)."""

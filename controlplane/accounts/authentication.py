@@ -1,0 +1,35 @@
+"""``Authorization: Token <key>`` (``Bearer`` is accepted too, for Prometheus scrapers)."""
+
+from __future__ import annotations
+
+from rest_framework import authentication, exceptions
+
+from .models import ApiToken, token_digest
+
+KEYWORDS = ("token", "bearer")
+
+
+class TokenAuthentication(authentication.BaseAuthentication):
+    keyword = "Token"
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower().decode(errors="replace") not in KEYWORDS:
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Authorization header must be 'Token <key>'.")
+        try:
+            key = header[1].decode("ascii")
+        except UnicodeDecodeError:
+            raise exceptions.AuthenticationFailed("Token key must be ASCII.") from None
+        token = (
+            ApiToken.objects.select_related("user")
+            .filter(key_digest=token_digest(key), revoked_at__isnull=True)
+            .first()
+        )
+        if token is None or not token.user.is_active:
+            raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+        return token.user, token
+
+    def authenticate_header(self, request) -> str:
+        return self.keyword

@@ -1,0 +1,51 @@
+"""Serializer pieces that refuse what DRF would quietly coerce: "3" for 3, true for 1, unknown keys."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+MAX_DB_INT = 2**31 - 1
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer only: no strings, no booleans, no floats."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("max_value", MAX_DB_INT)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string only (DRF would turn 12 into "12")."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+class StrictSerializer(serializers.Serializer):
+    """Input serializer that names unknown fields instead of ignoring them."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError(
+                {"non_field_errors": [f"Expected a JSON object, got {type(data).__name__}."]}
+            )
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            allowed = ", ".join(sorted(self.fields))
+            raise serializers.ValidationError({key: [f"Unknown field; allowed: {allowed}."] for key in unknown})
+        return super().to_internal_value(data)

@@ -1,0 +1,33 @@
+"""The control plane's Redis connection; key names come from relay_engine.wire."""
+
+from __future__ import annotations
+
+import threading
+
+import redis
+from django.conf import settings
+
+from .errors import Unavailable
+
+_clients: dict[str, redis.Redis] = {}
+_lock = threading.Lock()
+
+
+def get_redis() -> redis.Redis:
+    """A client for settings.REDIS_URL (one pool per URL), or Unavailable naming the setting."""
+    url = settings.REDIS_URL
+    if not url:
+        raise Unavailable("Redis is not configured: set REDIS_URL (e.g. redis://127.0.0.1:6379/0).")
+    with _lock:
+        client = _clients.get(url)
+        if client is None:
+            client = redis.Redis.from_url(
+                url, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0,
+                health_check_interval=30,
+            )
+            _clients[url] = client
+    return client
+
+
+def redis_unreachable(exc: Exception) -> Unavailable:
+    return Unavailable(f"Redis at REDIS_URL cannot be reached ({type(exc).__name__}).")

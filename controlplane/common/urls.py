@@ -1,0 +1,27 @@
+"""Path converters that bound what reaches the database: names by the wire contract, generations
+of at most nine digits (a larger number is a 404, never an integer overflow)."""
+
+from relay_engine.wire import NAME_RE
+
+POOL_NAME_PATTERN = NAME_RE.pattern.strip("^$")
+GENERATION_PATTERN = "[0-9]{1,9}"
+
+
+class PoolNameConverter:
+    regex = POOL_NAME_PATTERN
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+class GenerationConverter:
+    regex = GENERATION_PATTERN
+
+    def to_python(self, value: str) -> int:
+        return int(value)
+
+    def to_url(self, value: int) -> str:
+        return str(value)

@@ -1,0 +1,1 @@
+"""Read model of the worker fleet: per-instance status and heartbeats, read from Redis."""

@@ -1,0 +1,7 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("pools/<poolname:pool>/status/", views.PoolStatusView.as_view(), name="pool-status"),
+]

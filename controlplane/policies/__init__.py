@@ -1,0 +1,1 @@
+"""Pools, their immutable configuration revisions, publishing to Redis, and the audit trail."""

@@ -1,0 +1,147 @@
+"""Thin views: validate input, call one service or selector, serialize the result."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.generics import GenericAPIView
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.accounts.roles import Role
+from controlplane.common.views import GENERATION_PARAM, POOL_PARAM, actor_name, error_responses
+
+from .. import selectors, services
+from ..diff import spec_diff
+from .serializers import (
+    AuditEntrySerializer,
+    AuditQuerySerializer,
+    DiffQuerySerializer,
+    DiffSerializer,
+    PoolCreateInputSerializer,
+    PoolSerializer,
+    PublishResultSerializer,
+    RevisionCreateInputSerializer,
+    RevisionSerializer,
+    RollbackInputSerializer,
+)
+
+READ_ERRORS = error_responses(401, 403, 404)
+WRITE_ERRORS = error_responses(400, 401, 403, 404, 409, 413, 429)
+
+
+class PoolListView(GenericAPIView):
+    write_role = Role.ADMIN
+    serializer_class = PoolSerializer
+
+    @extend_schema(responses={200: PoolSerializer(many=True), **error_responses(401, 403)})
+    def get(self, request):
+        page = self.paginate_queryset(selectors.pool_list())
+        return self.get_paginated_response(PoolSerializer(page, many=True).data)
+
+    @extend_schema(request=PoolCreateInputSerializer, responses={201: PoolSerializer, **WRITE_ERRORS})
+    def post(self, request):
+        data = PoolCreateInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        pool = services.pool_create(**data.validated_data, actor=actor_name(request))
+        pool = selectors.pool_get(name=pool.name)
+        return Response(PoolSerializer(pool).data, status=status.HTTP_201_CREATED)
+
+
+class PoolDetailView(APIView):
+    @extend_schema(parameters=[POOL_PARAM], responses={200: PoolSerializer, **READ_ERRORS})
+    def get(self, request, pool):
+        return Response(PoolSerializer(selectors.pool_get(name=pool)).data)
+
+
+class RevisionListView(GenericAPIView):
+    serializer_class = RevisionSerializer
+
+    @extend_schema(parameters=[POOL_PARAM], responses={200: RevisionSerializer(many=True), **READ_ERRORS})
+    def get(self, request, pool):
+        revisions = selectors.revision_list(pool=selectors.pool_get(name=pool)).select_related("pool")
+        page = self.paginate_queryset(revisions)
+        return self.get_paginated_response(RevisionSerializer(page, many=True).data)
+
+    @extend_schema(
+        parameters=[POOL_PARAM], request=RevisionCreateInputSerializer,
+        responses={201: RevisionSerializer, **WRITE_ERRORS},
+        description="Create a revision on top of `parent_generation`, which must be the pool's latest "
+        "generation (409 otherwise). The spec is validated by the engine's schema; every error is "
+        "reported by field path. Creating does not publish.",
+    )
+    def post(self, request, pool):
+        pool_obj = selectors.pool_get(name=pool)
+        data = RevisionCreateInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        revision = services.revision_create(pool=pool_obj, author=actor_name(request), **data.validated_data)
+        return Response(RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)
+
+
+class RevisionDetailView(APIView):
+    @extend_schema(parameters=[POOL_PARAM, GENERATION_PARAM], responses={200: RevisionSerializer, **READ_ERRORS})
+    def get(self, request, pool, generation):
+        revision = selectors.revision_get(pool=selectors.pool_get(name=pool), generation=generation)
+        return Response(RevisionSerializer(revision).data)
+
+
+class RevisionDiffView(APIView):
+    @extend_schema(
+        parameters=[
+            POOL_PARAM, GENERATION_PARAM,
+            OpenApiParameter("against", int, description="Generation to compare with (default: the parent)"),
+        ],
+        responses={200: DiffSerializer, **error_responses(400, 401, 403, 404)},
+    )
+    def get(self, request, pool, generation):
+        query = DiffQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        pool_obj = selectors.pool_get(name=pool)
+        revision = selectors.revision_get(pool=pool_obj, generation=generation)
+        against_generation = query.validated_data.get("against") or revision.parent_generation or generation
+        against = selectors.revision_get(pool=pool_obj, generation=against_generation)
+        return Response(DiffSerializer({
+            "pool": pool_obj.name, "generation": generation, "against": against_generation,
+            "changes": spec_diff(against.spec, revision.spec),
+        }).data)
+
+
+class RevisionPublishView(APIView):
+    @extend_schema(
+        parameters=[POOL_PARAM, GENERATION_PARAM], request=None,
+        responses={200: PublishResultSerializer, **WRITE_ERRORS, **error_responses(503)},
+        description="Make this generation desired, write it to Redis and poke the pool. 503 means the "
+        "database recorded the publish but Redis could not be reached: `relaygr_sync` (or retrying "
+        "this call) delivers it.",
+    )
+    def post(self, request, pool, generation):
+        result = services.revision_publish(
+            pool=selectors.pool_get(name=pool), generation=generation, actor=actor_name(request)
+        )
+        return Response(PublishResultSerializer(result).data)
+
+
+class PoolRollbackView(APIView):
+    @extend_schema(
+        parameters=[POOL_PARAM], request=RollbackInputSerializer,
+        responses={201: PublishResultSerializer, **WRITE_ERRORS, **error_responses(503)},
+        description="Publish the spec of `to_generation` again as a new generation.",
+    )
+    def post(self, request, pool):
+        pool_obj = selectors.pool_get(name=pool)
+        data = RollbackInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        result = services.pool_rollback(pool=pool_obj, actor=actor_name(request), **data.validated_data)
+        return Response(PublishResultSerializer(result).data, status=status.HTTP_201_CREATED)
+
+
+class AuditListView(GenericAPIView):
+    serializer_class = AuditEntrySerializer
+
+    @extend_schema(parameters=[AuditQuerySerializer], responses={200: AuditEntrySerializer(many=True),
+                                                                 **error_responses(400, 401, 403)})
+    def get(self, request):
+        query = AuditQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        page = self.paginate_queryset(selectors.audit_list(**query.validated_data))
+        return self.get_paginated_response(AuditEntrySerializer(page, many=True).data)

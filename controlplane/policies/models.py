@@ -1,0 +1,102 @@
+"""A pool's configuration is a chain of immutable revisions; "desired" is a pointer into it.
+
+Rollback publishes an older spec again as a new generation, so the chain only grows and the
+desired generation only increases: a worker never has to guess whether a lower number is newer.
+"""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+
+from relay_engine.wire import NAME_RE
+
+DEVICE_KINDS = ("auto", "cpu", "cuda", "npu")
+MAX_EXPECTED_INSTANCES = 1024
+
+
+class Pool(models.Model):
+    name = models.CharField(
+        max_length=63, unique=True,
+        validators=[RegexValidator(NAME_RE, "lower-case letters, digits, '-' and '_', starting with a letter or digit")],
+    )
+    description = models.CharField(max_length=500, blank=True, default="")
+    device_kind = models.CharField(max_length=8, choices=[(k, k) for k in DEVICE_KINDS], default="auto")
+    expected_instances = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(MAX_EXPECTED_INSTANCES)]
+    )
+    # The generation the workers should run, and the last one known to be written to Redis. They
+    # differ only while Redis is unreachable; ``desired_sync`` closes the gap.
+    desired_generation = models.PositiveIntegerField(default=1)
+    published_generation = models.PositiveIntegerField(default=0)
+    desired_at = models.DateTimeField(null=True, blank=True)
+    desired_by = models.CharField(max_length=150, blank=True, default="")
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ConfigRevision(models.Model):
+    """Immutable: never updated after creation (``save`` refuses)."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="revisions")
+    generation = models.PositiveIntegerField()
+    parent_generation = models.PositiveIntegerField(null=True, blank=True)
+    spec = models.JSONField()
+    sha256 = models.CharField(max_length=64)
+    author = models.CharField(max_length=150)
+    comment = models.CharField(max_length=1000, blank=True, default="")
+    # For a rollback: the generation whose spec this one copies.
+    restored_from = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pool", "-generation"]
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "generation"], name="unique_generation_per_pool"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pool.name}@{self.generation}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValueError("a ConfigRevision is immutable; create a new generation instead")
+        super().save(*args, **kwargs)
+
+
+class AuditEntry(models.Model):
+    """Who changed what, when, from which request; before/after as JSON (NetBox ObjectChange)."""
+
+    class Action(models.TextChoices):
+        POOL_CREATE = "pool.create"
+        REVISION_CREATE = "revision.create"
+        REVISION_PUBLISH = "revision.publish"
+        POOL_ROLLBACK = "pool.rollback"
+        USER_CREATE = "user.create"
+        USER_ROLE = "user.role"
+        TOKEN_CREATE = "token.create"
+        TOKEN_REVOKE = "token.revoke"
+
+    time = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.CharField(max_length=150)
+    request_id = models.CharField(max_length=64, blank=True, default="")
+    action = models.CharField(max_length=32, choices=Action.choices)
+    object_type = models.CharField(max_length=32)
+    object_id = models.CharField(max_length=200)
+    # Pool name, kept as text so the trail outlives whatever it describes.
+    pool = models.CharField(max_length=63, blank=True, default="", db_index=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-time", "-id"]
+        indexes = [models.Index(fields=["pool", "time"]), models.Index(fields=["action", "time"])]
+
+    def __str__(self) -> str:
+        return f"{self.time:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_id}"

@@ -1,0 +1,74 @@
+"""Reads of pools, revisions and the audit trail; each returns a queryset or a model instance."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import JSONField, Max, OuterRef, QuerySet, Subquery
+
+from controlplane.common.errors import NotFound
+
+from .models import AuditEntry, ConfigRevision, Pool
+
+
+def pool_list() -> QuerySet[Pool]:
+    """Pools with ``latest_generation`` and ``desired_spec`` annotated (one query for any number)."""
+    desired_spec = ConfigRevision.objects.filter(pool=OuterRef("pk"), generation=OuterRef("desired_generation"))
+    return Pool.objects.annotate(
+        latest_generation=Max("revisions__generation"),
+        desired_spec=Subquery(desired_spec.values("spec")[:1], output_field=JSONField()),
+    )
+
+
+def pool_get(*, name: str) -> Pool:
+    pool = pool_list().filter(name=name).first()
+    if pool is None:
+        raise NotFound(f"Pool {name!r} does not exist.")
+    return pool
+
+
+def revision_list(*, pool: Pool) -> QuerySet[ConfigRevision]:
+    return ConfigRevision.objects.filter(pool=pool).order_by("-generation")
+
+
+def revision_get(*, pool: Pool, generation: int) -> ConfigRevision:
+    revision = ConfigRevision.objects.filter(pool=pool, generation=generation).first()
+    if revision is None:
+        latest = revision_latest_generation(pool=pool)
+        raise NotFound(f"Pool {pool.name!r} has no generation {generation}; generations are 1 to {latest}.")
+    return revision
+
+
+def revision_latest_generation(*, pool: Pool) -> int:
+    latest = ConfigRevision.objects.filter(pool=pool).order_by("-generation").values_list("generation", flat=True)
+    return latest.first() or 0
+
+
+def revision_desired(*, pool: Pool) -> ConfigRevision:
+    return revision_get(pool=pool, generation=pool.desired_generation)
+
+
+def audit_list(
+    *, pool: str | None = None, actor: str | None = None, action: str | None = None,
+    since: datetime | None = None, until: datetime | None = None,
+) -> QuerySet[AuditEntry]:
+    entries = AuditEntry.objects.all()
+    if pool:
+        entries = entries.filter(pool=pool)
+    if actor:
+        entries = entries.filter(actor=actor)
+    if action:
+        entries = entries.filter(action=action)
+    if since:
+        entries = entries.filter(time__gte=since)
+    if until:
+        entries = entries.filter(time__lt=until)
+    return entries
+
+
+def publish_events(*, pool: str, since: datetime) -> QuerySet[AuditEntry]:
+    """Publishes (including rollbacks, which publish) of a pool since a time, oldest first."""
+    return (
+        AuditEntry.objects.filter(pool=pool, action=AuditEntry.Action.REVISION_PUBLISH, time__gte=since)
+        .order_by("time", "id")
+    )

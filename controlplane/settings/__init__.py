@@ -1,0 +1,2 @@
+"""Settings modules: ``base`` (shared), ``dev`` (local), ``prod`` (secrets from the environment only),
+``test`` (pytest-django)."""

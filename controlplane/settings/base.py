@@ -1,0 +1,148 @@
+"""Settings shared by every environment. Nothing secret lives here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+DEBUG = False
+ALLOWED_HOSTS: list[str] = []
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "controlplane.accounts",
+    "controlplane.policies",
+    "controlplane.fleet",
+    "controlplane.telemetry",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "controlplane.common.middleware.RequestIdMiddleware",
+    "controlplane.common.middleware.BodySizeLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# 12-factor: DATABASE_URL names any database (sqlite:///path, postgres://user:pw@host:5432/db);
+# without it an embedded SQLite file next to manage.py needs no set-up.
+DATABASES = {
+    "default": dj_database_url.config(
+        default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=60, conn_health_checks=True
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+# Whitenoise serves the installed apps' static files (Swagger UI and Redoc from the sidecar
+# package) straight from the finders, so a deployment works without a CDN and even before
+# collectstatic has run.
+WHITENOISE_USE_FINDERS = True
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+
+# Request bodies above this are refused with 413 before anything parses them. The largest
+# legitimate body is a spec with editing directions (heads × head_dim floats): well under this.
+RELAYGR_MAX_BODY_BYTES = int(os.environ.get("RELAYGR_MAX_BODY_BYTES", 2 * 1024 * 1024))
+DATA_UPLOAD_MAX_MEMORY_SIZE = RELAYGR_MAX_BODY_BYTES
+
+# Redis, where the control plane meets the workers. None: endpoints that need it answer 503
+# naming the setting. The key prefix comes from RELAYGR_KEY_PREFIX via relay_engine.wire.
+REDIS_URL = os.environ.get("REDIS_URL") or None
+
+# Writes (POST/PUT/PATCH/DELETE) per authenticated user.
+RELAYGR_WRITE_THROTTLE_RATE = os.environ.get("RELAYGR_WRITE_THROTTLE_RATE", "120/min")
+
+REST_FRAMEWORK = {
+    # Token first: its WWW-Authenticate header makes an anonymous request a 401, not a 403.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "controlplane.accounts.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    # Deny by default: every view needs at least the viewer role, writes the operator role.
+    "DEFAULT_PERMISSION_CLASSES": ["controlplane.accounts.permissions.RolePermission"],
+    "DEFAULT_THROTTLE_CLASSES": ["controlplane.common.throttling.WriteRateThrottle"],
+    "DEFAULT_PAGINATION_CLASS": "controlplane.common.pagination.BoundedLimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.common.errors.exception_handler",
+    "STRICT_JSON": True,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "RelayGR control plane API",
+    "DESCRIPTION": (
+        "Pools, immutable configuration revisions, publishing and rollback, fleet convergence and "
+        "telemetry of the RelayGR worker fleet. Authenticate with a session or `Authorization: Token <key>`."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["controlplane.accounts.permissions.RolePermission"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "INFO"},
+}

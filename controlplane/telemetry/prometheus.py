@@ -1,0 +1,139 @@
+"""``/metrics``: the fleet's figures in Prometheus text format, one series per pool and instance.
+
+Counters and the latency histogram are each instance's latest cumulative snapshot (the ``1s``
+tier), so Prometheus sees counters that only grow within a run and reset at a restart, exactly
+as it expects; aggregate across instances in PromQL with ``sum by (le)`` before
+``histogram_quantile``. Latency is in seconds, as Prometheus convention has it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import redis
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from controlplane.common.errors import Unavailable
+from controlplane.common.redis import get_redis
+from controlplane.fleet.selectors import pool_status
+from controlplane.policies.selectors import pool_list
+from relay_engine.telemetry import COUNTERS, LATENCY_BUCKETS_MS, REFUSAL_REASONS, Snapshot
+from relay_engine.wire import PoolKeys
+
+from .history import history_cache
+
+LATEST_TIER = "1s"
+_LE = [floatToGoString(bound / 1000.0) for bound in LATENCY_BUCKETS_MS] + ["+Inf"]
+
+
+def _latest_snapshots(pool: str) -> list[Snapshot]:
+    client = get_redis()
+    keys = PoolKeys(pool)
+    names = history_cache.instances(pool=pool, tier=LATEST_TIER)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.xrevrange(keys.telemetry(LATEST_TIER, name), max="+", min="-", count=1)
+    snapshots = []
+    for entries in pipe.execute() if names else []:
+        if not entries:
+            continue
+        try:
+            snapshots.append(Snapshot.from_dict(json.loads(entries[0][1]["d"])))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return snapshots
+
+
+class FleetCollector:
+    def __init__(self, now: float | None = None):
+        self.now = time.time() if now is None else now
+
+    def collect(self):
+        pool_labels = ["pool"]
+        inst_labels = ["pool", "instance"]
+        desired = GaugeMetricFamily("relaygr_pool_desired_generation", "Desired config generation", labels=pool_labels)
+        published = GaugeMetricFamily("relaygr_pool_published_generation",
+                                      "Last generation written to Redis", labels=pool_labels)
+        expected = GaugeMetricFamily("relaygr_pool_expected_instances", "Instances the pool should have",
+                                     labels=pool_labels)
+        live = GaugeMetricFamily("relaygr_pool_live_instances", "Instances with a fresh heartbeat", labels=pool_labels)
+        converged = GaugeMetricFamily("relaygr_pool_converged", "1 when every live instance ACKed the desired "
+                                      "generation", labels=pool_labels)
+        up = GaugeMetricFamily("relaygr_instance_up", "1 while the heartbeat is fresh", labels=inst_labels)
+        heartbeat = GaugeMetricFamily("relaygr_instance_heartbeat_age_seconds", "Seconds since the last heartbeat",
+                                      labels=inst_labels)
+        applied = GaugeMetricFamily("relaygr_instance_applied_generation", "Config generation applied",
+                                    labels=inst_labels)
+        acked = GaugeMetricFamily("relaygr_instance_config_acked", "1 when the last config was ACKed",
+                                  labels=inst_labels)
+        memory = {
+            name: GaugeMetricFamily(f"relaygr_instance_{name}", doc, labels=inst_labels)
+            for name, doc in (
+                ("hbm_bytes", "KV cache bytes resident in HBM"), ("hbm_budget_bytes", "HBM cache budget"),
+                ("dram_bytes", "KV cache bytes in DRAM"), ("dram_budget_bytes", "DRAM cache budget"),
+            )
+        }
+        started = GaugeMetricFamily("relaygr_instance_start_time_seconds", "Start of the run the counters count",
+                                    labels=inst_labels)
+        counters = {name: CounterMetricFamily(f"relaygr_{name}", f"{name.replace('_', ' ')}", labels=inst_labels)
+                    for name in COUNTERS}
+        refusals = CounterMetricFamily("relaygr_preinfer_refusals", "Pre-infer signals refused, by reason",
+                                       labels=[*inst_labels, "reason"])
+        latency = HistogramMetricFamily("relaygr_rank_latency_seconds", "Ranking latency", labels=inst_labels)
+        redis_up = GaugeMetricFamily("relaygr_redis_up", "1 when the control plane reaches Redis")
+
+        reachable = 1
+        for pool in pool_list():
+            desired.add_metric([pool.name], pool.desired_generation)
+            published.add_metric([pool.name], pool.published_generation)
+            expected.add_metric([pool.name], pool.expected_instances)
+            if not reachable:
+                continue
+            try:
+                status = pool_status(pool=pool, now=self.now)
+                snapshots = _latest_snapshots(pool.name)
+            except (Unavailable, redis.RedisError):
+                reachable = 0
+                continue
+            live.add_metric([pool.name], status.live_instances)
+            converged.add_metric([pool.name], int(status.converged))
+            for view in status.instances:
+                labels = [pool.name, view.instance]
+                up.add_metric(labels, int(view.live))
+                if view.heartbeat_age_s is not None:
+                    heartbeat.add_metric(labels, view.heartbeat_age_s)
+                applied.add_metric(labels, view.applied_generation)
+                acked.add_metric(labels, int(view.config_state == "ACK"))
+                for name, family in memory.items():
+                    family.add_metric(labels, getattr(view, name))
+            for snap in snapshots:
+                labels = [pool.name, snap.instance]
+                started.add_metric(labels, snap.started_at)
+                for name in COUNTERS:
+                    counters[name].add_metric(labels, snap.counters.get(name, 0))
+                for reason in REFUSAL_REASONS:
+                    refusals.add_metric([*labels, reason], snap.refusals.get(reason, 0))
+                cumulative, buckets = 0, []
+                for le, count in zip(_LE, snap.rank_latency.counts, strict=True):
+                    cumulative += count
+                    buckets.append((le, cumulative))
+                latency_sum = snap.rank_latency.sum_ms / 1000.0
+                latency.add_metric(labels, buckets, latency_sum if math.isfinite(latency_sum) else 0.0)
+        redis_up.add_metric([], reachable)
+        yield from (desired, published, expected, live, converged, up, heartbeat, applied, acked,
+                    *memory.values(), started, *counters.values(), refusals, latency, redis_up)
+
+
+def exposition(now: float | None = None) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetCollector(now))
+    return generate_latest(registry)

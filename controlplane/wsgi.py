@@ -1,0 +1,9 @@
+"""WSGI entry for gunicorn: ``gunicorn controlplane.wsgi``."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.prod")
+
+application = get_wsgi_application()

@@ -1,0 +1,75 @@
+"""A stand-in for a worker's reconciler and telemetry publisher, speaking only the wire contract.
+
+It reads the desired revision from Redis, validates it with the engine's own ``parse_policy``,
+and reports ACK (or NACK with the error, keeping the last good generation) as ``InstanceStatus``,
+with a heartbeat in the pool's members set; it also appends telemetry snapshots. Everything goes
+through ``relay_engine.wire`` key names, exactly as the real workers do.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+
+from relay_engine.config import PolicyError, parse_policy
+from relay_engine.telemetry import LatencyHistogram, Snapshot
+from relay_engine.wire import DesiredRevision, InstanceStatus, PoolKeys, instance_name
+
+
+class FakeWorker:
+    def __init__(self, client: redis.Redis, pool: str, index: int = 0, *, prefix: str, device: str = "cpu"):
+        self.client = client
+        self.keys = PoolKeys(pool, prefix=prefix)
+        self.status = InstanceStatus(
+            instance=instance_name(pool, index), pool=pool, device=device, pid=10_000 + index,
+            heartbeat_ts=time.time(), started_at=time.time(),
+        )
+
+    @property
+    def name(self) -> str:
+        return self.status.instance
+
+    def heartbeat(self, at: float | None = None) -> None:
+        self.status.heartbeat_ts = time.time() if at is None else at
+        self.client.zadd(self.keys.members, {self.name: self.status.heartbeat_ts})
+        self.client.set(self.keys.status(self.name), self.status.to_json())
+
+    def reconcile(self, at: float | None = None) -> InstanceStatus:
+        raw = self.client.get(self.keys.desired)
+        if raw is not None:
+            desired = DesiredRevision.from_json(raw)
+            if desired.generation != self.status.applied_generation:
+                try:
+                    spec = parse_policy(desired.spec)
+                except PolicyError as exc:
+                    self.status.config_state = "NACK"
+                    self.status.nacked_generation = desired.generation
+                    self.status.error = str(exc)
+                else:
+                    self.status.applied_generation = desired.generation
+                    self.status.applied_sha256 = spec.sha256()
+                    self.status.hbm_budget_bytes = spec.cache.hbm_budget_bytes
+                    self.status.dram_budget_bytes = spec.cache.dram_budget_bytes
+                    self.status.config_state = "ACK"
+                    self.status.error = ""
+        self.heartbeat(at)
+        return self.status
+
+    def publish_snapshot(self, snapshot: Snapshot, tier: str = "1s") -> None:
+        self.client.xadd(self.keys.telemetry(tier, self.name), {"d": _json(snapshot)})
+
+
+def _json(snapshot: Snapshot) -> str:
+    return json.dumps(snapshot.to_dict())
+
+
+def snapshot(instance: str, ts: float, started_at: float, *, latencies_ms=(), **counters) -> Snapshot:
+    hist = LatencyHistogram()
+    for value in latencies_ms:
+        hist.record(value)
+    refusals = counters.pop("refusals", {})
+    gauges = {k: counters.pop(k) for k in ("hbm_bytes", "hbm_budget_bytes") if k in counters}
+    return Snapshot(instance=instance, ts=ts, started_at=started_at, counters=dict(counters), refusals=refusals,
+                    rank_latency=hist, **gauges)

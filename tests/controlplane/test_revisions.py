@@ -1,0 +1,196 @@
+"""Revisions: immutable generations, optimistic concurrency on the parent, strict validation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from controlplane.policies.models import AuditEntry, ConfigRevision, Pool
+from relay_engine.config import default_policy
+
+POOL = "ranking-a"
+REVISIONS = f"/api/v1/pools/{POOL}/revisions/"
+
+
+def _counts() -> tuple[int, int, int]:
+    return Pool.objects.count(), ConfigRevision.objects.count(), AuditEntry.objects.count()
+
+
+def test_new_pool_starts_at_generation_one_with_the_defaults(admin, no_redis):
+    response = admin.post("/api/v1/pools/", {"name": "fresh", "expected_instances": 4}, format="json")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["desired_generation"] == 1 and body["latest_generation"] == 1
+    assert body["published_generation"] == 0  # no Redis yet: the sync delivers it later
+    assert body["slo"] == {"ranking_p99_slo_ms": 50.0, "target_ratio": 0.99}
+    first = admin.get("/api/v1/pools/fresh/revisions/1/").json()
+    assert first["spec"] == default_policy().to_dict()
+    assert first["sha256"] == default_policy().sha256()
+    assert first["parent_generation"] is None
+
+
+def test_duplicate_pool_is_409(admin, pool):
+    before = _counts()
+    response = admin.post("/api/v1/pools/", {"name": POOL}, format="json")
+    assert response.status_code == 409
+    assert _counts() == before
+
+
+def test_revision_on_the_latest_parent_is_the_next_generation(operator, pool):
+    spec = {"trigger": {"at_risk_seq_len": 1024}, "cache": {"hbm_budget_mb": 2048}}
+    response = operator.post(REVISIONS, {"parent_generation": 1, "spec": spec, "comment": "longer prefixes"},
+                             format="json")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["generation"], body["parent_generation"], body["author"]) == (2, 1, "operator")
+    # Stored normalised: defaults filled in, hash of the canonical JSON.
+    assert body["spec"]["trigger"]["at_risk_seq_len"] == 1024
+    assert body["spec"]["cache"]["dram_budget_mb"] == default_policy().cache.dram_budget_mb
+    assert len(body["sha256"]) == 64
+    # Creating does not publish.
+    assert operator.get(f"/api/v1/pools/{POOL}/").json()["desired_generation"] == 1
+
+
+def test_stale_parent_is_409_and_writes_nothing(operator, pool):
+    assert operator.post(REVISIONS, {"parent_generation": 1, "spec": {}}, format="json").status_code == 201
+    before = _counts()
+    response = operator.post(REVISIONS, {"parent_generation": 1, "spec": {"cache": {"hbm_budget_mb": 1}}},
+                             format="json")
+    assert response.status_code == 409
+    assert "generation 2" in response.json()["detail"]
+    assert "parent_generation" in response.json()["errors"]
+    assert _counts() == before
+
+
+def test_revisions_are_listed_newest_first(operator, pool):
+    operator.post(REVISIONS, {"parent_generation": 1, "spec": {}}, format="json")
+    listed = operator.get(REVISIONS).json()
+    assert [r["generation"] for r in listed["results"]] == [2, 1]
+
+
+def test_diff_names_changed_paths(operator, pool):
+    operator.post(REVISIONS, {"parent_generation": 1, "spec": {"trigger": {"max_preinfer_inflight": 9}}},
+                  format="json")
+    diff = operator.get(f"{REVISIONS}2/diff/").json()
+    assert diff["against"] == 1
+    assert diff["changes"] == [{"path": "trigger.max_preinfer_inflight", "op": "changed", "before": 4, "after": 9}]
+    assert operator.get(f"{REVISIONS}1/diff/?against=2").json()["changes"][0]["before"] == 9
+    assert operator.get(f"{REVISIONS}1/diff/?against=7").status_code == 404
+    assert operator.get(f"{REVISIONS}1/diff/?against=x").status_code == 400
+
+
+EDITING = {"fingerprint": {"num_layers": 2, "num_heads": 4, "head_dim": 3}}
+
+# (body, the field path the error must name, a fragment of the message)
+BAD_BODIES = [
+    ({"parent_generation": "1", "spec": {}}, "parent_generation", "integer"),
+    ({"parent_generation": True, "spec": {}}, "parent_generation", "integer"),
+    ({"spec": {}}, "parent_generation", "required"),
+    ({"parent_generation": 1}, "spec", "required"),
+    ({"parent_generation": 1, "spec": {}, "specc": {}}, "specc", "Unknown field"),
+    ({"parent_generation": 0, "spec": {}}, "parent_generation", "greater than or equal to 1"),
+    ({"parent_generation": 1, "spec": []}, "spec", "must be an object"),
+    ({"parent_generation": 1, "spec": {"triger": {}}}, "spec.triger", "unknown field"),
+    ({"parent_generation": 1, "spec": {"trigger": {"at_risk_seqlen": 5}}}, "spec.trigger.at_risk_seqlen",
+     "unknown field"),
+    ({"parent_generation": 1, "spec": {"cache": {"hbm_budget_mb": -1}}}, "spec.cache.hbm_budget_mb",
+     "must be in [0.0, "),
+    ({"parent_generation": 1, "spec": {"cache": {"entry_ttl_ms": "soon"}}}, "spec.cache.entry_ttl_ms",
+     "must be an integer in [1, "),
+    ({"parent_generation": 1, "spec": {"trigger": {"ranking_p99_slo_ms": 0}}}, "spec.trigger.ranking_p99_slo_ms",
+     "(0.0, 60000.0]"),
+    ({"parent_generation": 1, "spec": {"slo": {"target_ratio": 1.5}}}, "spec.slo.target_ratio", "(0.0, 1.0]"),
+    ({"parent_generation": 1, "spec": {"editing": {**EDITING, "edits": [
+        {"layer": 2, "head": 0, "direction": [1, 0, 0], "alpha": 1}]}}}, "spec.editing.edits[0].layer",
+     "must be in [0, 1]"),
+    ({"parent_generation": 1, "spec": {"editing": {**EDITING, "edits": [
+        {"layer": 0, "head": 9, "direction": [1, 0, 0], "alpha": 1}]}}}, "spec.editing.edits[0].head",
+     "must be in [0, 3]"),
+    ({"parent_generation": 1, "spec": {"editing": {**EDITING, "edits": [
+        {"layer": 0, "head": 0, "direction": [1, 0], "alpha": 1}]}}}, "spec.editing.edits[0].direction",
+     "head_dim is 3"),
+    ({"parent_generation": 1, "spec": {}, "comment": 5}, "comment", "valid string"),
+]
+
+
+@pytest.mark.parametrize(("body", "path", "fragment"), BAD_BODIES, ids=[b[1] + ":" + b[2] for b in BAD_BODIES])
+def test_bad_input_is_400_naming_the_field_and_changes_nothing(operator, pool, body, path, fragment):
+    before = _counts()
+    response = operator.post(REVISIONS, body, format="json")
+    assert response.status_code == 400, response.content
+    errors = response.json()["errors"]
+    assert path in errors, errors
+    assert any(fragment in message for message in errors[path]), errors[path]
+    assert _counts() == before
+
+
+def test_every_spec_error_is_reported_at_once(operator, pool):
+    spec = {"trigger": {"max_preinfer_inflight": -1}, "cache": {"hbm_budget_mb": -5, "dram_ttl_ms": 0}}
+    errors = operator.post(REVISIONS, {"parent_generation": 1, "spec": spec}, format="json").json()["errors"]
+    assert set(errors) == {"spec.trigger.max_preinfer_inflight", "spec.cache.hbm_budget_mb", "spec.cache.dram_ttl_ms"}
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_are_400(operator, pool, constant):
+    before = _counts()
+    raw = '{"parent_generation": 1, "spec": {"cache": {"hbm_budget_mb": CONSTANT}}}'.replace("CONSTANT", constant)
+    response = operator.post(REVISIONS, raw, content_type="application/json")
+    assert response.status_code == 400
+    assert _counts() == before
+
+
+def test_malformed_json_is_400(operator, pool):
+    response = operator.post(REVISIONS, '{"parent_generation": 1,', content_type="application/json")
+    assert response.status_code == 400
+    assert "JSON" in response.json()["detail"]
+
+
+def test_oversized_body_is_413_and_changes_nothing(operator, pool, settings):
+    before = _counts()
+    huge = json.dumps({"parent_generation": 1, "spec": {}, "comment": "x" * (settings.RELAYGR_MAX_BODY_BYTES + 1)})
+    response = operator.post(REVISIONS, huge, content_type="application/json")
+    assert response.status_code == 413
+    assert str(settings.RELAYGR_MAX_BODY_BYTES) in response.json()["detail"]
+    assert _counts() == before
+
+
+@pytest.mark.parametrize("path", [
+    "/api/v1/pools/nope/", "/api/v1/pools/nope/revisions/", f"{REVISIONS}7/", f"{REVISIONS}7/diff/",
+    f"{REVISIONS}99999999999999999999/", "/api/v1/pools/Bad Name/",
+])
+def test_unknown_pools_and_generations_are_404(viewer, pool, path):
+    response = viewer.get(path)
+    assert response.status_code == 404
+    assert "detail" in response.json()
+
+
+def test_unknown_generation_message_says_which_exist(viewer, pool):
+    assert "generations are 1 to 1" in viewer.get(f"{REVISIONS}7/").json()["detail"]
+
+
+@pytest.mark.parametrize("body", [
+    {"name": "Has Caps"}, {"name": ""}, {"name": "x" * 64}, {"name": "ok", "expected_instances": 0},
+    {"name": "ok", "expected_instances": 5000}, {"name": "ok", "device_kind": "tpu"}, {"name": "ok", "color": 1},
+])
+def test_bad_pool_is_400_and_creates_nothing(admin, pool, body):
+    before = _counts()
+    response = admin.post("/api/v1/pools/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"]
+    assert _counts() == before
+
+
+def test_revision_rows_are_immutable(pool):
+    revision = ConfigRevision.objects.get(pool=pool, generation=1)
+    revision.comment = "rewritten"
+    with pytest.raises(ValueError, match="immutable"):
+        revision.save()
+
+
+def test_spec_with_float_integers_is_normalised(operator, pool):
+    body = {"parent_generation": 1, "spec": {"trigger": {"max_preinfer_inflight": 8.0}}}
+    spec = operator.post(REVISIONS, body, format="json").json()["spec"]
+    assert spec["trigger"]["max_preinfer_inflight"] == 8
+    assert not math.isnan(spec["cache"]["hbm_budget_mb"])

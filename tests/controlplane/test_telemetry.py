@@ -1,0 +1,197 @@
+"""Telemetry read side: differences of cumulative snapshots, merged buckets, dashboard series, /metrics."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane.telemetry.history import BUCKET_OFFSET, COUNTER_COLUMN, InstanceHistory
+from controlplane.telemetry.merge import quantiles
+from controlplane.telemetry.selectors import window_grid
+from relay_engine.telemetry import N_BUCKETS, LatencyHistogram, quantile_from_counts
+
+from .fleet_helpers import snapshot
+
+POOL = "ranking-a"
+BASE = f"/api/v1/pools/{POOL}"
+
+
+def _entries(*snapshots):
+    import json
+
+    return [(f"{i + 1}-0", {"d": json.dumps(s.to_dict())}) for i, s in enumerate(snapshots)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_vector_quantiles_match_the_engine(seed):
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 5, size=(20, N_BUCKETS)) * (rng.random((20, N_BUCKETS)) < 0.2)
+    counts[0] = 0
+    qs = (0.5, 0.9, 0.99)
+    for q, got in zip(qs, quantiles(counts, qs), strict=True):
+        for row, value in zip(counts, got, strict=True):
+            expected = quantile_from_counts(row.tolist(), q)
+            assert (expected is None and math.isnan(value)) or value == pytest.approx(expected)
+
+
+def test_differences_restart_with_a_new_run_and_survive_counter_resets():
+    t0 = 1_000_000.0
+    history = InstanceHistory(instance="p.0", step_s=1)
+    history.extend(_entries(
+        snapshot("p.0", t0, t0 - 100, rank_requests=50),          # baseline: run began long ago
+        snapshot("p.0", t0 + 1, t0 - 100, rank_requests=60),      # +10
+        snapshot("p.0", t0 + 2, t0 + 1.5, rank_requests=4),       # new run: all 4 are new
+        snapshot("p.0", t0 + 3, t0 + 1.5, rank_requests=9),       # +5
+        snapshot("p.0", t0 + 4, t0 + 1.5, rank_requests=2),       # went down without a restart: reset
+    ), keep_since=0)
+    assert history.deltas[:, COUNTER_COLUMN["rank_requests"]].tolist() == [0, 10, 4, 5, 2]
+
+
+def test_first_sample_of_a_fresh_run_counts():
+    history = InstanceHistory(instance="p.0", step_s=1)
+    history.extend(_entries(snapshot("p.0", 100.5, 100.0, rank_requests=7)), keep_since=0)
+    assert history.deltas[0, COUNTER_COLUMN["rank_requests"]] == 7
+
+
+def test_off_contract_entries_are_skipped():
+    history = InstanceHistory(instance="p.0", step_s=1)
+    history.extend([("1-0", {"d": "nope"}), ("2-0", {"x": "1"})] + _entries(snapshot("p.0", 5, 4.5, rank_ok=1))[:1],
+                   keep_since=0)
+    assert history.ts.tolist() == [5]
+
+
+def test_window_grid_caps_points_and_aligns_to_the_tier():
+    assert window_grid("5m", 1000.5)[:2] == ("1s", 1)
+    assert window_grid("1h", 1000.5)[:2] == ("10s", 10)
+    tier, step, start, n = window_grid("24h", 1_700_000_000.0)
+    assert (tier, step, n) == ("60s", 240, 360)
+    assert start % step == 0
+
+
+def _publish_two_instances(worker_factory, now):
+    """Instance 0 is fast (1 ms), instance 1 slow (40 ms, 9x the traffic) for 30 one-second samples."""
+    fast, slow = worker_factory(POOL, 0), worker_factory(POOL, 1)
+    started = now - 40
+    fast_hist, slow_hist = LatencyHistogram(), LatencyHistogram()
+    totals = {"fast": 0, "slow": 0}
+    for i in range(31):
+        ts = now - 30 + i
+        if i:
+            for _ in range(10):
+                fast_hist.record(1.0)
+            for _ in range(90):
+                slow_hist.record(40.0)
+            totals["fast"] += 10
+            totals["slow"] += 90
+        for worker, hist, n, within in ((fast, fast_hist, totals["fast"], totals["fast"]),
+                                        (slow, slow_hist, totals["slow"], 0)):
+            snap = snapshot(worker.name, ts, started, rank_requests=n, rank_within_slo=within, hbm_hits=n,
+                            misses=n // 10, preinfer_admitted=i, refusals={"inflight_limit": 2 * i},
+                            hbm_bytes=1000 * i, hbm_budget_bytes=50_000)
+            snap.rank_latency = hist.copy()
+            worker.publish_snapshot(snap)
+    return fast, slow
+
+
+def test_metrics_merge_histograms_before_taking_quantiles(viewer, pool, worker_factory):
+    now = time.time()
+    _publish_two_instances(worker_factory, now)
+    body = viewer.get(f"{BASE}/metrics/?window=5m").json()
+    assert (body["tier"], body["step_s"]) == ("1s", 1)
+    fleet = body["fleet"]
+    # 90 % of requests take 40 ms: the merged p50 and p99 sit in the 40 ms bucket, not halfway
+    # between the instances' own p99s (1 ms and 40 ms), as averaging would give.
+    p99 = [v for v in fleet["p99_ms"] if v is not None]
+    p50 = [v for v in fleet["p50_ms"] if v is not None]
+    assert len(p99) == 30
+    assert all(37 < v <= 50 for v in p99 + p50)  # the (37.5, 50] bucket holding 40 ms
+    assert fleet["totals"]["rank_requests"] == 3000
+    assert fleet["totals"]["slo_compliance_ratio"] == pytest.approx(0.1)
+    assert fleet["totals"]["preinfer_refused"]["inflight_limit"] == 2 * 2 * 30
+    rates = [v for v in fleet["rank_per_s"] if v]
+    assert rates == [100.0] * 30
+    assert {round(v, 3) for v in fleet["hbm_hit_ratio"] if v is not None} == {round(100 / 110, 3)}
+    instances = body["instances"]
+    assert set(instances) == {f"{POOL}.0", f"{POOL}.1"}
+    assert all(v < 2 for v in instances[f"{POOL}.0"]["p99_ms"] if v is not None)
+    assert max(v for v in instances[f"{POOL}.1"]["hbm_bytes"] if v is not None) == 30_000
+    assert {v for v in instances[f"{POOL}.1"]["hbm_budget_bytes"] if v is not None} == {50_000}
+    assert len(body["timestamps"]) == len(fleet["p99_ms"]) == 300
+
+
+def test_metrics_are_read_incrementally(viewer, pool, worker_factory):
+    now = time.time() - 5
+    fast, _ = _publish_two_instances(worker_factory, now)
+    first = viewer.get(f"{BASE}/metrics/?window=5m").json()["fleet"]["totals"]["rank_requests"]
+    snap = snapshot(fast.name, now + 1, now - 40, rank_requests=300 + 50)
+    fast.publish_snapshot(snap)
+    second = viewer.get(f"{BASE}/metrics/?window=5m").json()["fleet"]["totals"]["rank_requests"]
+    assert second == first + 50
+
+
+def test_publishes_appear_as_annotations(operator, pool, redis_on):
+    operator.post(f"{BASE}/revisions/", {"parent_generation": 1, "spec": {}}, format="json")
+    operator.post(f"{BASE}/revisions/2/publish/")
+    operator.post(f"{BASE}/rollback/", {"to_generation": 1}, format="json")
+    annotations = operator.get(f"{BASE}/metrics/?window=1h").json()["annotations"]
+    assert [(a["generation"], a["kind"], a["actor"]) for a in annotations] == [
+        (2, "publish", "operator"), (3, "rollback", "operator")]
+
+
+@pytest.mark.parametrize("window", ["2h", "5M", "1h;drop", "24"])
+def test_unknown_window_is_400_listing_the_allowed(viewer, pool, redis_on, window):
+    response = viewer.get(f"{BASE}/metrics/", {"window": window})
+    assert response.status_code == 400
+    assert "5m, 1h, 6h, 24h" in response.json()["errors"]["window"][0]
+
+
+def test_empty_pool_has_null_series(viewer, pool, redis_on):
+    body = viewer.get(f"{BASE}/metrics/?window=6h").json()
+    assert body["instances"] == {}
+    assert set(body["fleet"]["p99_ms"]) == {None}
+    assert body["slo_ms"] == 50.0
+
+
+def test_prometheus_exposition_parses_with_histograms(viewer, pool, worker_factory):
+    now = time.time()
+    fast, slow = _publish_two_instances(worker_factory, now)
+    fast.reconcile()
+    response = viewer.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(response.content.decode())}
+    latency = families["relaygr_rank_latency_seconds"]
+    samples = {(s.name, s.labels.get("instance"), s.labels.get("le")): s.value for s in latency.samples}
+    assert samples[("relaygr_rank_latency_seconds_count", slow.name, None)] == 2700
+    assert samples[("relaygr_rank_latency_seconds_bucket", slow.name, "+Inf")] == 2700
+    assert samples[("relaygr_rank_latency_seconds_sum", slow.name, None)] == pytest.approx(2700 * 0.040)
+    requests = {s.labels["instance"]: s.value for s in families["relaygr_rank_requests"].samples
+                if s.name == "relaygr_rank_requests_total"}
+    assert requests == {fast.name: 300, slow.name: 2700}
+    refusals = [s for s in families["relaygr_preinfer_refusals"].samples
+                if s.labels["reason"] == "inflight_limit" and s.labels["instance"] == fast.name]
+    assert refusals[0].value == 60
+    assert families["relaygr_pool_desired_generation"].samples[0].value == 1
+    assert families["relaygr_redis_up"].samples[0].value == 1
+    up = {s.labels["instance"]: s.value for s in families["relaygr_instance_up"].samples}
+    assert up == {fast.name: 1}
+
+
+def test_prometheus_without_redis_still_reports_the_database(viewer, pool, no_redis):
+    families = {f.name: f for f in text_string_to_metric_families(viewer.get("/metrics").content.decode())}
+    assert families["relaygr_redis_up"].samples[0].value == 0
+    assert families["relaygr_pool_desired_generation"].samples[0].value == 1
+
+
+def test_bucket_columns_line_up_with_the_engine():
+    hist = LatencyHistogram()
+    hist.record(3.0)
+    history = InstanceHistory(instance="p.0", step_s=1)
+    snap = snapshot("p.0", 10, 9.5)
+    snap.rank_latency = hist
+    history.extend(_entries(snap), keep_since=0)
+    assert history.deltas[0, BUCKET_OFFSET:BUCKET_OFFSET + N_BUCKETS].tolist() == hist.counts
