@@ -1,0 +1,63 @@
+"""The policy fields the config editor shows as a form: path (as validation errors name it), unit, help.
+
+Ranges are not repeated here: the schema (``relay_engine.config``) judges every value and its
+messages state what is allowed, so the form and the API can never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PolicyField:
+    path: str
+    label: str
+    unit: str
+    kind: str  # "int", "float" or "bool"
+    help: str
+    nullable: bool = False  # empty input means null (not "missing")
+
+
+@dataclass(frozen=True)
+class FieldGroup:
+    title: str
+    note: str
+    fields: tuple[PolicyField, ...]
+
+
+FIELD_GROUPS: tuple[FieldGroup, ...] = (
+    FieldGroup("Trigger thresholds", "Which requests are pre-inferred, and how much pre-inference load is allowed.", (
+        PolicyField("trigger.at_risk_seq_len", "At-risk prefix length", "tokens", "int",
+                    "Pre-infer a request only when its long-term prefix has at least this many tokens. "
+                    "Leave empty to derive it from the latency model below.", nullable=True),
+        PolicyField("trigger.max_preinfer_inflight", "Max pre-inferences in flight", "requests", "int",
+                    "Per instance; further signals are refused (reason inflight_limit)."),
+        PolicyField("trigger.max_preinfer_tokens_per_s", "Max pre-infer token rate", "tokens/s", "float",
+                    "Per instance; further signals are refused (reason token_rate_limit)."),
+        PolicyField("trigger.ranking_p99_slo_ms", "Ranking P99 SLO", "ms", "float",
+                    "The ranking latency objective; the dashboards draw it as the SLO line."),
+        PolicyField("trigger.admit_all", "Admit every signal", "", "bool",
+                    "Ignore the at-risk length (budgets still apply). For ablations only."),
+    )),
+    FieldGroup("Latency model", "Full-inference latency of n prefix tokens: base + per_token·n + per_token_sq·n². "
+               "Used only when the at-risk length is empty; leave all three empty for none.", (
+        PolicyField("trigger.latency_model.base_ms", "Base latency", "ms", "float", "Fixed cost of one inference."),
+        PolicyField("trigger.latency_model.per_token_ms", "Per-token latency", "ms/token", "float",
+                    "Linear cost per prefix token."),
+        PolicyField("trigger.latency_model.per_token_sq_ms", "Quadratic latency", "ms/token²", "float",
+                    "Attention's quadratic cost per token²."),
+    )),
+    FieldGroup("Cache budgets", "Bytes held by prefix KV caches per instance, and how long entries live.", (
+        PolicyField("cache.hbm_budget_mb", "HBM budget", "MiB", "float",
+                    "Accelerator memory for resident caches; beyond it entries are demoted to DRAM."),
+        PolicyField("cache.dram_budget_mb", "DRAM budget", "MiB", "float",
+                    "Host memory for demoted caches; beyond it entries are dropped."),
+        PolicyField("cache.entry_ttl_ms", "HBM entry TTL", "ms", "int", "An HBM entry unused this long expires."),
+        PolicyField("cache.dram_ttl_ms", "DRAM entry TTL", "ms", "int", "A DRAM entry unused this long expires."),
+    )),
+    FieldGroup("SLO", "What the dashboards measure against the ranking P99 SLO.", (
+        PolicyField("slo.target_ratio", "Target share within SLO", "ratio (0–1]", "float",
+                    "Share of ranking requests that must finish within the SLO; 1 − target is the error budget."),
+    )),
+)

@@ -1,0 +1,404 @@
+/* Config editor: the live revision in a form; every edit is dry-run checked by the schema (errors by
+   field path, diff against the live revision); publish creates a revision on top of the generation
+   this page loaded (a stale one is refused by the API with 409, never overwritten) and publishes it;
+   history with one-click rollback; convergence of the fleet after either. */
+"use strict";
+
+(() => {
+  const { api, fmt, el } = RelayGR;
+  const state = JSON.parse(document.getElementById("editor-state").textContent);
+  const pool = state.pool;
+  const base = `/api/v1/pools/${encodeURIComponent(pool)}`;
+  const root = document.getElementById("editor");
+  const part = (role) => document.querySelector(`[data-role="${role}"]`);
+  const NUMBER = /^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$/;
+  const LATENCY_MODEL = "trigger.latency_model";
+
+  let editingOverride; // an uploaded editing section, until published or discarded
+  let checkSeq = 0;
+  let lastCheck = { valid: true, changes: [] };
+  let busy = false;
+  let stale = false; // a publish was refused as stale: only reloading the latest revision helps
+  let convergenceTimer = null;
+
+  const getPath = (obj, path) => path.split(".").reduce((o, k) => (o === null || o === undefined ? undefined : o[k]), obj);
+  function setPath(obj, path, value) {
+    const keys = path.split(".");
+    let o = obj;
+    for (const k of keys.slice(0, -1)) {
+      if (o[k] === null || typeof o[k] !== "object") o[k] = {};
+      o = o[k];
+    }
+    o[keys[keys.length - 1]] = value;
+  }
+  const input = (path) => root.querySelector(`[data-path="${path}"]`);
+
+  /* --- form <-> spec ------------------------------------------------------------------------ */
+
+  function fill(spec) {
+    for (const f of state.fields) {
+      const node = input(f.path);
+      const value = getPath(spec, f.path);
+      if (node.tagName === "OUTPUT") node.textContent = value === null || value === undefined ? "—" : String(value);
+      else if (f.kind === "bool") node.checked = Boolean(value);
+      else node.value = value === null || value === undefined ? "" : String(value);
+    }
+    renderEditing(spec.editing);
+  }
+
+  /* The spec the form describes. Text that is not a number is sent as it is, so the schema's own
+     message ("must be a number …, got 'abc'") names the problem. */
+  function candidate() {
+    const spec = structuredClone(state.live.spec);
+    const latency = {};
+    for (const f of state.fields) {
+      const node = input(f.path);
+      let value;
+      if (f.kind === "bool") value = node.checked;
+      else {
+        const text = node.value.trim();
+        value = text === "" ? (f.nullable ? null : "") : (NUMBER.test(text) ? Number(text) : text);
+      }
+      if (f.path.startsWith(`${LATENCY_MODEL}.`)) {
+        if (value !== "") latency[f.path.slice(LATENCY_MODEL.length + 1)] = value;
+      } else {
+        setPath(spec, f.path, value);
+      }
+    }
+    spec.trigger.latency_model = Object.keys(latency).length ? latency : null;
+    if (editingOverride !== undefined) spec.editing = editingOverride;
+    return spec;
+  }
+
+  /* --- checking ----------------------------------------------------------------------------- */
+
+  const stripSpec = (path) => (path.startsWith("spec.") ? path.slice(5) : path === "spec" ? "(root)" : path);
+
+  function renderErrors(errors) {
+    root.querySelectorAll("[data-error-for]").forEach((node) => { node.textContent = ""; });
+    root.querySelectorAll(".field.invalid").forEach((node) => node.classList.remove("invalid"));
+    const other = [];
+    for (const [rawPath, messages] of Object.entries(errors || {})) {
+      const path = stripSpec(rawPath);
+      const text = messages.join(" ");
+      const target = root.querySelector(`[data-error-for="${CSS.escape(path)}"]`)
+        || (path.startsWith("editing") ? root.querySelector('[data-error-for="editing"]') : null);
+      if (target) {
+        target.textContent = target.textContent ? `${target.textContent} ${path}: ${text}` : (target.dataset.errorFor === path ? text : `${path}: ${text}`);
+        target.closest(".field")?.classList.add("invalid");
+      } else {
+        other.push(`${path}: ${text}`);
+      }
+    }
+    const box = part("other-errors");
+    if (box) {
+      box.hidden = other.length === 0;
+      box.replaceChildren(...other.map((t) => el("div", {}, t)));
+    }
+  }
+
+  const shown = (v) => {
+    if (v === null || v === undefined) return "—";
+    const text = JSON.stringify(v);
+    return text.length > 60 ? `${text.slice(0, 57)}…` : text;
+  };
+
+  function renderDiff(allChanges) {
+    const table = part("diff");
+    if (!table) return;
+    // "editing: null" replaced by an object shows as that object's fields; the null itself says nothing.
+    const changes = allChanges.filter((c) => c.before !== null || c.after !== null);
+    const status = part("diff-status");
+    table.hidden = changes.length === 0;
+    status.textContent = changes.length === 0
+      ? `No changes against the live revision (generation ${state.live.generation}).`
+      : `${changes.length} change${changes.length === 1 ? "" : "s"} against the live revision (generation ${state.live.generation}):`;
+    table.querySelector("tbody").replaceChildren(...changes.map((c) => el("tr", { dataset: { change: c.path } },
+      el("td", {}, el("code", {}, c.path)),
+      el("td", { class: "before" }, shown(c.before)),
+      el("td", { class: "after" }, shown(c.after)))));
+  }
+
+  function updateButtons() {
+    const publish = part("publish");
+    if (!publish) return;
+    const dirty = lastCheck.changes.length > 0;
+    publish.disabled = busy || stale || !lastCheck.valid || !dirty;
+    publish.textContent = `Publish generation ${state.latest_generation + 1}`;
+    part("reset").disabled = busy || (!dirty && editingOverride === undefined);
+  }
+
+  async function check() {
+    const seq = ++checkSeq;
+    let result;
+    try {
+      result = await api(`/ui/pools/${encodeURIComponent(pool)}/check/`, { method: "POST", body: { spec: candidate() } });
+    } catch (err) {
+      if (seq !== checkSeq) return;
+      lastCheck = { valid: false, changes: [] };
+      renderErrors({ "(root)": [`The check could not run: ${err.message}`] });
+      updateButtons();
+      return;
+    }
+    if (seq !== checkSeq) return; // a newer edit is being checked
+    lastCheck = result;
+    root.dataset.valid = String(result.valid);
+    renderErrors(result.errors);
+    renderDiff(result.changes);
+    updateButtons();
+  }
+
+  let debounce = null;
+  function scheduleCheck() {
+    clearTimeout(debounce);
+    debounce = setTimeout(check, 200);
+  }
+
+  /* --- editing section (read-only view, optional upload) ------------------------------------ */
+
+  function renderEditing(editing) {
+    const box = part("editing");
+    if (!editing) {
+      box.replaceChildren(el("p", { class: "muted small" },
+        "No model edits: the model runs unedited. Edits (a bias on chosen attention heads along a consistency "
+        + "direction, scaled by α) are produced by the editing workflow."));
+      return;
+    }
+    const fp = editing.fingerprint || {};
+    const norm = (d) => Math.sqrt((d || []).reduce((a, v) => a + (typeof v === "number" ? v * v : 0), 0));
+    const edits = editing.edits || [];
+    box.replaceChildren(
+      el("p", { class: "small" }, `Model: ${fp.num_layers} layers × ${fp.num_heads} heads × head_dim ${fp.head_dim}; `
+        + `scope: ${editing.scope || "all"}; ${edits.length} edited head${edits.length === 1 ? "" : "s"}.`),
+      edits.length ? el("table", { class: "data compact" },
+        el("thead", {}, el("tr", {}, el("th", {}, "Layer"), el("th", {}, "Head"), el("th", { class: "num" }, "α"),
+                           el("th", { class: "num" }, "‖direction‖"), el("th", {}, "direction (first values)"))),
+        el("tbody", {}, edits.map((e) => el("tr", {},
+          el("td", {}, e.layer), el("td", {}, e.head), el("td", { class: "num" }, e.alpha),
+          el("td", { class: "num" }, norm(e.direction).toFixed(3)),
+          el("td", { class: "small" }, Array.isArray(e.direction)
+            ? `${e.direction.slice(0, 4).map((v) => (typeof v === "number" ? v.toFixed(3) : String(v))).join(", ")}${e.direction.length > 4 ? ", …" : ""}` : "?"))))) : null,
+      editing.provenance && Object.keys(editing.provenance).length
+        ? el("details", {}, el("summary", { class: "small" }, "Provenance"), el("pre", {}, JSON.stringify(editing.provenance, null, 2)))
+        : null);
+  }
+
+  function onEditingFile(event) {
+    const file = event.target.files[0];
+    if (!file) return;
+    const reader = new FileReader();
+    reader.onload = () => {
+      try {
+        const parsed = JSON.parse(reader.result);
+        editingOverride = parsed && typeof parsed === "object" && "editing" in parsed ? parsed.editing : parsed;
+      } catch (err) {
+        root.querySelector('[data-error-for="editing"]').textContent = `${file.name} is not JSON: ${err.message}`;
+        return;
+      }
+      renderEditing(editingOverride);
+      check();
+    };
+    reader.readAsText(file);
+  }
+
+  /* --- publish, rollback, convergence -------------------------------------------------------- */
+
+  function say(...children) {
+    part("publish-result")?.replaceChildren(...children);
+  }
+
+  function adopt(revision) {
+    state.live = { generation: revision.generation, spec: revision.spec, sha256: revision.sha256,
+                   author: revision.author, comment: revision.comment, created_at: revision.created_at };
+    state.latest_generation = Math.max(state.latest_generation, revision.generation);
+    editingOverride = undefined;
+    part("live-generation").textContent = `generation ${revision.generation}`;
+    part("live-author").textContent = revision.author;
+    part("live-sha").textContent = revision.sha256.slice(0, 12);
+    fill(revision.spec);
+    if (part("comment")) part("comment").value = "";
+  }
+
+  function watchConvergence(generation, target) {
+    clearInterval(convergenceTimer);
+    const started = Date.now();
+    const line = el("p", { class: "convergence-line", dataset: { role: "convergence", generation: String(generation) } }, "Waiting for the fleet…");
+    target.append(line);
+    const poll = async () => {
+      let status;
+      try {
+        status = await api(`${base}/status/`);
+      } catch (err) {
+        line.textContent = `Fleet status unavailable: ${err.message}`;
+        return;
+      }
+      const live = status.instances.filter((i) => i.live);
+      const acked = live.filter((i) => i.up_to_date);
+      const nacked = live.filter((i) => i.config_state === "NACK" && i.nacked_generation === generation);
+      const waited = ((Date.now() - started) / 1000).toFixed(1);
+      line.dataset.converged = String(status.converged);
+      if (status.converged) {
+        line.replaceChildren(el("span", { class: "badge", dataset: { health: "healthy" } }, "converged"),
+          ` all ${live.length} live instances ACKed generation ${generation} (${waited} s).`);
+        clearInterval(convergenceTimer);
+      } else if (nacked.length) {
+        line.replaceChildren(el("span", { class: "badge", dataset: { health: "atrisk" } }, "NACK"),
+          ` ${nacked.length} instance(s) refused generation ${generation}: ${nacked[0].error}`);
+      } else if (!live.length) {
+        line.textContent = "No live instance in this pool: the revision applies when workers start.";
+        clearInterval(convergenceTimer);
+      } else {
+        line.textContent = `Converging: ${acked.length} of ${live.length} live instances ACKed generation ${generation} (${waited} s)…`;
+      }
+      if (Date.now() - started > 120000) clearInterval(convergenceTimer);
+    };
+    poll();
+    convergenceTimer = setInterval(poll, 1000);
+  }
+
+  async function publish() {
+    busy = true;
+    updateButtons();
+    const parent = state.latest_generation;
+    say(el("p", {}, `Creating generation ${parent + 1}…`));
+    let revision;
+    try {
+      revision = await api(`${base}/revisions/`, { method: "POST", body: {
+        parent_generation: parent, spec: candidate(), comment: part("comment").value } });
+      await api(`${base}/revisions/${revision.generation}/publish/`, { method: "POST" });
+    } catch (err) {
+      busy = false;
+      if (err.status === 409) await refuseStale(parent, err);
+      else if (err.status === 400 && err.data.errors) {
+        renderErrors(err.data.errors);
+        say(el("p", { class: "error-box", role: "alert" }, `Not published: ${err.message}`));
+      } else if (revision) {
+        say(el("p", { class: "error-box", role: "alert" },
+          `Generation ${revision.generation} was created but not published: ${err.message} `
+          + "Publish it again from the API, or run manage.py relaygr_sync when Redis is back."));
+      } else {
+        say(el("p", { class: "error-box", role: "alert" }, `Not published: ${err.message}`));
+      }
+      updateButtons();
+      return;
+    }
+    busy = false;
+    adopt(revision);
+    const done = el("div", {}, el("p", { class: "ok-box" }, `Published generation ${revision.generation} (sha256 ${revision.sha256.slice(0, 12)}).`));
+    say(done);
+    watchConvergence(revision.generation, done);
+    await Promise.all([check(), loadHistory()]);
+  }
+
+  async function refuseStale(parent, err) {
+    stale = true;
+    let who = "";
+    try {
+      const detail = await api(`${base}/`);
+      who = ` The pool is now at generation ${detail.latest_generation}`
+        + (detail.desired_by ? `; generation ${detail.desired_generation} was published by ${detail.desired_by}` : "") + ".";
+    } catch (ignored) {
+      who = "";
+    }
+    const reload = el("button", { type: "button", onclick: () => window.location.reload() }, "Load the latest revision");
+    say(el("div", { class: "error-box stale", role: "alert", dataset: { role: "stale" } },
+      el("strong", {}, "Not published: someone changed this pool's configuration after you opened it."),
+      el("p", {}, `You edited generation ${parent}.${who} Nothing was overwritten and your edits are still in the form. `
+        + "Load the latest revision (your unsaved edits are discarded), re-apply your change and publish again."),
+      el("p", { class: "small muted" }, err.message),
+      reload));
+  }
+
+  async function rollback(generation) {
+    busy = true;
+    updateButtons();
+    say(el("p", {}, `Rolling back to generation ${generation}…`));
+    try {
+      const result = await api(`${base}/rollback/`, { method: "POST", body: { to_generation: generation } });
+      const revision = await api(`${base}/revisions/${result.generation}/`);
+      busy = false;
+      adopt(revision);
+      const done = el("div", {}, el("p", { class: "ok-box" },
+        `Rolled back: generation ${revision.generation} restores generation ${generation} and is live.`));
+      say(done);
+      watchConvergence(revision.generation, done);
+      await Promise.all([check(), loadHistory()]);
+    } catch (err) {
+      busy = false;
+      say(el("p", { class: "error-box", role: "alert" }, `Rollback refused: ${err.message}`));
+      updateButtons();
+    }
+  }
+
+  /* --- history -------------------------------------------------------------------------------- */
+
+  async function toggleDiff(row, generation) {
+    const next = row.nextElementSibling;
+    if (next && next.classList.contains("diff-row")) {
+      next.remove();
+      return;
+    }
+    const cell = el("td", { colspan: 4 }, "Loading…");
+    row.after(el("tr", { class: "diff-row" }, cell));
+    try {
+      const diff = await api(`${base}/revisions/${generation}/diff/`);
+      cell.replaceChildren(diff.changes.length
+        ? el("table", { class: "data compact" }, el("tbody", {}, diff.changes.map((c) => el("tr", {},
+          el("td", {}, el("code", {}, c.path)), el("td", { class: "before" }, shown(c.before)), el("td", { class: "after" }, shown(c.after))))))
+        : el("span", { class: "muted small" }, `Same spec as generation ${diff.against}.`));
+    } catch (err) {
+      cell.textContent = err.message;
+    }
+  }
+
+  async function loadHistory() {
+    const tbody = part("history").querySelector("tbody");
+    let page;
+    try {
+      page = await api(`${base}/revisions/?limit=25`);
+    } catch (err) {
+      tbody.replaceChildren(el("tr", {}, el("td", { colspan: 4, class: "field-error" }, `History unavailable: ${err.message}`)));
+      return;
+    }
+    tbody.replaceChildren(...page.results.map((r) => {
+      const live = r.generation === state.live.generation;
+      const row = el("tr", { dataset: { generation: String(r.generation) }, class: live ? "live" : "" });
+      const actions = el("td", { class: "nowrap" },
+        el("button", { type: "button", class: "link small", onclick: () => toggleDiff(row, r.generation) }, "diff"));
+      if (state.can_edit && !live) {
+        actions.append(" ", el("button", { type: "button", class: "small", dataset: { role: "rollback" },
+          onclick: () => rollback(r.generation) }, `Roll back to ${r.generation}`));
+      }
+      row.append(
+        el("td", {}, String(r.generation), live ? el("span", { class: "badge", dataset: { health: "healthy" } }, "live") : null),
+        el("td", { class: "small" }, fmt.time(r.created_at), el("br"), r.author),
+        el("td", { class: "small" }, r.comment || "—", r.restored_from ? el("div", { class: "muted" }, `restores generation ${r.restored_from}`) : null),
+        actions);
+      return row;
+    }));
+  }
+
+  /* --- wiring ---------------------------------------------------------------------------------- */
+
+  fill(state.live.spec);
+  loadHistory();
+  if (state.can_edit) {
+    if (state.latest_generation > state.live.generation) {
+      say(el("p", { class: "notice small" }, `Generation ${state.latest_generation} exists but is not published; `
+        + `this form shows the live generation ${state.live.generation}, and publishing creates generation ${state.latest_generation + 1} from it.`));
+    }
+    root.querySelector('[data-role="form"]').addEventListener("input", (event) => {
+      if (event.target.dataset.path) scheduleCheck();
+    });
+    part("editing-file").addEventListener("change", onEditingFile);
+    part("publish").addEventListener("click", publish);
+    part("reset").addEventListener("click", () => {
+      editingOverride = undefined;
+      part("editing-file").value = "";
+      fill(state.live.spec);
+      check();
+    });
+    root.querySelector('[data-role="form"]').addEventListener("submit", (event) => event.preventDefault());
+    check();
+  }
+})();

@@ -1,0 +1,182 @@
+"""Pages: each checks the session and the role, renders a template, and leaves live data to its script,
+which calls the REST API with the session cookie. The audit log renders on the server (it is a
+filtered table, not a live view); the editor's dry-run check is the one JSON endpoint of its own."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib.auth.mixins import LoginRequiredMixin
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views import View
+from django.views.generic import TemplateView
+
+from controlplane.accounts.roles import Role, role_of
+from controlplane.common.errors import NotFound
+from controlplane.policies import selectors as policy_selectors
+from controlplane.policies.api.serializers import AuditQuerySerializer
+from controlplane.policies.diff import spec_diff
+from controlplane.policies.models import AuditEntry, Pool
+from controlplane.telemetry.selectors import WINDOWS
+from relay_engine.config import validate_policy
+
+from .assets import PLOTLY_VERSION
+from .policy_fields import FIELD_GROUPS
+
+DEFAULT_WINDOW = "1h"
+AUDIT_PAGE_SIZE = 50
+
+
+class PageView(LoginRequiredMixin, TemplateView):
+    """A page for any user holding a role; ``self.role`` is that role."""
+
+    tab = ""
+
+    def dispatch(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return self.handle_no_permission()
+        self.role = role_of(request.user)
+        if self.role is None:
+            return render(request, "frontend/no_role.html", status=403)
+        return super().dispatch(request, *args, **kwargs)
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        context.update(
+            pool_names=list(Pool.objects.order_by("name").values_list("name", flat=True)),
+            role_label=self.role.label, can_edit=self.role >= Role.OPERATOR, is_admin=self.role >= Role.ADMIN,
+            tab=self.tab, plotly_version=PLOTLY_VERSION,
+        )
+        return context
+
+
+class PoolPageView(PageView):
+    """A page about one pool; an unknown pool is a 404 page that lists the pools there are."""
+
+    def get(self, request, *args, **kwargs):
+        try:
+            self.pool = policy_selectors.pool_get(name=kwargs["pool"])
+        except NotFound:
+            context = super().get_context_data(missing_pool=kwargs["pool"])
+            return render(request, "frontend/pool_missing.html", context, status=404)
+        return super().get(request, *args, **kwargs)
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        spec = self.pool.desired_spec or {}
+        context.update(
+            pool=self.pool,
+            slo_ms=spec.get("trigger", {}).get("ranking_p99_slo_ms"),
+            slo_target_ratio=spec.get("slo", {}).get("target_ratio"),
+        )
+        return context
+
+
+def _window(request: HttpRequest) -> str:
+    window = request.GET.get("window", DEFAULT_WINDOW)
+    return window if window in WINDOWS else DEFAULT_WINDOW
+
+
+class OverviewView(PageView):
+    template_name = "frontend/overview.html"
+    tab = "overview"
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        context.update(pools=policy_selectors.pool_list(), windows=list(WINDOWS), window=_window(self.request))
+        return context
+
+
+class LiveView(PoolPageView):
+    template_name = "frontend/live.html"
+    tab = "live"
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        context.update(windows=list(WINDOWS), window=_window(self.request))
+        return context
+
+
+class ConfigView(PoolPageView):
+    template_name = "frontend/config.html"
+    tab = "config"
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        live = policy_selectors.revision_desired(pool=self.pool)
+        context.update(
+            field_groups=FIELD_GROUPS,
+            editor_state={
+                "pool": self.pool.name,
+                "can_edit": context["can_edit"],
+                "live": {"generation": live.generation, "spec": live.spec, "sha256": live.sha256,
+                         "author": live.author, "comment": live.comment, "created_at": live.created_at.isoformat()},
+                "latest_generation": self.pool.latest_generation,
+                "fields": [{"path": f.path, "kind": f.kind, "nullable": f.nullable}
+                           for group in FIELD_GROUPS for f in group.fields],
+            },
+        )
+        return context
+
+
+class FleetView(PoolPageView):
+    template_name = "frontend/fleet.html"
+    tab = "fleet"
+
+
+class AuditView(PageView):
+    template_name = "frontend/audit.html"
+    tab = "audit"
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        raw = {key: value for key, value in self.request.GET.items() if key in AuditQuerySerializer().fields and value}
+        query = AuditQuerySerializer(data=raw)
+        entries = policy_selectors.audit_list(**query.validated_data) if query.is_valid() else AuditEntry.objects.none()
+        page = Paginator(entries, AUDIT_PAGE_SIZE).get_page(self.request.GET.get("page"))
+        filters = self.request.GET.copy()
+        filters.pop("page", None)
+        context.update(
+            page=page, filters=raw, filter_errors=query.errors, filter_query=filters.urlencode(),
+            actions=AuditEntry.Action.choices,
+            entries=[{"entry": entry, "before": _pretty(entry.before), "after": _pretty(entry.after)}
+                     for entry in page.object_list],
+        )
+        return context
+
+
+def _pretty(value) -> str:
+    return "" if value is None else json.dumps(value, indent=2, sort_keys=True)
+
+
+class SpecCheckView(View):
+    """Dry run of an edit: the schema's errors by field path and the diff against the live revision.
+
+    POST ``{"spec": {...}}`` → ``{"valid", "errors": {path: [messages]}, "against", "changes"}``; nothing
+    is written. The same ``validate_policy`` judges the spec when the API creates the revision.
+    """
+
+    def post(self, request: HttpRequest, pool: str) -> JsonResponse:
+        if not request.user.is_authenticated:
+            return JsonResponse({"detail": "Log in first."}, status=401)
+        if role_of(request.user) is None:
+            return JsonResponse({"detail": "Your account holds no role."}, status=403)
+        try:
+            body = json.loads(request.body)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or "spec" not in body:
+            return JsonResponse({"detail": 'The body must be JSON: {"spec": {...}}.'}, status=400)
+        try:
+            live = policy_selectors.revision_desired(pool=policy_selectors.pool_get(name=pool))
+        except NotFound as exc:
+            return JsonResponse({"detail": exc.detail}, status=404)
+        parsed, errors = validate_policy(body["spec"])
+        return JsonResponse({
+            "valid": not errors,
+            "errors": errors,
+            "against": live.generation,
+            "changes": spec_diff(live.spec, parsed.to_dict()) if parsed is not None else [],
+        })

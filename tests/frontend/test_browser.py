@@ -1,0 +1,269 @@
+"""The pages in real headless Chromium against the real stack (control plane, Redis, two workers).
+
+The tests share one stack and run in order, the way an SRE's session goes: log in, watch, edit,
+publish, see the fleet converge, roll back. Each test saves a screenshot under
+artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from .conftest import Session, login
+from .stack import POOL
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
+
+LIVE = f"/pools/{POOL}/"
+CONFIG = f"/pools/{POOL}/config/"
+FLEET = f"/pools/{POOL}/fleet/"
+TIME_CHARTS = ("latency", "throughput", "hbm", "hits", "preinfer", "instance_p99")
+CONVERGE_TIMEOUT_MS = 30_000
+
+
+def pool_state(stack) -> dict:
+    status, body = stack.api("GET", f"/api/v1/pools/{POOL}/")
+    assert status == 200, body
+    return body
+
+
+def publish_via_api(stack, **trigger) -> int:
+    """What automation (or a colleague) does: a new revision on the latest, published."""
+    pool = pool_state(stack)
+    _, live = stack.api("GET", f"/api/v1/pools/{POOL}/revisions/{pool['desired_generation']}/")
+    spec = {**live["spec"], "trigger": {**live["spec"]["trigger"], **trigger}}
+    status, revision = stack.api("POST", f"/api/v1/pools/{POOL}/revisions/",
+                                 {"parent_generation": pool["latest_generation"], "spec": spec, "comment": "via API"})
+    assert status == 201, revision
+    status, published = stack.api("POST", f"/api/v1/pools/{POOL}/revisions/{revision['generation']}/publish/")
+    assert status == 200, published
+    return revision["generation"]
+
+
+def field(page, path: str):
+    return page.locator(f'input[data-path="{path}"]')
+
+
+def annotation(page, chart: str, generation: int):
+    return page.locator(f'[data-chart="{chart}"] .annotation-text', has_text=re.compile(rf"\bgen {generation}$"))
+
+
+def test_login_lands_on_the_slo_overview_with_pool_health(sre, screenshot):
+    sre.goto("/")
+    card = sre.locator(f'.pool-card[data-pool="{POOL}"]')
+    card.locator('[data-chart="p99"][data-has-data="true"]').wait_for()
+    assert card.get_attribute("data-state") in {"healthy", "atrisk"}
+    assert card.locator('[data-role="health"]').inner_text() in {"healthy", "at risk"}
+    assert re.match(r"[\d.]+ ms / 50(\.0)? ms", card.locator('[data-figure="p99"]').inner_text())
+    assert re.match(r"[\d.]+% of ≥ 99\.0%", card.locator('[data-figure="within"]').inner_text())
+    assert card.locator('[data-figure="goodput"]').inner_text().endswith("/s")
+    assert card.locator('[data-figure="burn"]').inner_text().endswith("×")
+    screenshot(sre, "01-slo-overview")
+
+
+def test_live_view_draws_every_chart_with_data(sre, screenshot):
+    sre.goto(LIVE)
+    for chart in TIME_CHARTS:
+        sre.locator(f'[data-chart="{chart}"][data-has-data="true"] .main-svg').first.wait_for()
+        assert sre.locator(f'[data-chart="{chart}"]').get_attribute("data-state") == "ready"
+    rows = sre.locator('[data-role="instances"] tbody tr[data-instance]')
+    assert rows.count() == 2
+    assert sre.locator("#connection").get_attribute("data-state") == "live"
+    screenshot(sre, "02-live-view")
+
+
+def test_time_range_picker_redraws_for_the_chosen_window(sre):
+    sre.goto(LIVE)
+    sre.locator('[data-chart="latency"][data-has-data="true"]').wait_for()
+    with sre.expect_response(re.compile(r"/metrics/\?window=5m")) as response:
+        sre.click('.window-picker button[data-window="5m"]')
+    assert response.value.json()["step_s"] == 1
+    assert sre.locator('.window-picker button[data-window="5m"]').get_attribute("aria-pressed") == "true"
+    assert "window=5m" in sre.url
+    sre.locator('[data-chart="latency"][data-has-data="true"]').wait_for()
+
+
+def test_editor_shows_the_schema_error_next_to_the_field(sre, screenshot):
+    sre.goto(CONFIG)
+    field(sre, "trigger.max_preinfer_inflight").fill("-1")
+    error = sre.locator('[data-error-for="trigger.max_preinfer_inflight"]')
+    error.wait_for()
+    assert error.inner_text() == "must be in [0, 100000], got -1"
+    field(sre, "cache.hbm_budget_mb").fill("lots")
+    sre.locator('[data-error-for="cache.hbm_budget_mb"]', has_text="must be a number").wait_for()
+    assert sre.locator('[data-role="publish"]').is_disabled()
+    screenshot(sre, "03-config-validation-error")
+
+
+def test_publish_shows_the_diff_then_the_fleet_converges_and_every_chart_marks_it(sre, stack, screenshot):
+    sre.goto(CONFIG)
+    field(sre, "trigger.at_risk_seq_len").fill("384")
+    field(sre, "cache.hbm_budget_mb").fill("512")
+    diff = sre.locator('[data-role="diff"]')
+    diff.locator('tr[data-change="trigger.at_risk_seq_len"] td.after', has_text="384").wait_for()
+    assert diff.locator('tr[data-change="cache.hbm_budget_mb"] td.before').inner_text() == "1024"
+    sre.fill('[data-role="comment"]', "smaller at-risk threshold, half the HBM")
+    screenshot(sre, "04-config-diff-before-publish")
+    expected = pool_state(stack)["latest_generation"] + 1
+    publish = sre.locator('[data-role="publish"]')
+    assert publish.inner_text() == f"Publish generation {expected}"
+    publish.click()
+    sre.locator(".ok-box", has_text=f"Published generation {expected}").wait_for()
+    sre.locator(f'[data-role="convergence"][data-generation="{expected}"][data-converged="true"]').wait_for(
+        timeout=CONVERGE_TIMEOUT_MS)
+    assert pool_state(stack)["desired_generation"] == expected
+    screenshot(sre, "05-config-published")
+
+    sre.goto(FLEET)
+    sre.locator('[data-role="convergence"][data-state="converged"]').wait_for(timeout=CONVERGE_TIMEOUT_MS)
+    applied = sre.locator('[data-role="instances"] tbody tr[data-instance] td:nth-child(4)').all_inner_texts()
+    assert applied == [str(expected)] * 2
+    assert "2 of 2 live instances ACKed generation" in sre.locator('[data-role="summary"]').inner_text()
+    screenshot(sre, "06-fleet-converged")
+
+    sre.goto(f"{LIVE}?window=5m")
+    for chart in TIME_CHARTS:
+        annotation(sre, chart, expected).wait_for()
+    screenshot(sre, "07-live-view-annotated")
+
+
+def test_live_view_shows_a_new_publish_within_two_seconds(sre, stack):
+    sre.goto(f"{LIVE}?window=5m")
+    sre.locator('[data-chart="latency"][data-has-data="true"]').wait_for()
+    generation = publish_via_api(stack, max_preinfer_inflight=6)
+    published_at = time.monotonic()
+    annotation(sre, "latency", generation).wait_for(timeout=3_000)
+    shown_after_s = time.monotonic() - published_at
+    timings = sre.evaluate("({...document.getElementById('live').dataset})")
+    assert shown_after_s < 2.0, f"shown after {shown_after_s:.2f} s; last refresh {timings}"
+
+
+def test_a_stale_edit_is_refused_not_overwritten(sre, stack, screenshot):
+    sre.goto(CONFIG)
+    field(sre, "cache.dram_budget_mb").fill("2048")
+    sre.locator('[data-role="diff"] tr[data-change="cache.dram_budget_mb"]').wait_for()
+    theirs = publish_via_api(stack, ranking_p99_slo_ms=60.0)  # a colleague publishes meanwhile
+    sre.click('[data-role="publish"]')
+    stale = sre.locator('[data-role="stale"]')
+    stale.wait_for()
+    assert "someone changed this pool's configuration" in stale.inner_text()
+    assert f"now at generation {theirs}" in stale.inner_text()
+    state = pool_state(stack)
+    assert state["latest_generation"] == theirs and state["desired_generation"] == theirs
+    assert field(sre, "cache.dram_budget_mb").input_value() == "2048"  # the edit is still there
+    assert sre.locator('[data-role="publish"]').is_disabled()
+    screenshot(sre, "08-config-stale-edit-refused")
+
+
+def test_rollback_from_history_is_one_click(sre, stack, screenshot):
+    sre.goto(CONFIG)
+    before = pool_state(stack)
+    sre.locator('[data-role="history"] tr[data-generation="1"] [data-role="rollback"]').click()
+    expected = before["latest_generation"] + 1
+    sre.locator(".ok-box", has_text=f"generation {expected} restores generation 1").wait_for()
+    sre.locator(f'[data-role="convergence"][data-generation="{expected}"][data-converged="true"]').wait_for(
+        timeout=CONVERGE_TIMEOUT_MS)
+    assert field(sre, "trigger.at_risk_seq_len").input_value() == "512"
+    assert field(sre, "trigger.ranking_p99_slo_ms").input_value() == "50"
+    _, revision = stack.api("GET", f"/api/v1/pools/{POOL}/revisions/{expected}/")
+    assert revision["restored_from"] == 1 and pool_state(stack)["desired_generation"] == expected
+    sre.locator(f'[data-role="history"] tr.live[data-generation="{expected}"]').wait_for()
+    screenshot(sre, "09-config-rolled-back")
+
+
+def test_the_editing_section_can_be_replaced_from_a_json_file(sre, screenshot):
+    fingerprint = {"num_layers": 2, "num_heads": 2, "head_dim": 16}  # the small model
+    sre.goto(CONFIG)
+    wrong = {"fingerprint": fingerprint, "edits": [{"layer": 0, "head": 1, "direction": [0.1, 0.2], "alpha": 0.5}]}
+    sre.set_input_files('[data-role="editing-file"]', files=[
+        {"name": "wrong.json", "mimeType": "application/json", "buffer": json.dumps(wrong).encode()}])
+    sre.locator('[data-error-for="editing"]', has_text="has 2 values; the model's head_dim is 16").wait_for()
+    assert sre.locator('[data-role="publish"]').is_disabled()
+    right = {"editing": {**wrong, "edits": [{**wrong["edits"][0], "direction": [0.25] * 16}],
+                         "provenance": {"dataset": "probe-v1"}}}
+    sre.set_input_files('[data-role="editing-file"]', files=[
+        {"name": "right.json", "mimeType": "application/json", "buffer": json.dumps(right).encode()}])
+    sre.locator('[data-role="diff"] tr[data-change="editing.edits[0].alpha"]').wait_for()
+    assert sre.locator('[data-error-for="editing"]').inner_text() == ""
+    cells = sre.locator('[data-role="editing"] tbody td').all_inner_texts()
+    assert cells == ["0", "1", "0.5", "1.000", "0.250, 0.250, 0.250, 0.250, …"]  # layer, head, α, norm, values
+    screenshot(sre, "10-config-editing-upload")
+    sre.click('[data-role="reset"]')
+    sre.locator('[data-role="diff-status"]', has_text="No changes").wait_for()
+
+
+def test_audit_log_filters_by_action(sre, screenshot):
+    sre.goto("/audit/")
+    sre.select_option('select[name="action"]', "revision.publish")
+    sre.click('form[data-role="filters"] button[type="submit"]')
+    sre.wait_for_url(re.compile(r"action=revision\.publish"))
+    actions = sre.locator("table.audit tbody td:nth-child(3)").all_inner_texts()
+    assert len(actions) >= 3 and set(actions) == {"revision.publish"}
+    screenshot(sre, "11-audit-log")
+
+
+def test_viewer_sees_no_edit_controls_and_the_server_refuses_anyway(browser, stack, screenshot):
+    viewer = Session(browser, stack, "pm")
+    try:
+        page = viewer.page
+        page.goto(CONFIG)
+        page.locator('[data-role="history"] tbody tr[data-generation]').first.wait_for()
+        assert page.locator('output[data-path="trigger.at_risk_seq_len"]').inner_text() == "512"
+        assert page.locator("input[data-path], [data-role=publish], [data-role=rollback], "
+                            "[data-role=editing-file]").count() == 0
+        assert "read-only for you" in page.locator(".notice").inner_text()
+        screenshot(page, "12-config-as-viewer")
+        status = page.evaluate("""async (pool) => {
+            const token = document.querySelector('meta[name="csrf-token"]').content;
+            const response = await fetch(`/api/v1/pools/${pool}/rollback/`, {method: 'POST',
+                headers: {'Content-Type': 'application/json', 'X-CSRFToken': token},
+                body: JSON.stringify({to_generation: 1})});
+            return response.status;
+        }""", POOL)
+        assert status == 403
+        page.goto(LIVE)
+        page.locator('[data-chart="latency"][data-has-data="true"]').wait_for()
+        assert viewer.page_errors == []
+    finally:
+        viewer.close()
+
+
+def test_charts_reconnect_after_the_server_restarts(sre, stack, screenshot):
+    sre.goto(LIVE)
+    sre.locator('#connection[data-state="live"]').wait_for()
+    stack.stop_server()
+    try:
+        sre.locator('#connection[data-state="reconnecting"]').wait_for()
+        sre.locator('[data-chart="latency"][data-state="error"]').wait_for()
+        screenshot(sre, "13-live-view-reconnecting")
+    finally:
+        stack.start_server()
+    restarted = time.time() * 1000
+    sre.locator('#connection[data-state="live"]').wait_for(timeout=15_000)
+    sre.wait_for_function(f"Number(document.getElementById('live').dataset.updatedAt) > {restarted}")
+    assert sre.locator('[data-chart="latency"]').get_attribute("data-state") == "ready"
+
+
+def test_logging_out_ends_the_session(browser, stack):
+    context = browser.new_context(base_url=stack.base_url)
+    try:
+        page = context.new_page()
+        login(page, "sre")
+        page.click(".logout button")
+        page.wait_for_url("**/login/")
+        page.goto(LIVE)
+        assert "/login/?next=" in page.url
+    finally:
+        context.close()
+
+
+def test_the_pages_loaded_nothing_from_outside(operator_session, stack):
+    assert operator_session.requested, "no request recorded"
+    outside = [url for url in operator_session.requested
+               if not url.startswith((stack.base_url, "data:", "blob:", "about:"))]
+    assert outside == []
+    assert any(url.startswith(f"{stack.base_url}/vendor/plotly.min.js") for url in operator_session.requested)

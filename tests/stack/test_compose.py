@@ -1,0 +1,87 @@
+"""docker-compose.yml refers only to things that exist: modules, management commands, settings."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from django.core.management import get_commands
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT_DIRS = ("relay_engine", "workers", "controlplane", "frontend")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def project_services(compose: dict) -> dict[str, dict]:
+    return {name: svc for name, svc in compose["services"].items() if svc.get("image") == "relaygr:latest"}
+
+
+def command_words(service: dict) -> list[str]:
+    command = service["command"]
+    text = command if isinstance(command, str) else shlex.join(command)
+    if text.startswith("sh -c "):
+        text = shlex.split(text)[2]
+    return [w for part in re.split(r"&&|;", text) for w in shlex.split(part)]
+
+
+def env_names_read_by_the_project() -> set[str]:
+    """Every upper-case string constant in a module that reads the environment."""
+    names: set[str] = set()
+    files = [ROOT / "manage.py"] + [p for d in PROJECT_DIRS for p in (ROOT / d).rglob("*.py")]
+    for path in files:
+        source = path.read_text()
+        if "environ" not in source and "getenv" not in source:
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"[A-Z][A-Z0-9_]{2,}",
+                                                                                                node.value):
+                names.add(node.value)
+    return names
+
+
+def test_the_expected_services_are_there(compose):
+    assert {"redis", "postgres", "web", "worker", "beat", "traffic"} <= set(compose["services"])
+    assert "traffic" in compose["services"]["traffic"]["profiles"]
+    for name in ("redis", "postgres", "web", "worker"):
+        assert "healthcheck" in compose["services"][name], name
+    assert "pgdata" in compose["volumes"]
+
+
+def test_every_command_names_a_real_module_or_management_command(compose):
+    commands = get_commands()
+    checked = 0
+    for name, service in project_services(compose).items():
+        words = command_words(service)
+        for i, word in enumerate(words):
+            if word == "-m":
+                module = words[i + 1]
+                assert importlib.util.find_spec(module) is not None, f"{name}: no module {module}"
+                checked += 1
+            elif word == "manage.py":
+                assert words[i + 1] in commands, f"{name}: no management command {words[i + 1]}"
+                checked += 1
+            elif ":application" in word:
+                module = word.split(":")[0]
+                assert importlib.util.find_spec(module) is not None, f"{name}: no WSGI module {module}"
+                checked += 1
+    assert checked >= 6
+
+
+def test_every_variable_set_for_the_project_is_one_it_reads(compose):
+    read = env_names_read_by_the_project()
+    for name, service in project_services(compose).items():
+        for variable in service.get("environment", {}):
+            assert variable in read, f"{name} sets {variable}, which nothing in the project reads"
+
+
+def test_workers_claim_their_own_index_when_scaled(compose):
+    assert command_words(compose["services"]["worker"])[-2:] == ["--index", "auto"]

@@ -1,0 +1,143 @@
+"""A pool of two real worker processes on a real Redis: routing, caching, deadlines, bad input."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from relay_engine.telemetry import Snapshot
+from tests.workers.fleet import wait_for
+from workers.app import PRE_INFER_TASK, RANK_TASK
+from workers.client import PendingRank, RankDeadlineExceeded, RankError
+
+pytestmark = pytest.mark.integration
+
+SMALL = {"seq_len": 48, "short_len": 4, "n_candidates": 8}
+
+
+def latest_snapshot(fleet, name: str) -> Snapshot:
+    entries = fleet.redis.xrevrange(fleet.keys.telemetry("1s", name), count=1)
+    return Snapshot.from_dict(json.loads(entries[0][1]["d"]))
+
+
+def test_instances_join_the_live_set_and_report_their_status(fleet):
+    assert fleet.client.live_instances() == tuple(fleet.names)
+    for name, status in fleet.statuses().items():
+        assert (status.instance, status.pool, status.device) == (name, "test", "cpu")
+        assert status.pid == fleet.procs[name].pid
+        assert time.time() - status.heartbeat_ts < 3
+        assert status.hbm_budget_bytes > 0 and status.device_memory_bytes > 0
+
+
+def test_same_user_is_served_by_one_instance_and_hits_its_cache_on_the_second_request(fleet):
+    users = [f"affinity-{i}" for i in range(8)]
+    hits_before = {name: latest_snapshot(fleet, name).counters["hbm_hits"] for name in fleet.names}
+    first = {u: fleet.client.rank(u, query_index=1, **SMALL) for u in users}
+    second = {u: fleet.client.rank(u, query_index=2, **SMALL) for u in users}
+
+    for u in users:
+        assert first[u].instance == second[u].instance == fleet.client.route(u)
+        assert first[u].source == "miss"
+        assert second[u].source == "hbm"
+    assert {reply.instance for reply in first.values()} == set(fleet.names)  # users spread over both
+    expected = {name: sum(r.instance == name for r in second.values()) for name in fleet.names}
+    wait_for(lambda: all(latest_snapshot(fleet, n).counters["hbm_hits"] - hits_before[n] == expected[n]
+                         for n in fleet.names), 3.0, what="hbm_hits counted in telemetry")
+
+
+def test_pre_infer_signal_and_ranking_request_meet_on_one_instance(fleet):
+    user, seq_len = "relay-race-user", 600  # above the default at_risk_seq_len: the trigger admits it
+    instance = fleet.client.pre_infer(user, seq_len=seq_len)
+    time.sleep(0.3)
+    reply = fleet.client.rank(user, seq_len=seq_len, short_len=4, n_candidates=8, query_index=1)
+    assert instance == reply.instance == fleet.client.route(user)
+    assert reply.source in ("hbm", "inflight")
+
+
+def test_rank_past_its_deadline_fails_fast_with_a_deadline_error(fleet):
+    deadline_s = time.time() + 0.005  # far less than the recompute of a 3000-token prefix takes
+    with pytest.raises(RankDeadlineExceeded, match="deadline|expired"):
+        fleet.client.rank("late-user", seq_len=3000, short_len=4, n_candidates=8, deadline_s=deadline_s)
+    assert time.time() - deadline_s < fleet.client.grace_s + 0.5
+
+
+def test_request_that_expired_in_the_queue_is_revoked_and_reported(fleet):
+    name = fleet.names[0]
+    before = latest_snapshot(fleet, name).counters["rank_deadline_exceeded"]
+    deadline_s = time.time() - 1.0
+    result = fleet.client.app.send_task(RANK_TASK, args=[{"user_id": "u", "deadline_s": deadline_s, **SMALL}],
+                                        queue=fleet.keys.rank_queue(name),
+                                        expires=datetime.fromtimestamp(deadline_s, tz=UTC))
+    with pytest.raises(RankDeadlineExceeded, match="expired in .* queue"):
+        PendingRank(result, name, time.time() + 1.0, time.perf_counter(), 0.25).wait()
+    wait_for(lambda: latest_snapshot(fleet, name).counters["rank_deadline_exceeded"] > before, 3.0,
+             what="the expired request counted as a deadline error")
+
+
+@pytest.mark.parametrize(("payload", "field"), [
+    ("not an object", "payload"),
+    ({**SMALL}, "user_id"),
+    ({"user_id": "u", **SMALL, "seq_len": -1}, "seq_len"),
+    ({"user_id": "u", **SMALL, "seq_len": True}, "seq_len"),
+    ({"user_id": "u", **SMALL, "deadline_s": "soon"}, "deadline_s"),
+    ({"user_id": "u", **SMALL, "colour": "red"}, "colour"),
+    ({"user_id": "u", "short_len": 1, "n_candidates": 2, "prefix_items": [1, 2], "prefix_actions": [1]},
+     "prefix_actions"),
+    ({"user_id": "u", **SMALL, "n_candidates": None, "candidates": [1, 10**9]}, "candidates"),
+    ({"user_id": "u", **SMALL, "seq_len": 5000}, "prefix"),  # longer than the model takes
+])
+def test_malformed_rank_payload_gets_an_error_result_naming_the_field(fleet, payload, field):
+    with pytest.raises(RankError) as caught:
+        fleet.client.send_rank(payload, instance=fleet.names[0]).wait()
+    assert caught.value.kind == "invalid_input"
+    assert caught.value.field == field, str(caught.value)
+
+
+def test_task_called_with_the_wrong_arguments_gets_an_error_result(fleet):
+    name = fleet.names[0]
+    result = fleet.client.app.send_task(RANK_TASK, args=[1, 2], kwargs={"x": 3}, queue=fleet.keys.rank_queue(name))
+    data = result.get(timeout=5)
+    assert (data["ok"], data["error"], data["field"]) == (False, "invalid_input", "payload")
+
+
+def test_malformed_pre_infer_payload_gets_an_error_result(fleet):
+    name = fleet.names[0]
+    result = fleet.client.app.send_task(PRE_INFER_TASK, args=[{"user_id": "u", "seq_len": "long"}],
+                                        queue=fleet.keys.preinfer_queue(name), ignore_result=False)
+    data = result.get(timeout=5)
+    assert (data["ok"], data["error"], data["field"]) == (False, "invalid_input", "seq_len")
+
+
+def test_worker_keeps_serving_after_bad_input(fleet):
+    for name in fleet.names:
+        with pytest.raises(RankError, match="user_id"):
+            fleet.client.send_rank({"user_id": ["not", "a", "string"]}, instance=name).wait()
+        assert fleet.client.app.send_task(RANK_TASK, args=[None], queue=fleet.keys.rank_queue(name)).get(5)["error"]
+    for name in fleet.names:
+        reply = fleet.client.send_rank({"user_id": "after-bad-input", "deadline_s": time.time() + 2, **SMALL},
+                                       instance=name).wait()
+        assert reply.instance == name
+        assert fleet.procs[name].poll() is None
+
+
+def test_ranking_does_not_wait_behind_a_pre_infer_backlog(fleet):
+    name = fleet.names[0]
+    control = fleet.client.app.control
+    hostname = f"{name}@{socket.gethostname()}"
+    # Build a backlog: stop the instance consuming pre-infer signals, queue them, then let it resume.
+    control.cancel_consumer(fleet.keys.preinfer_queue(name), destination=[hostname], reply=True, timeout=2)
+    for i in range(300):
+        fleet.client.pre_infer(f"backlog-{i}", seq_len=600, instance=name)
+    control.add_consumer(fleet.keys.preinfer_queue(name), destination=[hostname], reply=True, timeout=2)
+    backlog = fleet.redis.llen(fleet.keys.preinfer_queue(name))
+
+    reply = fleet.client.send_rank({"user_id": "behind-backlog", "deadline_s": time.time() + 2, **SMALL},
+                                   instance=name).wait()
+    still_queued = fleet.redis.llen(fleet.keys.preinfer_queue(name))
+    assert backlog > 250
+    assert still_queued > 0, "the ranking request waited until the pre-infer backlog drained"
+    assert reply.round_trip_ms < 1000

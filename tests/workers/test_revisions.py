@@ -1,0 +1,79 @@
+"""The config reconciler against real workers: publish → ACK within 2 s; bad revisions → NACK."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from relay_engine.config import parse_policy
+from tests.workers.fleet import wait_for
+
+pytestmark = pytest.mark.integration
+
+CONVERGE_S = 2.0
+
+
+def acked(fleet, generation: int) -> bool:
+    return all(s.config_state == "ACK" and s.applied_generation == generation for s in fleet.statuses().values())
+
+
+def nacked(fleet, generation: int) -> bool:
+    return all(s.config_state == "NACK" and s.nacked_generation == generation for s in fleet.statuses().values())
+
+
+def test_published_revision_is_acked_by_every_instance_within_2s(fleet):
+    spec = {"cache": {"hbm_budget_mb": 300.0}, "trigger": {"ranking_p99_slo_ms": 40.0}}
+    started = time.monotonic()
+    generation = fleet.publish(spec)
+    wait_for(lambda: acked(fleet, generation), CONVERGE_S, what=f"ACK of generation {generation}")
+    assert time.monotonic() - started < CONVERGE_S
+    for status in fleet.statuses().values():
+        assert status.applied_sha256 == parse_policy(spec).sha256()
+        assert status.hbm_budget_bytes == 300 * 2**20
+        assert status.error == ""
+
+
+def test_revision_without_a_poke_still_converges(fleet):
+    generation = fleet.publish({"cache": {"hbm_budget_mb": 301.0}}, poke=False)
+    wait_for(lambda: acked(fleet, generation), CONVERGE_S + 1.5, what="level-based convergence without a poke")
+
+
+def test_invalid_revision_is_nacked_and_the_previous_keeps_serving(fleet):
+    good = fleet.publish({"cache": {"hbm_budget_mb": 302.0}})
+    wait_for(lambda: acked(fleet, good), CONVERGE_S)
+    bad = fleet.publish({"trigger": {"at_risk_seq_len": -5}, "cahce": {}})
+    wait_for(lambda: nacked(fleet, bad), CONVERGE_S, what=f"NACK of generation {bad}")
+    for status in fleet.statuses().values():
+        assert status.applied_generation == good
+        assert status.hbm_budget_bytes == 302 * 2**20
+        assert "trigger.at_risk_seq_len" in status.error and "cahce" in status.error
+    for user in ("after-nack-1", "after-nack-2", "after-nack-3"):
+        assert fleet.client.rank(user, seq_len=32, short_len=2, n_candidates=4).scores
+
+
+def test_revision_the_instance_cannot_apply_is_nacked(fleet):
+    good = fleet.publish({})
+    wait_for(lambda: acked(fleet, good), CONVERGE_S)
+    too_big = fleet.publish({"cache": {"hbm_budget_mb": 16.0 * 2**20}})  # valid by the schema, not on this host
+    wait_for(lambda: nacked(fleet, too_big), CONVERGE_S)
+    assert all("cache.hbm_budget_mb" in s.error and s.applied_generation == good
+               for s in fleet.statuses().values())
+
+
+def test_revision_whose_spec_does_not_match_its_sha256_is_nacked(fleet):
+    good = fleet.publish({})
+    wait_for(lambda: acked(fleet, good), CONVERGE_S)
+    revision = fleet.desired_revision({"cache": {"hbm_budget_mb": 10.0}}, sha256="f" * 64)
+    fleet.redis.set(fleet.keys.desired, revision.to_json())
+    fleet.redis.publish(fleet.keys.poke_channel, str(revision.generation))
+    wait_for(lambda: nacked(fleet, revision.generation), CONVERGE_S)
+    assert all(s.error.startswith("sha256") for s in fleet.statuses().values())
+
+
+def test_next_good_revision_after_a_nack_is_acked(fleet):
+    bad = fleet.publish({"slo": {"target_ratio": 2.0}})
+    wait_for(lambda: nacked(fleet, bad), CONVERGE_S)
+    good = fleet.publish({"cache": {"hbm_budget_mb": 303.0}})
+    wait_for(lambda: acked(fleet, good), CONVERGE_S)
+    assert all(s.nacked_generation == 0 and s.error == "" for s in fleet.statuses().values())

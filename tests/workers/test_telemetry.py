@@ -1,0 +1,71 @@
+"""Telemetry from real workers: a snapshot a second per instance, and bounded keys in Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from relay_engine.telemetry import COUNTERS, REFUSAL_REASONS, Snapshot
+from relay_engine.wire import STATUS_TTL_S, TELEMETRY_TIERS
+from tests.workers.fleet import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def snapshots(fleet, name: str, count: int) -> list[Snapshot]:
+    entries = fleet.redis.xrevrange(fleet.keys.telemetry("1s", name), count=count)
+    return [Snapshot.from_dict(json.loads(fields["d"])) for _, fields in reversed(entries)]
+
+
+def test_each_instance_publishes_a_cumulative_snapshot_every_second(fleet):
+    for i in range(5):
+        fleet.client.rank(f"telemetry-{i}", seq_len=32, short_len=2, n_candidates=4)
+    time.sleep(3.2)
+    for name in fleet.names:
+        recent = snapshots(fleet, name, 3)
+        gaps = [b.ts - a.ts for a, b in zip(recent, recent[1:], strict=False)]
+        assert all(0.5 < gap < 1.5 for gap in gaps), gaps
+        last = recent[-1]
+        assert last.instance == name and set(COUNTERS) <= set(last.counters)
+        assert set(REFUSAL_REASONS) <= set(last.refusals)
+        assert last.rank_latency.count == last.counters["rank_ok"]
+        assert last.applied_generation == fleet.status(name).applied_generation
+        assert last.started_at == recent[0].started_at  # cumulative since this instance started
+    assert sum(snapshots(fleet, n, 1)[0].counters["rank_ok"] for n in fleet.names) >= 5
+
+
+def test_telemetry_streams_are_trimmed_to_their_tier_and_expire(fleet):
+    name = fleet.names[0]
+    key = fleet.keys.telemetry("1s", name)
+    kept = TELEMETRY_TIERS["1s"][1]
+    pipe = fleet.redis.pipeline(transaction=False)
+    for i in range(kept + 200):  # a run longer than the tier keeps
+        pipe.xadd(key, {"d": json.dumps({"instance": name, "ts": i})})
+    pipe.execute()
+    assert fleet.redis.xlen(key) > kept
+    last_id = fleet.redis.xrevrange(key, count=1)[0][0]
+    wait_for(lambda: fleet.redis.xrevrange(key, count=1)[0][0] != last_id, 2.5, what="the next snapshot")
+    assert fleet.redis.xlen(key) == kept
+    for tier, (every_s, tier_kept) in TELEMETRY_TIERS.items():
+        for n in fleet.names:
+            ttl = fleet.redis.ttl(fleet.keys.telemetry(tier, n))
+            assert 0 < ttl <= every_s * tier_kept
+
+
+def test_every_key_the_fleet_writes_is_bounded(fleet):
+    """Nothing grows without bound: each key has a TTL, or is one of the fixed per-pool/instance keys."""
+    fixed = {fleet.keys.members, fleet.keys.desired}
+    fixed |= {q for n in fleet.names for q in (fleet.keys.rank_queue(n), fleet.keys.preinfer_queue(n))}
+    unbounded = []
+    for key in fleet.redis.scan_iter(f"{fleet.settings.key_prefix}*"):
+        if key in fixed:
+            continue
+        ttl = fleet.redis.ttl(key)
+        if ttl < 0:
+            unbounded.append(key)
+    assert unbounded == []
+    for name in fleet.names:
+        assert 0 < fleet.redis.ttl(fleet.keys.status(name)) <= STATUS_TTL_S
+    assert fleet.redis.zcard(fleet.keys.members) == len(fleet.names)

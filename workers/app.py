@@ -1,0 +1,85 @@
+"""The Celery app of the fleet and the Redis client the workers and the client use.
+
+Both the worker (``workers.instance``) and the client (``workers.client``) build their app here
+from the same ``Settings``, so they agree on the broker, the result backend and its key prefix.
+Tasks are addressed by name (``RANK_TASK``, ``PRE_INFER_TASK``) on the per-instance queues that
+``relay_engine.wire.PoolKeys`` names; only the worker process registers their bodies.
+
+Reliability settings, each chosen on purpose:
+
+- **Ack early** (``task_acks_late = False``): a ranking answer is worth nothing after its
+  deadline (tens of ms), so redelivering the request of a crashed worker cannot help; the client
+  stops waiting at deadline + grace and reports a deadline error, so a lost request surfaces, it
+  is never silently dropped. Pre-infer signals are best effort by design.
+- **Prefetch 1 per thread** (``worker_prefetch_multiplier = 1``): each instance consumes only its
+  own queues, so prefetching more cannot balance anything; it would only hide the queue depth and
+  strand more reserved messages if the process dies.
+- **Visibility timeout 300 s**: how long a reserved-but-unacked message waits in Redis before it is
+  put back. With early acks it only covers prefetched messages of a dead worker; they come back to
+  that instance's queue and ``expires`` revokes them there. Far above any task's run time.
+- **No Celery time limits**: the threads pool cannot kill a thread, so they would not be enforced.
+  The request deadline is the time limit instead: ``expires`` revokes a request that queued past
+  it, the engine checks it at every stage, and the client never waits beyond it.
+- **Results expire after 60 s**: a result is read within its deadline (+ grace) or never; the TTL
+  bounds what abandoned results can hold in Redis (qps × 60 s × result size).
+- **Broker and backend reconnect forever** with short socket timeouts, so a Redis restart is
+  survived by both the worker and the client.
+"""
+
+from __future__ import annotations
+
+import redis
+from celery import Celery
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from workers.settings import Settings
+
+RANK_TASK = "relaygr.rank"
+PRE_INFER_TASK = "relaygr.pre_infer"
+
+RESULT_EXPIRES_S = 60
+VISIBILITY_TIMEOUT_S = 300
+SOCKET_TIMEOUT_S = 5.0
+SOCKET_CONNECT_TIMEOUT_S = 2.0
+
+
+def make_app(settings: Settings) -> Celery:
+    app = Celery("relaygr", broker=settings.redis_url, backend=settings.redis_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_acks_late=False,
+        worker_prefetch_multiplier=1,
+        task_track_started=False,
+        result_expires=RESULT_EXPIRES_S,
+        # Result keys and their pub/sub channels live under the deployment's key prefix, like
+        # every other key of the fleet (tests and deployments sharing one Redis stay apart).
+        result_backend_transport_options={"global_keyprefix": f"{settings.key_prefix}:"},
+        broker_transport_options={
+            "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            "socket_timeout": SOCKET_TIMEOUT_S,
+            "socket_connect_timeout": SOCKET_CONNECT_TIMEOUT_S,
+            "health_check_interval": 10,
+        },
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        redis_socket_timeout=SOCKET_TIMEOUT_S,
+        redis_socket_connect_timeout=SOCKET_CONNECT_TIMEOUT_S,
+        redis_retry_on_timeout=True,
+        redis_backend_health_check_interval=10,
+        worker_send_task_events=False,
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+def redis_client(settings: Settings) -> redis.Redis:
+    """A client for the wire keys that retries through short outages (a Redis restart)."""
+    return redis.Redis.from_url(
+        settings.redis_url, decode_responses=True,
+        socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_CONNECT_TIMEOUT_S,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError], health_check_interval=10,
+    )

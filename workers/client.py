@@ -1,0 +1,216 @@
+"""The client upstream services and the traffic replayer use: route, send, await with a timeout.
+
+    client = RelayClient(Settings.from_env())
+    client.pre_infer("u42", seq_len=2048)                      # at retrieval; fire and forget
+    reply = client.rank("u42", seq_len=2048, short_len=32, n_candidates=128,
+                        query_index=7, deadline_s=time.time() + 0.05)   # tens of ms later
+
+Both calls route the user with the affinity router over the pool's live members, so the pre-infer
+signal and the ranking request meet on one instance. ``rank`` never waits past the deadline (plus
+a small grace for the answer in flight): it returns a ``RankReply`` or raises ``RankDeadlineExceeded``
+(a ``relay_engine.engine.DeadlineExceeded``), ``RankError`` (with ``kind`` and ``field``), or
+``NoLiveInstances``. The request also carries Celery ``expires`` at its deadline, so a request that
+sat in a queue past it is revoked there, not run.
+
+Thread-safe: one client serves many threads (the replayer's pool).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from celery.exceptions import TaskRevokedError
+from celery.exceptions import TimeoutError as CeleryTimeout
+from celery.result import AsyncResult
+
+from relay_engine.engine import DeadlineExceeded
+from relay_engine.router import AffinityRouter
+from workers.app import PRE_INFER_TASK, RANK_TASK, make_app, redis_client
+from workers.membership import live_members
+from workers.payloads import DEADLINE_EXCEEDED, INTERNAL, PreInferPayload, RankPayload
+from workers.settings import Settings
+
+MEMBERSHIP_REFRESH_S = 0.5
+# Time allowed past the deadline for an answer already on its way (scores computed just in time).
+ANSWER_GRACE_S = 0.25
+# A pre-infer signal is useful until its ranking request arrives (tens of ms); after this it is
+# revoked in the queue instead of occupying the instance.
+PRE_INFER_TTL_S = 2.0
+DEFAULT_RANK_TIMEOUT_S = 1.0
+
+
+class RelayError(Exception):
+    """Base of the client's errors."""
+
+
+class NoLiveInstances(RelayError):
+    pass
+
+
+class RankError(RelayError):
+    """A ranking request that failed; ``kind`` is a ``payloads.ERROR_KINDS`` value."""
+
+    def __init__(self, kind: str, message: str, *, field: str | None = None, instance: str | None = None):
+        self.kind = kind
+        self.field = field
+        self.instance = instance
+        super().__init__(message)
+
+
+class RankDeadlineExceeded(RankError, DeadlineExceeded):
+    def __init__(self, message: str, *, instance: str | None = None):
+        super().__init__(DEADLINE_EXCEEDED, message, instance=instance)
+
+
+@dataclass(frozen=True)
+class RankReply:
+    scores: list[float]
+    source: str  # "hbm" | "inflight" | "dram" | "miss"
+    prefix_len: int
+    engine_ms: float  # time inside the engine, on the instance
+    round_trip_ms: float  # send → answer, at the client
+    instance: str
+
+
+class PendingRank:
+    """A ranking request on its way; ``wait()`` returns its reply or raises, by the deadline."""
+
+    def __init__(self, result: AsyncResult, instance: str, deadline_s: float, sent_at: float, grace_s: float):
+        self.result = result
+        self.instance = instance
+        self.deadline_s = deadline_s
+        self.sent_at = sent_at
+        self.grace_s = grace_s
+
+    def wait(self) -> RankReply:
+        timeout_s = max(0.0, self.deadline_s - time.time()) + self.grace_s
+        result = self.result
+        try:
+            data = result.get(timeout=timeout_s, propagate=True)
+        except CeleryTimeout:
+            _stop_waiting(result)
+            raise RankDeadlineExceeded(f"no answer from {self.instance} by the deadline (+{self.grace_s * 1000:.0f} ms "
+                                       f"grace): the instance may be overloaded or gone", instance=self.instance) from None
+        except TaskRevokedError:
+            raise RankDeadlineExceeded(f"the request expired in {self.instance}'s queue before it was picked up",
+                                       instance=self.instance) from None
+        except Exception as exc:  # noqa: BLE001 — the task itself failed (not our tasks' contract)
+            raise RankError(INTERNAL, f"rank task failed on {self.instance}: {type(exc).__name__}: {exc}",
+                            instance=self.instance) from None
+        round_trip_ms = (time.perf_counter() - self.sent_at) * 1000
+        if not isinstance(data, dict) or not data.get("ok"):
+            data = data if isinstance(data, dict) else {"error": INTERNAL, "message": f"unexpected result {data!r}"}
+            if data.get("error") == DEADLINE_EXCEEDED:
+                raise RankDeadlineExceeded(data.get("message", "deadline exceeded"), instance=self.instance)
+            raise RankError(data.get("error", INTERNAL), data.get("message", ""), field=data.get("field"),
+                            instance=self.instance)
+        return RankReply(data["scores"], data["source"], data["prefix_len"], data["latency_ms"], round_trip_ms,
+                         data["instance"])
+
+
+def _stop_waiting(result: AsyncResult) -> None:
+    """Forget a result we gave up on: Celery's backend would otherwise keep it, and its pub/sub
+    subscription, for the life of the thread (one per lost request)."""
+    with contextlib.suppress(Exception):  # Redis gone: the subscription went with the connection
+        result.backend.remove_pending_result(result)
+
+
+class RelayClient:
+    def __init__(self, settings: Settings, *, refresh_s: float = MEMBERSHIP_REFRESH_S,
+                 grace_s: float = ANSWER_GRACE_S, epsilon: float = 0.25):
+        self.settings = settings
+        self.keys = settings.keys
+        self.app = make_app(settings)
+        self.redis = redis_client(settings)
+        self.refresh_s = refresh_s
+        self.grace_s = grace_s
+        self.epsilon = epsilon
+        self._router: AffinityRouter | None = None
+        self._refreshed_at = -math.inf
+        self._refresh_lock = threading.Lock()
+
+    # --- membership and routing --------------------------------------------------------------
+
+    def live_instances(self) -> tuple[str, ...]:
+        """The pool's live members, re-read from Redis at most every ``refresh_s``."""
+        if time.monotonic() - self._refreshed_at >= self.refresh_s and self._refresh_lock.acquire(blocking=False):
+            try:
+                members = live_members(self.redis, self.keys)
+                # A new router object, swapped in whole: routing threads never see a half update.
+                self._router = AffinityRouter(members, self.epsilon)
+                self._refreshed_at = time.monotonic()
+            except redis.RedisError as exc:
+                if self._router is None:
+                    raise NoLiveInstances(f"cannot read pool {self.keys.pool!r}'s members from Redis: {exc}") from exc
+            finally:
+                self._refresh_lock.release()
+        while self._router is None:  # another thread is loading the first member list
+            time.sleep(0.001)
+        return self._router.instances
+
+    def refresh(self) -> tuple[str, ...]:
+        self._refreshed_at = -math.inf
+        return self.live_instances()
+
+    def route(self, user_id: str) -> str:
+        """The instance for user_id: rendezvous hashing over the live members. The bounded-load
+        fallback is not used: a per-client load is not the pool's, and a route that flips between a
+        user's pre-infer signal and ranking request would lose the cache it exists to reuse."""
+        self.live_instances()
+        assert self._router is not None
+        try:
+            return self._router.route(str(user_id))
+        except LookupError:
+            raise NoLiveInstances(f"pool {self.keys.pool!r} has no live instance "
+                                  f"(heartbeat within {self.settings.heartbeat_timeout_s:g} s)") from None
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def pre_infer(self, user_id: str, *, instance: str | None = None, **fields: Any) -> str:
+        """Send the pre-infer signal (fire and forget); returns the instance it went to."""
+        payload = PreInferPayload.parse({"user_id": user_id, **fields}).to_dict()
+        instance = instance or self.route(user_id)
+        self.app.send_task(PRE_INFER_TASK, args=[payload], queue=self.keys.preinfer_queue(instance),
+                           expires=PRE_INFER_TTL_S)
+        return instance
+
+    def send_rank(self, payload: RankPayload | dict[str, Any], *, instance: str | None = None) -> PendingRank:
+        """Send a ranking request without waiting. A dict payload is sent as it is (the worker
+        validates it); its ``deadline_s`` sets the wait, else ``DEFAULT_RANK_TIMEOUT_S``."""
+        data = payload.to_dict() if isinstance(payload, RankPayload) else payload
+        deadline_s = data.get("deadline_s") if isinstance(data, dict) else None
+        if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not math.isfinite(deadline_s):
+            deadline_s = time.time() + DEFAULT_RANK_TIMEOUT_S
+        user_id = data.get("user_id") if isinstance(data, dict) else None
+        instance = instance or self.route(str(user_id))
+        if time.time() >= deadline_s:
+            raise RankDeadlineExceeded(f"the deadline passed {(time.time() - deadline_s) * 1000:.1f} ms before "
+                                       f"the request could be sent", instance=instance)
+        sent_at = time.perf_counter()
+        result = self.app.send_task(RANK_TASK, args=[data], queue=self.keys.rank_queue(instance),
+                                    expires=datetime.fromtimestamp(deadline_s, tz=UTC))
+        return PendingRank(result, instance, deadline_s, sent_at, self.grace_s)
+
+    def rank(self, user_id: str, *, deadline_s: float | None = None, **fields: Any) -> RankReply:
+        """Rank and wait: a reply by the deadline (default: ``DEFAULT_RANK_TIMEOUT_S`` from now) or an error."""
+        if deadline_s is None:
+            deadline_s = time.time() + DEFAULT_RANK_TIMEOUT_S
+        payload = RankPayload.parse({"user_id": user_id, "deadline_s": deadline_s, **fields})
+        return self.send_rank(payload).wait()
+
+    def close(self) -> None:
+        self.app.close()
+        self.redis.close()
+
+    def __enter__(self) -> RelayClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

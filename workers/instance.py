@@ -1,0 +1,157 @@
+"""One worker process = one engine instance on one device, consuming only its own two queues.
+
+    python -m workers.instance --pool NAME --index I [--device cpu|cuda:N|npu:N] [--model small]
+
+Settings not given as flags come from the environment (``workers.settings``). The process builds
+one ``RelayEngine``, applies the pool's desired revision, then runs a Celery worker on the
+``threads`` pool (torch releases the GIL) that consumes ``P.{inst}.rank`` and ``P.{inst}.preinfer``.
+Beside it run: the pre-inference thread, the reconciler, the telemetry publisher, and the heartbeat,
+which starts only once Celery consumes, so clients never route to an instance that is not serving.
+On shutdown the instance leaves the live set first, so its users move at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+import redis
+import torch
+from celery import signals
+
+from relay_engine import devices
+from relay_engine.engine import RelayEngine, host_memory_bytes
+from relay_engine.traffic import SyntheticFeatures
+from relay_engine.wire import HEARTBEAT_TIMEOUT_S, InstanceStatus, instance_name
+from workers.app import make_app, redis_client
+from workers.membership import IndexClaim, StatusBoard
+from workers.periodic import Periodic
+from workers.reconciler import Reconciler
+from workers.settings import MODELS, Settings
+from workers.tasks import InstanceRuntime, register_tasks
+from workers.telemetry_publisher import TelemetryPublisher, WorkerCounts
+
+log = logging.getLogger("workers.instance")
+
+# Celery logs every task received, run and discarded at INFO: at serving rates that is a log line
+# per request (with its scores) and real CPU. Per-request outcomes are in the telemetry instead.
+PER_TASK_LOGGERS = ("celery.app.trace", "celery.worker.strategy", "celery.worker.request")
+
+# The publisher checks this often whether a telemetry period turned (it appends once per period).
+TELEMETRY_CHECK_S = 0.2
+
+
+def engine_gauges(engine: RelayEngine) -> dict[str, Any]:
+    stats = engine.stats()
+    # On the CPU the "HBM" tier lives in host memory, which is then the device's memory.
+    device_bytes = devices.device_memory_bytes(engine.device) or host_memory_bytes()
+    return {"hbm_bytes": stats.hbm_bytes, "hbm_budget_bytes": stats.hbm_budget_bytes,
+            "dram_bytes": stats.dram_bytes, "dram_budget_bytes": stats.dram_budget_bytes,
+            "device_memory_bytes": device_bytes}
+
+
+def celery_argv(settings: Settings, name: str, loglevel: str) -> list[str]:
+    keys = settings.keys
+    return [
+        "worker", "--pool=threads", f"--concurrency={settings.rank_threads}",
+        f"--queues={keys.rank_queue(name)},{keys.preinfer_queue(name)}", f"--hostname={name}@%h",
+        # Membership is our own heartbeat in Redis; Celery's cluster chatter only slows start-up.
+        "--without-mingle", "--without-gossip", "--without-heartbeat", f"--loglevel={loglevel}",
+    ]
+
+
+def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
+    name = instance_name(settings.pool, index)
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    engine = RelayEngine(settings.model_config, device=None if settings.device == "auto" else settings.device,
+                         name=name)
+    client = redis_client(settings)
+    keys = settings.keys
+    started_at = time.time()
+    board = StatusBoard(client, keys, InstanceStatus(
+        instance=name, pool=settings.pool, device=str(engine.device), pid=os.getpid(),
+        heartbeat_ts=started_at, started_at=started_at, **engine_gauges(engine),
+    ), gauges=lambda: engine_gauges(engine))
+    counts = WorkerCounts()
+    runtime = InstanceRuntime(engine, SyntheticFeatures(settings.model_config), counts)
+    app = make_app(settings)
+    register_tasks(app, runtime)
+
+    reconciler = Reconciler(engine, client, keys, board)
+    publisher = TelemetryPublisher(engine, client, keys, board, counts, started_at)
+    telemetry = Periodic("telemetry", TELEMETRY_CHECK_S, publisher.publish)
+    heartbeat = Periodic("heartbeat", settings.heartbeat_interval_s, board.heartbeat)
+
+    @signals.worker_ready.connect(weak=False)
+    def _join(**_: Any) -> None:
+        heartbeat.start()
+        log.info("%s serving on %s (model %s, %d rank threads)", name, engine.device, settings.model,
+                 settings.rank_threads)
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def _leave(**_: Any) -> None:
+        heartbeat.stop()
+        try:
+            board.leave()
+        except redis.RedisError as exc:  # it drops out after the heartbeat timeout instead
+            log.warning("could not leave the live set: %s", exc)
+
+    runtime.runner.start()
+    reconciler.start()  # applies the desired revision before the first request is consumed
+    telemetry.start()
+    try:
+        return app.worker_main(celery_argv(settings, name, loglevel)) or 0
+    finally:
+        _leave()
+        for loop in (telemetry, reconciler):
+            loop.stop()
+        runtime.runner.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.instance", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pool", help="pool name (default $RELAYGR_POOL)")
+    parser.add_argument("--index", required=True,
+                        help="instance index in the pool, or 'auto': the lowest free one (scaled replicas)")
+    parser.add_argument("--device", help="auto, cpu, cuda[:N], npu[:N] (default $RELAYGR_DEVICE)")
+    parser.add_argument("--model", choices=sorted(MODELS), help="model preset (default $RELAYGR_MODEL)")
+    parser.add_argument("--rank-threads", type=int, help="Celery threads (default $RELAYGR_RANK_THREADS)")
+    parser.add_argument("--loglevel", default="INFO")
+    args = parser.parse_args(argv)
+    if args.index != "auto" and (not args.index.isdigit() or int(args.index) > 1023):
+        parser.error(f"--index must be an integer in [0, 1023] or 'auto', got {args.index!r}")
+    settings = Settings.from_env(pool=args.pool, device=args.device, model=args.model,
+                                 rank_threads=args.rank_threads)
+    claim = None
+    if args.index == "auto":
+        claim = IndexClaim(redis_client(settings), settings.keys, owner=f"{socket.gethostname()}:{os.getpid()}")
+        args.index = claim.claim()
+    args.index = int(args.index)
+    logging.basicConfig(level=args.loglevel.upper(), stream=sys.stderr,
+                        format=f"%(asctime)s {instance_name(settings.pool, args.index)} %(levelname)s "
+                               f"%(name)s: %(message)s")
+    for name in PER_TASK_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+    if claim is None:
+        return run(settings, args.index, args.loglevel)
+    renewal = Periodic("index-claim", HEARTBEAT_TIMEOUT_S, claim.renew).start()
+    try:
+        return run(settings, args.index, args.loglevel)
+    finally:
+        renewal.stop()
+        claim.release()
+
+
+if __name__ == "__main__":
+    code = main()
+    # Everything of ours is stopped (``run``'s finally). Interpreter teardown after torch takes
+    # seconds here, which would only delay a restart; skip it.
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(code)

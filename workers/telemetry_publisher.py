@@ -1,0 +1,89 @@
+"""Telemetry publisher: the instance's cumulative ``Snapshot`` into the tier streams, every second.
+
+Each tier of ``wire.TELEMETRY_TIERS`` gets a snapshot when the wall clock enters a new period of
+that tier (1 s, 10 s, 60 s), appended with ``XADD … MAXLEN = kept count`` (exact trimming: at one
+append per second its cost is nil, and the bound is then exact). Each stream also gets a TTL of
+its window, so the streams of an instance that is gone for good disappear with their data.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+
+import redis
+
+from relay_engine.engine import RelayEngine
+from relay_engine.telemetry import COUNTERS, REFUSAL_REASONS, Snapshot
+from relay_engine.wire import TELEMETRY_TIERS, PoolKeys
+from workers.membership import StatusBoard
+
+
+class WorkerCounts:
+    """Counts the worker makes around the engine (requests that never reached it), by the shared
+    names of ``relay_engine.telemetry`` so readers merge them with the engine's own."""
+
+    def __init__(self) -> None:
+        self._counters: Counter[str] = Counter()
+        self._refusals: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def count(self, *names: str, refusal: str | None = None) -> None:
+        unknown = [n for n in names if n not in COUNTERS] + \
+            ([refusal] if refusal is not None and refusal not in REFUSAL_REASONS else [])
+        if unknown:
+            raise ValueError(f"not telemetry names: {unknown}")
+        with self._lock:
+            self._counters.update(names)
+            if refusal is not None:
+                self._refusals[refusal] += 1
+
+    def added_to(self, counters: dict[str, int], refusals: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+        with self._lock:
+            return ({k: v + self._counters.get(k, 0) for k, v in counters.items()},
+                    {k: v + self._refusals.get(k, 0) for k, v in refusals.items()})
+
+
+class TelemetryPublisher:
+    def __init__(self, engine: RelayEngine, client: redis.Redis, keys: PoolKeys, board: StatusBoard,
+                 counts: WorkerCounts, started_at: float):
+        self.engine = engine
+        self.client = client
+        self.keys = keys
+        self.board = board
+        self.counts = counts
+        self.started_at = started_at
+        self._last_period: dict[str, int] = {}
+
+    def snapshot(self, now: float) -> Snapshot:
+        stats = self.engine.stats()
+        counters, refusals = self.counts.added_to(stats.counters, stats.refusals)
+        return Snapshot(
+            instance=self.engine.name, ts=now, started_at=self.started_at, counters=counters,
+            refusals=refusals, rank_latency=stats.rank_latency, hbm_bytes=stats.hbm_bytes,
+            hbm_budget_bytes=stats.hbm_budget_bytes, dram_bytes=stats.dram_bytes,
+            dram_budget_bytes=stats.dram_budget_bytes,
+            applied_generation=self.board.current().applied_generation,
+            slo_ms=self.engine.policy.trigger.ranking_p99_slo_ms,
+        )
+
+    def publish(self) -> list[str]:
+        """Append a snapshot to every tier whose period has turned; returns those tiers."""
+        now = time.time()
+        due = [tier for tier, (every_s, _) in TELEMETRY_TIERS.items()
+               if self._last_period.get(tier) != int(now // every_s)]
+        if not due:
+            return []
+        data = json.dumps(self.snapshot(now).to_dict(), separators=(",", ":"))
+        pipe = self.client.pipeline(transaction=False)
+        for tier in due:
+            every_s, kept = TELEMETRY_TIERS[tier]
+            key = self.keys.telemetry(tier, self.engine.name)
+            pipe.xadd(key, {"d": data}, maxlen=kept, approximate=False)
+            pipe.expire(key, every_s * kept)
+        pipe.execute()
+        for tier in due:
+            self._last_period[tier] = int(now // TELEMETRY_TIERS[tier][0])
+        return due
