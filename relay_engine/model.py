@@ -52,7 +52,7 @@ class ModelConfig:
     num_position_buckets: int = 64
     num_time_buckets: int = 64
     max_seq_len: int = 16_384  # history tokens (prefix + short-term) a request may carry
-    # History query rows processed per block: bounds the [H, block, keys] score tensor in memory.
+    # Rows (and keys) per tile of the causal attention, at most; the model caps it further for cache locality.
     block_rows: int = 512
     seed: int = 0
 
@@ -398,24 +398,37 @@ class HSTUModel:
 
         new_kv = torch.empty(c.num_layers, 2, H, Tn, D, device=self.device)
         scale = 1.0 / math.sqrt(D)
+        ts_cand = None if ts_rows is None else ts_rows[Tn:Tn + 1]  # [1]: one query timestamp for all
+        kp = cached.kv[:, 0] if cached is not None else None  # [layers, H, Tp, D]
+        vp = cached.kv[:, 1] if cached is not None else None
         for li, layer in enumerate(self.weights.layers):
             normed = F.layer_norm(x, (c.embed_dim,))
             uvqk = F.silu(torch.addmm(layer.uvqk_b, normed, layer.uvqk_w))  # [rows, 4·H·D]
             u, v, q, k = (t.reshape(rows, H, D).transpose(0, 1) for t in uvqk.split(c.attn_dim, dim=1))
-            # u, v, q, k: [H, rows, D]
+            # v, q, k: [H, rows, D], contiguous; the 1/√D score scale is folded into q once
+            q, k, v = q * scale, k.contiguous(), v.contiguous()
             new_kv[li, 0] = k[:, :Tn]
             new_kv[li, 1] = v[:, :Tn]
-            pos_vec = self._pos_bias_vector(layer, L + 1)  # [H, L + 1] bias by position difference
-            attn = torch.empty(H, rows, D, device=self.device)  # A·V, before normalisation
-            kp = cached.kv[li, 0] if cached is not None else None  # [H, Tp, D]
-            vp = cached.kv[li, 1] if cached is not None else None
-            for start in range(0, rows, c.block_rows):
-                end = min(rows, start + c.block_rows)
-                attn[:, start:end] = self._attend_block(
-                    layer, q[:, start:end], start, end, Tp, Tn, kp, vp, k[:, :Tn], v[:, :Tn],
-                    k, v, pos_vec, ts_rows, ts_prefix, ts_hist, scale,
-                )
-            attn = attn / n_keys[None, :, None]
+            parts = []  # A·V, before normalisation, of the history rows then the candidate rows
+            if Tn:
+                hist = self._attend_causal(layer, q[:, :Tn], k[:, :Tn], v[:, :Tn], ts_hist)  # [H, Tn, D]
+                if Tp:
+                    hist += self._attend_visible(layer, q[:, :Tn], Tp, ts_hist, kp[li], vp[li], ts_prefix)
+                parts.append(hist)
+            if C:
+                qc = q[:, Tn:]  # [H, C, D]
+                cand = torch.zeros(H, C, D, device=self.device)  # every history key, ...
+                if Tp:
+                    cand += self._attend_visible(layer, qc, L, ts_cand, kp[li], vp[li], ts_prefix, one_position=True)
+                if Tn:
+                    cand += self._attend_visible(layer, qc, L - Tp, ts_cand, k[:, :Tn], v[:, :Tn], ts_hist,
+                                                 one_position=True)
+                # ... and itself: position difference 0, time difference 0 (bucket 0 of both biases)
+                s_self = (qc * k[:, Tn:]).sum(-1) + layer.pos_bias[:, self._pos_bucket_of_diff[0], None]  # [H, C]
+                if ts_rows is not None:
+                    s_self = s_self + layer.time_bias[:, 0:1]
+                parts.append(cand + F.silu(s_self)[..., None] * v[:, Tn:])
+            attn = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)) / n_keys[None, :, None]
             y = F.layer_norm(attn.transpose(0, 1).reshape(rows, c.attn_dim), (c.attn_dim,))
             heads = (y * u.transpose(0, 1).reshape(rows, c.attn_dim)).reshape(rows, H, D)  # [rows, H, D]
             bias = edit.by_layer[li]
@@ -434,91 +447,88 @@ class HSTUModel:
             scores = (h_c * self.weights.item_emb[candidates]).sum(-1) / math.sqrt(c.embed_dim)
         return new_kv, scores
 
-    def _attend_block(self, layer: _Layer, q_blk: torch.Tensor, start: int, end: int, Tp: int, Tn: int,
-                      kp: torch.Tensor | None, vp: torch.Tensor | None, kn: torch.Tensor, vn: torch.Tensor,
-                      k_all: torch.Tensor, v_all: torch.Tensor, pos_vec: torch.Tensor,
-                      ts_rows: torch.Tensor | None, ts_prefix: torch.Tensor | None,
-                      ts_hist: torch.Tensor | None, scale: float) -> torch.Tensor:
-        """Un-normalised A·V for query rows [start, end) of (new history ++ candidates): [H, b, D]."""
-        out = torch.empty_like(q_blk)
-        h_end = min(end, Tn)
-        if h_end > start:  # history rows: causal
-            out[:, : h_end - start] = self._attend_history_rows(
-                layer, q_blk[:, : h_end - start], start, h_end, Tp, kp, vp, kn, vn, pos_vec,
-                ts_rows, ts_prefix, ts_hist, scale)
-        if end > Tn:  # candidate rows: all history, then themselves
-            c0 = max(start, Tn)
-            out[:, c0 - start:] = self._attend_candidate_rows(
-                layer, q_blk[:, c0 - start:], c0, end, Tp, Tn, kp, vp, kn, vn, k_all, v_all, pos_vec,
-                ts_rows, ts_prefix, ts_hist, scale)
+    def _attend_causal(self, layer: _Layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       ts: torch.Tensor | None) -> torch.Tensor:
+        """Un-normalised causal A·V of a run of tokens over its own keys: row i gets Σ_{j≤i} silu(s_ij)·v_j.
+
+        q (pre-scaled), k, v: [H, T, D] → [H, T, D]. Rows and keys are cut into b×b tiles. The
+        position bias of a tile pair depends only on how many tiles apart they are, so every pair on
+        one block diagonal shares one bias tile and they run as one batched matmul; tiles above the
+        diagonal are never computed, and only the diagonal tiles need the causal mask.
+        """
+        H, T, D = q.shape
+        n_tiles = -(-T // min(self.config.block_rows, _CAUSAL_TILE_ROWS))
+        b = -(-T // n_tiles)  # the tile size that needs the least padding
+        pad = n_tiles * b - T
+        if pad:  # zero rows/keys at the end: their rows are dropped, their keys masked (after every row)
+            q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+            ts = None if ts is None else F.pad(ts, (0, pad))
+        # [tiles, H, b, D]: a run of consecutive tiles is one contiguous batch of (tile, head) matrices
+        q_t, k_t, v_t = (t.reshape(H, n_tiles, b, D).transpose(0, 1).contiguous() for t in (q, k, v))
+        ts_t = None if ts is None else ts.reshape(n_tiles, b)
+        causal = torch.ones(b, b, dtype=torch.bool, device=self.device).tril_()
+        pairs_per_step = max(1, _SCORE_TILE_ELEMS // (H * b * b))
+        acc = torch.zeros(n_tiles, H, b, D, device=self.device)
+        for d in range(n_tiles):  # row tile i against key tile i − d
+            pos = self._pos_bias_tile(layer, d * b, b, b)  # [H, b, b]
+            for i0 in range(d, n_tiles, pairs_per_step):
+                i1 = min(n_tiles, i0 + pairs_per_step)
+                m = i1 - i0
+                s = torch.matmul(q_t[i0:i1], k_t[i0 - d:i1 - d].transpose(-1, -2))  # [m, H, b, b]
+                s.add_(pos)
+                if ts_t is not None:
+                    dt = ts_t[i0:i1, :, None] - ts_t[i0 - d:i1 - d, None, :]  # [m, b, b]
+                    s.add_(self._time_bias(layer, dt).transpose(0, 1))
+                F.silu(s, inplace=True)
+                if d == 0:
+                    s.mul_(causal)
+                acc[i0:i1].view(m * H, b, D).baddbmm_(s.view(m * H, b, b), v_t[i0 - d:i1 - d].view(m * H, b, D))
+        return acc.transpose(0, 1).reshape(H, n_tiles * b, D)[:, :T]
+
+    def _attend_visible(self, layer: _Layer, q: torch.Tensor, first_diff: int, ts_q: torch.Tensor | None,
+                        k: torch.Tensor, v: torch.Tensor, ts_k: torch.Tensor | None, *,
+                        one_position: bool = False) -> torch.Tensor:
+        """Un-normalised A·V of rows over keys that every row sees whole.
+
+        q (pre-scaled): [H, n, D]; k, v: [H, T, D] → [H, n, D]. Row i and key j are first_diff + i − j
+        positions apart, or first_diff − j for every row when ``one_position`` (the candidates: one
+        position and one timestamp, ts_q [1], so their bias is one row, broadcast). Keys are taken in
+        chunks so the [H, n, chunk] scores stay cache-sized.
+        """
+        H, n, D = q.shape
+        bias_rows = 1 if one_position else n
+        T = k.shape[1]
+        out = torch.zeros(H, n, D, device=self.device)
+        chunk = max(1, _SCORE_TILE_ELEMS // (H * n))
+        for j0 in range(0, T, chunk):
+            j1 = min(T, j0 + chunk)
+            bias = self._pos_bias_tile(layer, first_diff - j0, bias_rows, j1 - j0)  # [H, n|1, w]
+            if ts_q is not None and ts_k is not None:
+                bias = bias + self._time_bias(layer, ts_q[:, None] - ts_k[None, j0:j1])
+            s = torch.baddbmm(bias.expand(H, n, j1 - j0), q, k[:, j0:j1].transpose(1, 2))  # [H, n, w]
+            out.baddbmm_(F.silu(s, inplace=True), v[:, j0:j1])
         return out
 
-    def _attend_history_rows(self, layer, q, start, end, Tp, kp, vp, kn, vn, pos_vec, ts_rows, ts_prefix,
-                             ts_hist, scale) -> torch.Tensor:
-        """History rows [start, end) (new-token indices; positions Tp+start…): [H, n, D].
+    def _pos_bias_tile(self, layer: _Layer, first_diff: int, n_rows: int, n_keys: int) -> torch.Tensor:
+        """[H, n_rows, n_keys]: the position bias of row i against key j, first_diff + i − j positions
+        apart (negative differences, masked pairs, read difference 0). A Toeplitz matrix, so it is
+        one strided copy of a short vector rather than a gather per element."""
+        table = self._pos_bucket_of_diff
+        diffs = torch.arange(first_diff - n_keys + 1, first_diff + n_rows, device=self.device)
+        w = layer.pos_bias.index_select(1, table[diffs.clamp_(0, table.numel() - 1)])  # [H, n_rows + n_keys − 1]
+        # hankel[h, i, j'] = w[h, i + j']; with j' = n_keys − 1 − j that is the bias at first_diff + i − j
+        return w.as_strided((w.shape[0], n_rows, n_keys), (w.stride(0), 1, 1)).flip(-1)
 
-        Rows are processed in reverse order so the relative-position bias of (row, key) pairs,
-        constant along anti-diagonals, is a strided view of one short vector instead of a gather.
-        """
-        n = end - start
-        q_rev = q.flip(1)  # [H, n, D]; reversed row r is new-token index end-1-r
-        last_pos = Tp + end - 1
-        ts_q = None if ts_rows is None else ts_rows[start:end].flip(0)
-        out = torch.zeros_like(q_rev)
-        if Tp:
-            s = self._biased_scores(layer, q_rev, kp, _hankel(pos_vec, last_pos, n, 0, Tp), ts_q, ts_prefix, scale)
-            out.baddbmm_(F.silu(s, inplace=True), vp)
-        s = self._biased_scores(layer, q_rev, kn[:, :end], _hankel(pos_vec, last_pos, n, Tp, end), ts_q,
-                                None if ts_hist is None else ts_hist[:end], scale)
-        a = F.silu(s, inplace=True)
-        # reversed row r (new-token index end-1-r) sees new keys j ≤ end-1-r
-        a.mul_(torch.ones(n, end, dtype=torch.bool, device=self.device).tril_(start).flip(0))
-        out.baddbmm_(a, vn[:, :end])
-        return out.flip(1)
-
-    def _attend_candidate_rows(self, layer, q, c0, c1, Tp, Tn, kp, vp, kn, vn, k_all, v_all, pos_vec,
-                               ts_rows, ts_prefix, ts_hist, scale) -> torch.Tensor:
-        """Candidate rows [c0, c1): every history key, then the candidate itself: [H, nc, D]."""
-        L = Tp + Tn
-        ts_q = None if ts_rows is None else ts_rows[c0:c1]
-        out = torch.zeros_like(q)
-        for keys, values, key_pos0, ts_k in ((kp, vp, 0, ts_prefix), (kn, vn, Tp, ts_hist)):
-            if keys is None or keys.shape[1] == 0:
-                continue
-            T = keys.shape[1]
-            # every candidate sits at position L: one bias row [H, 1, T], broadcast over candidates
-            bias = pos_vec[:, L - key_pos0 - torch.arange(T, device=self.device)][:, None, :]
-            s = self._biased_scores(layer, q, keys, bias, ts_q, ts_k, scale)
-            out.baddbmm_(F.silu(s, inplace=True), values)
-        kc, vc = k_all[:, c0:c1], v_all[:, c0:c1]  # [H, nc, D]
-        s_self = (q * kc).sum(-1) * scale + pos_vec[:, 0:1]  # [H, nc]; position difference 0
-        if ts_rows is not None:
-            s_self = s_self + layer.time_bias[:, 0:1]  # time difference 0 → bucket 0
-        return out + F.silu(s_self)[..., None] * vc
-
-    def _biased_scores(self, layer: _Layer, q: torch.Tensor, k: torch.Tensor, pos_bias: torch.Tensor,
-                       ts_q: torch.Tensor | None, ts_k: torch.Tensor | None, scale: float) -> torch.Tensor:
-        """scale·q·kᵀ + position bias (+ time bias when both sides have timestamps): [H, b, T]."""
-        bias = pos_bias
-        if ts_q is not None and ts_k is not None:
-            buckets = _time_buckets(ts_q[:, None] - ts_k[None, :], self.config.num_time_buckets)  # [b, T]
-            bias = layer.time_bias[:, buckets] + pos_bias
-        return torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)
-
-    def _pos_bias_vector(self, layer: _Layer, n: int) -> torch.Tensor:
-        """[H, n]: the position bias for each difference 0…n-1 (bucketed, learned per head)."""
-        return layer.pos_bias[:, self._pos_bucket_of_diff[:n]]
+    def _time_bias(self, layer: _Layer, dt: torch.Tensor) -> torch.Tensor:
+        """[H, *dt.shape]: the time bias of each time difference (s) between a query and a key."""
+        buckets = _time_buckets(dt, self.config.num_time_buckets)
+        return layer.time_bias.index_select(1, buckets.reshape(-1)).view(-1, *dt.shape)
 
 
-def _hankel(pos_vec: torch.Tensor, last_row_pos: int, n_rows: int, key_pos0: int, n_keys: int) -> torch.Tensor:
-    """Position bias [H, n_rows, n_keys] for rows at last_row_pos, last_row_pos-1, … (reversed)
-    against keys at key_pos0 … key_pos0+n_keys-1, as a strided view: entry (r, j) is the bias of
-    difference last_row_pos - r - key_pos0 - j, so it depends only on r + j. Negative differences
-    (masked pairs) read the bias of difference 0."""
-    top = last_row_pos - key_pos0
-    diffs = (top - torch.arange(n_rows + n_keys - 1, device=pos_vec.device)).clamp_(min=0)
-    vec = pos_vec[:, diffs].contiguous()  # [H, n_rows + n_keys - 1]
-    return vec.as_strided((vec.shape[0], n_rows, n_keys), (vec.stride(0), 1, 1))
+# Scores computed per step, at most: keeps the [H, rows, keys] tiles near the cache (4 MiB of float32).
+_SCORE_TILE_ELEMS = 1 << 20
+# Rows (and keys) per tile of the causal part; ``ModelConfig.block_rows`` may ask for fewer.
+_CAUSAL_TILE_ROWS = 128
 
 
 def _position_buckets(c: ModelConfig) -> torch.Tensor:
