@@ -233,8 +233,11 @@ class RelayEngine:
                                       f"the model takes at most {m.config.max_seq_len}")
             candidates = m.check_candidates(request.candidates)
             kv, source = self._prefix_kv(request, state)
-            self._check_deadline(request, f"after fetching the prefix cache ({source})")
-            scores = m.rank(kv, request.short_term, candidates, request.query_timestamp, state.edit)
+            if kv is None:  # a miss: one full forward gives the scores and the prefix KV to keep
+                scores = self._recompute(request, candidates, state)
+            else:
+                self._check_deadline(request, f"after fetching the prefix cache ({source})")
+                scores = m.rank(kv, request.short_term, candidates, request.query_timestamp, state.edit)
             result = scores.tolist()
             self._check_deadline(request, "after scoring")
         except DeadlineExceeded:
@@ -252,24 +255,17 @@ class RelayEngine:
                 self._counters["rank_within_slo"] += 1
         return RankResult(result, source, len(request.prefix), latency_ms)
 
-    def _prefix_kv(self, request: RankRequest, state: _State) -> tuple[PrefixKV, str]:
+    def _prefix_kv(self, request: RankRequest, state: _State) -> tuple[PrefixKV | None, str]:
+        """The prefix KV from the HBM tier, a computation in flight or the DRAM tier; (None, "miss")
+        when none has it."""
         key = self.cache_key(request.user_id, request.prefix, state.edit)
         kv = self.hbm.get(key)
         if kv is not None:
             self._count("hbm_hits")
             return kv, "hbm"
-        running = self.producing.running(key)
-        if running is not None:
-            try:
-                kv = running.result(timeout=self._remaining_s(request))
-            except FutureTimeout:
-                raise DeadlineExceeded(self._late_message(request, "waiting for the pre-inference in flight")) \
-                    from None
-            except Exception:  # noqa: BLE001 — the pre-inference failed; recompute below
-                kv = None
-            if kv is not None:
-                self._count("inflight_joins")
-                return kv, "inflight"
+        kv = self._join_inflight(request, key)
+        if kv is not None:
+            return kv, "inflight"
         try:
             kv, joined = self.dram.promote(key, timeout_s=self._remaining_s(request))
         except FutureTimeout:
@@ -277,16 +273,44 @@ class RelayEngine:
         if kv is not None:
             self._count("inflight_joins" if joined else "dram_hits")
             return kv, "inflight" if joined else "dram"
-        # Miss: recompute the prefix (once for concurrent requests of the same key) and keep it.
-        self._count("misses")
-        kv, _ = self.producing.do(key, lambda: self._recompute(key, request.prefix, state.edit),
-                                  timeout_s=self._remaining_s(request))
-        return kv, "miss"
+        return None, "miss"
 
-    def _recompute(self, key: CacheKey, prefix: History, edit: HeadBias) -> PrefixKV:
-        kv = self.model.prefill(prefix, edit)
-        self.hbm.insert(key, kv, consumed=True)
+    def _join_inflight(self, request: RankRequest, key: CacheKey) -> PrefixKV | None:
+        """Wait for a pre-inference (or another request's recompute) of key already running."""
+        running = self.producing.running(key)
+        if running is None:
+            return None
+        try:
+            kv = running.result(timeout=self._remaining_s(request))
+        except FutureTimeout:
+            raise DeadlineExceeded(self._late_message(request, "waiting for the prefix computation in flight")) \
+                from None
+        except Exception:  # noqa: BLE001 — that computation failed; this request computes its own
+            return None
+        self._count("inflight_joins")
         return kv
+
+    def _recompute(self, request: RankRequest, candidates: torch.Tensor, state: _State) -> torch.Tensor:
+        """A miss: rank with a full forward and keep the prefix KV it computed for the next request.
+        Concurrent requests for the same key wait for this one's KV instead of recomputing it."""
+        key = self.cache_key(request.user_id, request.prefix, state.edit)
+        future, leader = self.producing.begin(key)
+        if not leader:
+            kv = self._join_inflight(request, key)
+            if kv is not None:
+                return self.model.rank(kv, request.short_term, candidates, request.query_timestamp, state.edit)
+        self._count("misses")
+        try:
+            scores, kv = self.model.rank_full_keeping_prefix(request.prefix, request.short_term, candidates,
+                                                             request.query_timestamp, state.edit)
+        except BaseException as exc:
+            if leader:
+                self.producing.finish(key, error=exc)
+            raise
+        if leader:
+            self.hbm.insert(key, kv, consumed=True)
+            self.producing.finish(key, kv)
+        return scores
 
     # --- helpers -----------------------------------------------------------------------------
 

@@ -303,15 +303,37 @@ class HSTUModel:
     def rank_full(self, prefix: History, short_term: History, candidates: Sequence[int] | torch.Tensor,
                   query_timestamp: int | None = None, edit: HeadBias | None = None) -> torch.Tensor:
         """The baseline: recompute the whole history and the candidates. Returns [C] scores."""
+        scores, _ = self._rank_full(prefix, short_term, candidates, query_timestamp, edit, keep_prefix=False)
+        return scores
+
+    @torch.no_grad()
+    def rank_full_keeping_prefix(self, prefix: History, short_term: History,
+                                 candidates: Sequence[int] | torch.Tensor, query_timestamp: int | None = None,
+                                 edit: HeadBias | None = None) -> tuple[torch.Tensor, PrefixKV]:
+        """``rank_full`` that also returns the prefix's KV, which its history pass computes anyway:
+        a cache miss then costs one forward, not a prefill followed by a cached rank."""
+        scores, kv = self._rank_full(prefix, short_term, candidates, query_timestamp, edit, keep_prefix=True)
+        assert kv is not None
+        return scores, kv
+
+    def _rank_full(self, prefix: History, short_term: History, candidates: Sequence[int] | torch.Tensor,
+                   query_timestamp: int | None, edit: HeadBias | None, *,
+                   keep_prefix: bool) -> tuple[torch.Tensor, PrefixKV | None]:
         edit = edit or self.edit
-        self.check_history(prefix, "prefix", allow_empty=True)
+        self.check_history(prefix, "prefix", allow_empty=not keep_prefix)
         self.check_history(short_term, "short_term", allow_empty=True)
         history = prefix.concat(short_term)
         if len(history) == 0:
             raise ModelInputError("prefix", "prefix and short-term tokens are both empty; need at least one token")
         cands = self.check_candidates(candidates)
-        _, scores = self._forward(None, self._to_device(history), cands, query_timestamp, edit)
-        return scores
+        history = self._to_device(history)
+        kv, scores = self._forward(None, history, cands, query_timestamp, edit)
+        if not keep_prefix:
+            return scores, None
+        Tp = len(prefix)
+        ts = None if history.timestamps is None else history.timestamps[:Tp]
+        prefix_kv = PrefixKV(kv[:, :, :, :Tp].contiguous(), ts, Tp, self.version, edit.content_hash)
+        return scores, prefix_kv
 
     # --- input checks ------------------------------------------------------------------------
 

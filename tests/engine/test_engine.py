@@ -118,7 +118,8 @@ def test_concurrent_ranks_of_one_missing_prefix_compute_it_once():
         t.join()
     sources = sorted(r.source for r in results)
     assert sources.count("miss") == 1, sources
-    assert all(r.scores == results[0].scores for r in results)
+    first = torch.tensor(results[0].scores)
+    assert all(relative_error(torch.tensor(r.scores), first) <= TOLERANCE for r in results)
 
 
 def test_a_request_past_its_deadline_fails_fast_and_the_engine_stays_usable():

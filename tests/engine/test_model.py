@@ -159,3 +159,15 @@ def test_an_edit_for_another_model_is_refused():
     editing = parse_policy({"editing": random_edit(other, seed=0, scope="all")}).editing
     with pytest.raises(ModelInputError, match="fingerprint"):
         model.head_bias_from(editing)
+
+
+def test_a_full_rank_can_keep_the_prefix_kv_it_computed():
+    model = HSTUModel(SMALL)
+    prefix = make_history(300, SMALL, seed=1, timestamps=True)
+    short = make_history(8, SMALL, seed=2, timestamps=True, t0=10**9)
+    scores, kv = model.rank_full_keeping_prefix(prefix, short, [1, 2, 3])
+    assert relative_error(scores, model.rank_full(prefix, short, [1, 2, 3])) <= TOLERANCE
+    reference = model.prefill(prefix)
+    assert kv.length == 300 and kv.nbytes == reference.nbytes
+    assert torch.allclose(kv.kv, reference.kv, atol=1e-5, rtol=1e-5)
+    assert relative_error(model.rank(kv, short, [4, 5]), model.rank_full(prefix, short, [4, 5])) <= TOLERANCE
