@@ -30,8 +30,9 @@ browser:
 
 setup: $(STAMP) browser
 
+# The whole stack on embedded defaults; options after ARGS=, e.g. make run ARGS="--instances 4 --rate 10"
 run: $(STAMP)
-	$(PY) -m relay_engine.profile
+	$(PY) -m workers.stack $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -41,7 +42,7 @@ test: $(STAMP) browser
 	$(PY) -m pytest
 
 bench: $(STAMP)
-	$(PY) -m relay_engine.bench
+	$(PY) -m relay_engine.bench $(ARGS)
 
 profile: $(STAMP)
 	$(PY) -m relay_engine.profile
