@@ -10,6 +10,9 @@ Model Editing"), in the inference-time-intervention style:
    held-out probe accuracy are kept (``locate_heads``).
 3. Per kept head a direction: ``mean(consistent) − mean(all)`` ("mean_shift"), or the same made a
    unit vector and scaled by the activations' standard deviation along it ("iti") (``directions``).
+   For GR there is a third way, "fit" (``fit_head_biases``): the per-head vectors are fitted directly,
+   by gradient descent on equivalent pairs, to make each rewrite score like its original while the
+   original's scores stay those of the unedited model; K then keeps the heads with the largest vectors.
 4. At inference, ``α · direction`` is added to those heads' outputs (``build_editing`` gives the
    ``editing`` section of the policy; ``apply_edit`` / ``remove_edit`` swap it into a model).
 
@@ -40,7 +43,8 @@ from relay_engine.config import EDIT_SCOPES, EditingConfig, HeadEdit, ModelFinge
 from relay_engine.model import HeadBias, HSTUModel
 from relay_engine.synthetic import SyntheticWorld, WorldConfig, train, world_digest
 
-METHODS = ("mean_shift", "iti")
+METHODS = ("mean_shift", "iti")  # from probes: GR and LLM
+GR_METHODS = METHODS + ("fit",)  # "fit": vectors fitted on equivalent pairs (GR only)
 
 
 class MissingExtra(RuntimeError):
@@ -138,6 +142,57 @@ def directions(activations: torch.Tensor, labels: torch.Tensor, heads: Sequence[
     return out
 
 
+def fit_head_biases(model: HSTUModel, world: SyntheticWorld, user_ids: Sequence[int], *, scope: str = "candidates",
+                    consistency_weight: float = 5.0, epochs: int = 6, lr: float = 0.05, batch_users: int = 16,
+                    seed: int = 0, log: Callable[[str], None] | None = None) -> dict[tuple[int, int], torch.Tensor]:
+    """Per-head bias vectors [D] for every head, fitted so that equivalent inputs score alike.
+
+    The edit has exactly the form the fleet serves (a vector added to each head's output, ``scope``
+    rows), so α = 1 is the fitted edit itself. Per user, the loss is
+    ``KL(unedited(original) ‖ edited(original)) + w · mean_rewrites KL(edited(original) ‖ edited(rewrite))``
+    over softmaxes of the candidate scores: the first term keeps the ranking of the canonical history
+    (quality), the second pulls each rewrite's ranking onto it (consistency). No next-item label is used.
+    """
+    c = model.config
+    candidates = world.candidates().to(model.device)
+    no_edit = HeadBias.none(c.num_layers)
+    by_user: dict[int, list[cons.EquivalentPair]] = {}
+    for pair in cons.equivalent_pairs(world, user_ids):
+        by_user.setdefault(pair.user_id, []).append(pair)
+
+    def scores(history: Any, edit: HeadBias) -> torch.Tensor:
+        _, s = model._forward(None, model._to_device(history.to_history()), candidates, None, edit)
+        return torch.log_softmax(s, -1)
+
+    with torch.no_grad():
+        reference = {u: scores(pairs[0].original, no_edit) for u, pairs in by_user.items()}
+    bias = torch.zeros(c.num_layers, c.num_heads, c.head_dim, device=model.device, requires_grad=True)
+    optimizer = torch.optim.Adam([bias], lr=lr)
+    users = np.asarray(sorted(by_user))
+    for epoch in range(epochs):
+        order = np.random.default_rng([seed, 4, epoch]).permutation(users)
+        total_q = total_c = 0.0
+        for b in range(0, len(order), batch_users):
+            optimizer.zero_grad(set_to_none=True)
+            batch = order[b:b + batch_users]
+            for uid in batch:
+                edit = HeadBias(tuple(bias[li] for li in range(c.num_layers)), scope, "fitting")
+                pairs = by_user[int(uid)]
+                original = scores(pairs[0].original, edit)
+                loss_q = torch.nn.functional.kl_div(original, reference[int(uid)], log_target=True, reduction="sum")
+                loss_c = sum(torch.nn.functional.kl_div(scores(p.rewritten, edit), original, log_target=True,
+                                                        reduction="sum") for p in pairs) / len(pairs)
+                ((loss_q + consistency_weight * loss_c) / len(batch)).backward()
+                total_q += float(loss_q.detach())
+                total_c += float(loss_c.detach())
+            optimizer.step()
+        if log is not None:
+            log(f"fit epoch {epoch + 1}/{epochs}: KL to unedited {total_q / len(users):.4f}, "
+                f"KL between equivalent inputs {total_c / len(users):.4f}")
+    fitted = bias.detach().cpu()
+    return {(li, hi): fitted[li, hi].clone() for li in range(c.num_layers) for hi in range(c.num_heads)}
+
+
 # --- the editing configuration ------------------------------------------------------------------
 
 
@@ -158,6 +213,23 @@ def build_editing(fingerprint: ModelFingerprint, dirs: dict[tuple[int, int], tor
 def editing_json(editing: EditingConfig) -> dict[str, Any]:
     """Plain JSON of the section (what an operator uploads), with its content hash beside it."""
     return {"editing": to_plain(editing), "content_hash": editing.content_hash()}
+
+
+def editing_npz(editing: EditingConfig, path: Path) -> Path:
+    """The section as NumPy arrays (the editor's ``.npz`` upload): ``layers``, ``heads``, ``alphas`` [n],
+    ``directions`` [n, head_dim], ``fingerprint`` [3], ``scope`` and ``provenance`` (JSON) as strings.
+    Uploaded, it validates to the same section and content hash as ``editing_json``."""
+    edits = editing.edits
+    fp = editing.fingerprint
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        np.savez(f, layers=np.array([e.layer for e in edits], dtype=np.int64),
+                 heads=np.array([e.head for e in edits], dtype=np.int64),
+                 alphas=np.array([e.alpha for e in edits], dtype=np.float64),
+                 directions=np.array([e.direction for e in edits], dtype=np.float64).reshape(len(edits), fp.head_dim),
+                 fingerprint=np.array([fp.num_layers, fp.num_heads, fp.head_dim], dtype=np.int64),
+                 scope=np.array(editing.scope), provenance=np.array(json.dumps(editing.provenance)))
+    return path
 
 
 def apply_edit(model: HSTUModel, editing: EditingConfig | None) -> HeadBias:
@@ -369,22 +441,40 @@ def eval_gr(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
     t0 = time.monotonic()
     data = gr_probe_data(model, world, probe_users)
     val_mask = torch.from_numpy(split_by_group(data.groups, seed=args.seed))
-    k_max = max(args.ks)
+    n_heads = model.config.num_layers * model.config.num_heads
+    ks = args.ks or ([n_heads] if args.method == "fit" else [2, 4, 8])
+    alphas = args.alphas or ([0.5, 1, 1.5, 2] if args.method == "fit" else [1, 2, 3, 4, 6, 8])
+    k_max = min(max(ks), n_heads)
     top, all_probes = locate_heads(data.activations, data.labels, val_mask, k_max)
-    dirs = directions(data.activations[~val_mask], data.labels[~val_mask], top, args.method)
     share = float(data.labels.mean())
     log(f"probe data: {len(data.labels)} pairs, {100 * share:.1f}% consistent, {time.monotonic() - t0:.0f}s; "
         f"majority baseline {max(share, 1 - share):.3f}")
     log("heads by held-out probe accuracy: " + ", ".join(
         f"L{p.layer}H{p.head}={p.val_accuracy:.3f}" for p in all_probes))
+    extra: dict[str, Any] = {}
+    if args.method == "fit":
+        t0 = time.monotonic()
+        fit_users = probe_users[:args.fit_users]
+        dirs = fit_head_biases(model, world, fit_users, scope=args.scope, consistency_weight=args.fit_weight,
+                               epochs=args.fit_epochs, seed=args.seed, log=log)
+        # K keeps the heads whose fitted vectors are largest; the probes stay in the provenance.
+        probe_of = {(p.layer, p.head): p for p in all_probes}
+        top = sorted(all_probes, key=lambda p: (-float(dirs[(p.layer, p.head)].norm()), p.layer, p.head))[:k_max]
+        extra["fit"] = {"users": len(fit_users), "epochs": args.fit_epochs, "consistency_weight": args.fit_weight,
+                        "seconds": round(time.monotonic() - t0, 1)}
+        log(f"fitted head vectors in {extra['fit']['seconds']:.0f}s, by norm: " + ", ".join(
+            f"L{p.layer}H{p.head}={float(dirs[(p.layer, p.head)].norm()):.2f}" for p in top))
+        assert set(probe_of) == set(dirs)
+    else:
+        dirs = directions(data.activations[~val_mask], data.labels[~val_mask], top, args.method)
 
     def provenance(k: int) -> dict[str, Any]:
         return probe_provenance(method=args.method, k=k, dataset_hash=data.dataset_hash, samples=len(data.labels),
                                 consistent_share=share, heads=top[:k], model_version=model.version,
-                                dataset=f"synthetic-gr world={world_digest(world)} users={args.probe_users}")
+                                dataset=f"synthetic-gr world={world_digest(world)} users={args.probe_users}", **extra)
 
     pairs = cons.equivalent_pairs(world, eval_users)
-    rows = sweep(model, world, top, dirs, ks=args.ks, alphas=args.alphas, pairs=pairs,
+    rows = sweep(model, world, top, dirs, ks=ks, alphas=alphas, pairs=pairs,
                  quality_users=quality_users, scope=args.scope, provenance=provenance, log=log)
     base, best = rows[0], best_row(rows)
     degrade = degradation_alphas(rows)
@@ -400,15 +490,18 @@ def eval_gr(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
         "baseline": asdict(base),
         "best": asdict(best),
         "consistency_gain_points": round(100 * (best.top10_same - base.top10_same), 2),
-        "ndcg10_change_relative": round(best.ndcg10 / base.ndcg10 - 1, 4),
+        "ndcg10_change_relative": round(best.ndcg10 / base.ndcg10 - 1, 4) if base.ndcg10 else 0.0,
         "degrades_at_alpha": degrade,
         "top10_same_by_rewrite": {"before": by_kind_before, "after": by_kind_after},
         "oracle": asdict(oracle),
         "rows": [asdict(r) for r in rows],
         "plot": str(plot),
         "editing_config": str(out / "gr_editing.json"),
+        "method": args.method,
+        "scope": args.scope,
     }
     (out / "gr_editing.json").write_text(json.dumps(editing_json(editing), indent=1))
+    editing_npz(editing, out / "gr_editing.npz")
     (out / "gr_sweep.json").write_text(json.dumps(summary, indent=1))
     log(f"baseline: top10_same {base.top10_same:.3f}, NDCG@10 {base.ndcg10:.4f} (oracle {oracle.ndcg10:.4f})")
     log(f"best within 1% NDCG: K={best.k} α={best.alpha:g}: top10_same {base.top10_same:.3f} → "
@@ -417,8 +510,8 @@ def eval_gr(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
     log("by rewrite, top10_same before → after: " + ", ".join(
         f"{k} {by_kind_before[k]:.2f}→{by_kind_after[k]:.2f}" for k in by_kind_before))
     log(f"NDCG@10 more than 1% below baseline from α = {degrade} (per K; None: not within the sweep)")
-    log(f"wrote {out / 'gr_editing.json'} (content hash {editing.content_hash()[:12]}), {out / 'gr_sweep.json'}, "
-        f"{plot}")
+    log(f"wrote {out / 'gr_editing.json'} and .npz (content hash {editing.content_hash()[:12]}), "
+        f"{out / 'gr_sweep.json'}, {plot}")
     return summary
 
 
@@ -428,10 +521,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     gr = sub.add_parser("eval", help="locate heads, sweep K and α on the synthetic GR model, plot the sweep")
     gr.add_argument("--out", default="artifacts/editing", help="folder for the model, JSON results and the plot")
-    gr.add_argument("--method", choices=METHODS, default="iti")
+    gr.add_argument("--method", choices=GR_METHODS, default="iti",
+                    help="directions from probes (iti, mean_shift) or head vectors fitted on equivalent pairs (fit)")
     gr.add_argument("--scope", choices=EDIT_SCOPES, default="candidates")
-    gr.add_argument("--ks", type=_ints, default=[2, 4, 8], help="comma-separated K values (heads kept)")
-    gr.add_argument("--alphas", type=_floats, default=[1, 2, 3, 4, 6, 8], help="comma-separated α values")
+    gr.add_argument("--ks", type=_ints, default=None,
+                    help="comma-separated K values (heads kept); default 2,4,8, or every head for fit")
+    gr.add_argument("--alphas", type=_floats, default=None,
+                    help="comma-separated α values; default 1,2,3,4,6,8, or 0.5,1,1.5,2 for fit (1 = the fitted edit)")
+    gr.add_argument("--fit-users", type=int, default=300, help="fit: probe users whose pairs fit the head vectors")
+    gr.add_argument("--fit-epochs", type=int, default=6)
+    gr.add_argument("--fit-weight", type=float, default=5.0,
+                    help="fit: weight of the consistency term against staying close to the unedited ranking")
     gr.add_argument("--train-users", type=int, default=4000,
                     help="users seen in training (fixed, so the model does not depend on the machine's load)")
     gr.add_argument("--train-seconds", type=float, default=None, help="stop training early after this long")

@@ -241,6 +241,42 @@ def test_eval_command_prints_the_table_and_writes_plot_and_a_valid_config(tmp_pa
     assert validate_policy({"editing": doc["editing"]})[1] == {}
     sweep = json.loads((tmp_path / "gr_sweep.json").read_text())
     assert [(r["k"], r["alpha"]) for r in sweep["rows"]] == [(0, 0.0), (1, 2.0), (2, 2.0)]
+    with np.load(tmp_path / "gr_editing.npz", allow_pickle=False) as npz:
+        edits = doc["editing"]["edits"]
+        assert npz["layers"].tolist() == [e["layer"] for e in edits]
+        assert np.allclose(npz["directions"], [e["direction"] for e in edits])
+        assert json.loads(str(npz["provenance"])) == doc["editing"]["provenance"]
+
+
+def test_fitted_head_vectors_bring_equivalent_inputs_closer_on_the_fitting_users(model, world):
+    users = range(600, 612)
+    dirs = editing.fit_head_biases(model, world, users, epochs=3, consistency_weight=5.0, lr=0.1)
+    c = model.config
+    assert sorted(dirs) == [(li, hi) for li in range(c.num_layers) for hi in range(c.num_heads)]
+    cfg = editing.build_editing(c.fingerprint(), dirs, 1.0, scope="candidates")
+
+    def gap(edit) -> float:
+        total = 0.0
+        for p in cons.equivalent_pairs(world, users):
+            a = torch.log_softmax(cons.score(model, p.original, world.candidates(), edit), -1)
+            b = torch.log_softmax(cons.score(model, p.rewritten, world.candidates(), edit), -1)
+            total += float(torch.nn.functional.kl_div(b, a, log_target=True, reduction="sum"))
+        return total
+
+    assert gap(model.head_bias_from(cfg)) < gap(model.head_bias_from(None))
+    assert all(not p.requires_grad for p in model.parameters())
+
+
+def test_eval_command_fits_head_vectors_with_the_fit_method(tmp_path, capsys):
+    code = editing.main(["eval", "--out", str(tmp_path), "--method", "fit", "--train-users", "40",
+                         "--train-seconds", "1", "--probe-users", "10", "--fit-users", "6", "--fit-epochs", "1",
+                         "--eval-users", "4", "--quality-users", "6", "--alphas", "1"])
+    assert code == 0
+    assert "fit epoch 1/1" in capsys.readouterr().out
+    sweep = json.loads((tmp_path / "gr_sweep.json").read_text())
+    assert [(r["k"], r["alpha"]) for r in sweep["rows"]] == [(0, 0.0), (12, 1.0)]  # every head of the default model
+    doc = json.loads((tmp_path / "gr_editing.json").read_text())
+    assert doc["editing"]["provenance"]["method"] == "fit" and doc["editing"]["provenance"]["fit"]["users"] == 6
 
 
 # --- the real pretrained LLM (optional extra) ------------------------------------------------------------
