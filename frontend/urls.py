@@ -17,5 +17,6 @@ urlpatterns = [
     path("pools/<poolname:pool>/config/", views.ConfigView.as_view(), name="config"),
     path("pools/<poolname:pool>/fleet/", views.FleetView.as_view(), name="fleet"),
     path("ui/pools/<poolname:pool>/check/", views.SpecCheckView.as_view(), name="spec-check"),
+    path("ui/pools/<poolname:pool>/editing-upload/", views.EditingUploadView.as_view(), name="editing-upload"),
     path("vendor/plotly.min.js", assets.plotly_js, name="plotly-js"),
 ]

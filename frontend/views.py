@@ -1,6 +1,7 @@
 """Pages: each checks the session and the role, renders a template, and leaves live data to its script,
 which calls the REST API with the session cookie. The audit log renders on the server (it is a
-filtered table, not a live view); the editor's dry-run check is the one JSON endpoint of its own."""
+filtered table, not a live view); the editor's dry-run check and its NumPy upload of editing
+directions are the JSON endpoints of its own (both write nothing)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from django.views.generic import TemplateView
 
 from controlplane.accounts.roles import Role, role_of
 from controlplane.common.errors import NotFound
+from controlplane.common.parsers import loads_bounded
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.api.serializers import AuditQuerySerializer
 from controlplane.policies.diff import spec_diff
@@ -23,6 +25,7 @@ from controlplane.telemetry.selectors import WINDOWS
 from relay_engine.config import validate_policy
 
 from .assets import PLOTLY_VERSION
+from .editing_upload import FINGERPRINT_KEYS, parse_upload
 from .policy_fields import FIELD_GROUPS
 
 DEFAULT_WINDOW = "1h"
@@ -164,7 +167,7 @@ class SpecCheckView(View):
         if role_of(request.user) is None:
             return JsonResponse({"detail": "Your account holds no role."}, status=403)
         try:
-            body = json.loads(request.body)
+            body = loads_bounded(request.body)
         except ValueError:
             body = None
         if not isinstance(body, dict) or "spec" not in body:
@@ -180,3 +183,36 @@ class SpecCheckView(View):
             "against": live.generation,
             "changes": spec_diff(live.spec, parsed.to_dict()) if parsed is not None else [],
         })
+
+
+class EditingUploadView(View):
+    """Directions as NumPy arrays → the ``editing`` section, validated by the schema; nothing is written.
+
+    POST multipart: ``file`` (``.npy`` [n_edits, head_dim] or ``.npz``, see ``editing_upload``),
+    ``rows`` (for ``.npy``: one ``layer head alpha`` line per row), ``num_layers``, ``num_heads``,
+    ``head_dim``, ``scope``, ``provenance`` (JSON). → ``{"valid", "errors": {path: [messages]},
+    "editing", "content_hash"}``. The page puts a valid section into the form, where the dry-run check
+    diffs it and publishing sends it through the API like any other edit.
+    """
+
+    def post(self, request: HttpRequest, pool: str) -> JsonResponse:
+        if not request.user.is_authenticated:
+            return JsonResponse({"detail": "Log in first."}, status=401)
+        if role_of(request.user) is None:
+            return JsonResponse({"detail": "Your account holds no role."}, status=403)
+        try:
+            live = policy_selectors.revision_desired(pool=policy_selectors.pool_get(name=pool))
+        except NotFound as exc:
+            return JsonResponse({"detail": exc.detail}, status=404)
+        upload = request.FILES.get("file")
+        if upload is None:
+            return JsonResponse({"valid": False, "errors": {"file": ["is required: an .npy or .npz file"]},
+                                 "editing": None, "content_hash": None}, status=400)
+        live_editing = (live.spec or {}).get("editing") or {}
+        result = parse_upload(
+            upload.name, upload.read(), rows=request.POST.get("rows", ""),
+            fingerprint={key: request.POST.get(key, "") for key in FINGERPRINT_KEYS},
+            scope=request.POST.get("scope", ""), provenance=request.POST.get("provenance", ""),
+            default_fingerprint=live_editing.get("fingerprint"),
+        )
+        return JsonResponse(result.to_dict(), status=200 if result.valid else 400)

@@ -74,6 +74,8 @@ def parse_query(line: str) -> TraceQuery:
         data = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:  # a line of thousands of nested brackets: no query, and no crash either
+        raise ValueError("not a trace query: JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise ValueError(f"must be a JSON object, got {type(data).__name__}")
     user = data.get("user_id")
@@ -104,8 +106,14 @@ def iter_trace(lines: Iterable[str], source: str = "trace") -> Iterator[TraceQue
 def read_trace(path: str | Path) -> list[TraceQuery]:
     """All queries of a trace file, sorted by arrival; TraceError names the bad line."""
     path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        queries = list(iter_trace(f, str(path)))
+    lines = []
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                lines.append(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise TraceError(line_no, f"not UTF-8 text (byte {exc.start + 1} of the line)", str(path)) from None
+    queries = list(iter_trace(lines, str(path)))
     queries.sort(key=lambda q: q.t_ms)
     return queries
 

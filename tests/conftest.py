@@ -34,3 +34,14 @@ def key_prefix(monkeypatch) -> str:
     prefix = f"test-{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("RELAYGR_KEY_PREFIX", prefix)
     return prefix
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The figures the reliability and security tests gathered (tests/reliability/figures.py), if any."""
+    from tests.reliability.figures import FIGURES
+
+    if FIGURES.faults_injected or FIGURES.hostile_inputs:
+        terminalreporter.section("reliability figures")
+        for line in FIGURES.lines():
+            terminalreporter.write_line(line)
+        FIGURES.write()

@@ -14,16 +14,24 @@ Reliability settings, each chosen on purpose:
 - **Prefetch 1 per thread** (``worker_prefetch_multiplier = 1``): each instance consumes only its
   own queues, so prefetching more cannot balance anything; it would only hide the queue depth and
   strand more reserved messages if the process dies.
-- **Visibility timeout 300 s**: how long a reserved-but-unacked message waits in Redis before it is
-  put back. With early acks it only covers prefetched messages of a dead worker; they come back to
-  that instance's queue and ``expires`` revokes them there. Far above any task's run time.
+- **No ack emulation** (``ack_emulation = False``): kombu's Redis transport would otherwise keep
+  each delivered message in an "unacked" hash in Redis until acked, to put it back after a
+  visibility timeout. With early acks that only ever covered prefetched messages of a dead worker,
+  whose answers are worthless by then; and when Redis went away with a message delivered but not
+  yet acked, the consumer's attempt to put it back on the lost connection crashed the worker
+  ("Unrecoverable error", kombu) instead of letting it reconnect. A message is now taken off its
+  queue when delivered, once.
 - **No Celery time limits**: the threads pool cannot kill a thread, so they would not be enforced.
   The request deadline is the time limit instead: ``expires`` revokes a request that queued past
   it, the engine checks it at every stage, and the client never waits beyond it.
 - **Results expire after 60 s**: a result is read within its deadline (+ grace) or never; the TTL
   bounds what abandoned results can hold in Redis (qps × 60 s × result size).
-- **Broker and backend reconnect forever** with short socket timeouts, so a Redis restart is
-  survived by both the worker and the client.
+- **Broker and backend reconnect** with short socket timeouts, so a Redis restart is survived by
+  both the worker and the client. The broker connection retries forever. The result store retries
+  a lost connection once (``BACKEND_RETRY_POLICY``), not Celery's default 20 times a second apart:
+  that retry runs inside the client's wait for an answer, where it held ranking requests for the
+  whole outage, far past their deadlines; and an answer stored late is worth nothing. A request
+  caught by an outage fails fast instead (``client.RelayUnavailable``); the next one reconnects.
 """
 
 from __future__ import annotations
@@ -39,9 +47,9 @@ RANK_TASK = "relaygr.rank"
 PRE_INFER_TASK = "relaygr.pre_infer"
 
 RESULT_EXPIRES_S = 60
-VISIBILITY_TIMEOUT_S = 300
 SOCKET_TIMEOUT_S = 5.0
 SOCKET_CONNECT_TIMEOUT_S = 2.0
+BACKEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 
 
 def make_app(settings: Settings) -> Celery:
@@ -56,9 +64,10 @@ def make_app(settings: Settings) -> Celery:
         result_expires=RESULT_EXPIRES_S,
         # Result keys and their pub/sub channels live under the deployment's key prefix, like
         # every other key of the fleet (tests and deployments sharing one Redis stay apart).
-        result_backend_transport_options={"global_keyprefix": f"{settings.key_prefix}:"},
+        result_backend_transport_options={"global_keyprefix": f"{settings.key_prefix}:",
+                                          "retry_policy": BACKEND_RETRY_POLICY},
         broker_transport_options={
-            "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            "ack_emulation": False,
             "socket_timeout": SOCKET_TIMEOUT_S,
             "socket_connect_timeout": SOCKET_CONNECT_TIMEOUT_S,
             "health_check_interval": 10,

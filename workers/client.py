@@ -9,8 +9,9 @@ Both calls route the user with the affinity router over the pool's live members,
 signal and the ranking request meet on one instance. ``rank`` never waits past the deadline (plus
 a small grace for the answer in flight): it returns a ``RankReply`` or raises ``RankDeadlineExceeded``
 (a ``relay_engine.engine.DeadlineExceeded``), ``RankError`` (with ``kind`` and ``field``), or
-``NoLiveInstances``. The request also carries Celery ``expires`` at its deadline, so a request that
-sat in a queue past it is revoked there, not run.
+``RelayUnavailable`` (Redis cannot be reached; ``NoLiveInstances`` is one), never a transport error.
+The request also carries Celery ``expires`` at its deadline, so a request that sat in a queue past
+it is revoked there, not run.
 
 Thread-safe: one client serves many threads (the replayer's pool).
 """
@@ -29,6 +30,7 @@ import redis
 from celery.exceptions import TaskRevokedError
 from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import AsyncResult
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from relay_engine.engine import DeadlineExceeded
 from relay_engine.router import AffinityRouter
@@ -50,8 +52,22 @@ class RelayError(Exception):
     """Base of the client's errors."""
 
 
-class NoLiveInstances(RelayError):
+class RelayUnavailable(RelayError):
+    """Redis (broker and result store) cannot be reached: the request was not sent, or its answer
+    cannot arrive. Raised at once, not retried past the deadline: a late ranking answer is worthless."""
+
+
+class NoLiveInstances(RelayUnavailable):
     pass
+
+
+# What a lost Redis looks like from the client: kombu's error when publishing, redis-py's and the
+# socket's while waiting, and Celery's RuntimeError when its result store cannot reconnect.
+_TRANSPORT_ERRORS = (redis.RedisError, KombuOperationalError, OSError)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    return isinstance(exc, _TRANSPORT_ERRORS) or isinstance(exc.__cause__, _TRANSPORT_ERRORS)
 
 
 class RankError(RelayError):
@@ -101,7 +117,11 @@ class PendingRank:
         except TaskRevokedError:
             raise RankDeadlineExceeded(f"the request expired in {self.instance}'s queue before it was picked up",
                                        instance=self.instance) from None
-        except Exception as exc:  # noqa: BLE001 — the task itself failed (not our tasks' contract)
+        except Exception as exc:  # noqa: BLE001 — Redis lost, or the task itself failed (not our tasks' contract)
+            if _unreachable(exc):
+                _stop_waiting(result)
+                raise RelayUnavailable(f"lost Redis while waiting for {self.instance}'s answer: "
+                                       f"{type(exc).__name__}: {exc}") from None
             raise RankError(INTERNAL, f"rank task failed on {self.instance}: {type(exc).__name__}: {exc}",
                             instance=self.instance) from None
         round_trip_ms = (time.perf_counter() - self.sent_at) * 1000
@@ -120,6 +140,17 @@ def _stop_waiting(result: AsyncResult) -> None:
     subscription, for the life of the thread (one per lost request)."""
     with contextlib.suppress(Exception):  # Redis gone: the subscription went with the connection
         result.backend.remove_pending_result(result)
+
+
+@contextlib.contextmanager
+def _sending(instance: str):
+    try:
+        yield
+    except Exception as exc:
+        if _unreachable(exc):
+            raise RelayUnavailable(f"cannot send to {instance}: Redis cannot be reached "
+                                   f"({type(exc).__name__}: {exc})") from None
+        raise
 
 
 class RelayClient:
@@ -177,8 +208,9 @@ class RelayClient:
         """Send the pre-infer signal (fire and forget); returns the instance it went to."""
         payload = PreInferPayload.parse({"user_id": user_id, **fields}).to_dict()
         instance = instance or self.route(user_id)
-        self.app.send_task(PRE_INFER_TASK, args=[payload], queue=self.keys.preinfer_queue(instance),
-                           expires=PRE_INFER_TTL_S)
+        with _sending(instance):
+            self.app.send_task(PRE_INFER_TASK, args=[payload], queue=self.keys.preinfer_queue(instance),
+                               expires=PRE_INFER_TTL_S)
         return instance
 
     def send_rank(self, payload: RankPayload | dict[str, Any], *, instance: str | None = None) -> PendingRank:
@@ -194,8 +226,9 @@ class RelayClient:
             raise RankDeadlineExceeded(f"the deadline passed {(time.time() - deadline_s) * 1000:.1f} ms before "
                                        f"the request could be sent", instance=instance)
         sent_at = time.perf_counter()
-        result = self.app.send_task(RANK_TASK, args=[data], queue=self.keys.rank_queue(instance),
-                                    expires=datetime.fromtimestamp(deadline_s, tz=UTC))
+        with _sending(instance):
+            result = self.app.send_task(RANK_TASK, args=[data], queue=self.keys.rank_queue(instance),
+                                        expires=datetime.fromtimestamp(deadline_s, tz=UTC))
         return PendingRank(result, instance, deadline_s, sent_at, self.grace_s)
 
     def rank(self, user_id: str, *, deadline_s: float | None = None, **fields: Any) -> RankReply:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from relay_engine.traffic import TraceError, TraceQuery, read_trace
-from workers.client import NoLiveInstances, RankDeadlineExceeded, RankError, RelayClient
+from workers.client import NoLiveInstances, RankDeadlineExceeded, RelayClient, RelayError
 from workers.settings import Settings
 
 PRE_INFER, RANK = 0, 1  # at equal times the signal goes first
@@ -110,7 +110,7 @@ class Replayer:
                                      deadline_s=time.time() + self.deadline_s)
         except RankDeadlineExceeded:
             error = "deadline_exceeded"
-        except (RankError, NoLiveInstances, ValueError) as exc:
+        except (RelayError, ValueError) as exc:
             error = getattr(exc, "kind", type(exc).__name__)
         except Exception as exc:  # noqa: BLE001 — count it, keep replaying
             error = type(exc).__name__

@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from controlplane.accounts.models import ApiToken
 from controlplane.policies.models import AuditEntry
 from relay_engine.wire import DesiredRevision, PoolKeys
+from tests.controlplane.fixtures import PROD_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,13 +56,6 @@ def _manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-PROD_ENV = {
-    "DJANGO_SETTINGS_MODULE": "controlplane.settings.prod",
-    "DJANGO_SECRET_KEY": "k3Yq!x9#Lr2@pVt7$Wm4^Zs8&Nd1*Hc6(Fb0)Gj5_Ek-Ru+Qa=Ty",
-    "DJANGO_ALLOWED_HOSTS": "relaygr.example.com",
-    "DATABASE_URL": "postgres://relaygr:secret@127.0.0.1:5432/relaygr",
-    "REDIS_URL": "redis://127.0.0.1:6379/0",
-}
 
 
 def test_check_deploy_with_prod_settings_is_clean():

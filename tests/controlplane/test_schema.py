@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from django.core.signals import request_finished, request_started
-from django.db import close_old_connections
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from schemathesis.checks import not_a_server_error
@@ -25,18 +23,6 @@ def admin_key(db):
 
 
 EXAMPLES_PER_OPERATION = 15
-
-
-@pytest.fixture
-def keep_test_connection():
-    """Calling the WSGI app directly would close the test's database connection at each request
-    (Django's own test client suspends this the same way)."""
-    signals = (request_started, request_finished)
-    for signal in signals:
-        signal.disconnect(close_old_connections)
-    yield
-    for signal in signals:
-        signal.connect(close_old_connections)
 
 
 def test_schema_and_docs_are_served_without_a_cdn(viewer):

@@ -90,8 +90,10 @@ class Stack:
         log = (self.workdir / "gunicorn.log").open("a")
         self.server = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "controlplane.wsgi", "--bind", f"127.0.0.1:{self.port}",
-             "--workers", "1", "--threads", "8", "--timeout", "60", "--graceful-timeout", "2"],
-            cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+             "--workers", "1", "--threads", "8", "--timeout", "60", "--graceful-timeout", "2",
+             "--access-logfile", "-"],
+            # Its own process group, so ``kill_server`` takes gunicorn's worker down with the master.
+            cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, process_group=0,
         )
         deadline = time.monotonic() + 60
         while True:
@@ -117,6 +119,13 @@ class Stack:
                 self.server.wait()
         self.server = None
 
+    def kill_server(self) -> None:
+        """``kill -9`` of the web server: master and workers at once, nothing cleaned up."""
+        if self.server is not None:
+            os.killpg(self.server.pid, signal.SIGKILL)
+            self.server.wait()
+        self.server = None
+
     def api(self, method: str, path: str, body: dict | None = None, *, user: str = "sre") -> tuple[int, dict]:
         """A call to the REST API with a user's token (automation's view, not the browser's)."""
         request = urllib.request.Request(
@@ -134,9 +143,14 @@ class Stack:
     def spawn_workers(self) -> None:
         """Start the instances; they apply the pool's revision once the control plane publishes it."""
         for index in range(self.worker_settings.pool_size):
-            name = instance_name(POOL, index)
-            log = (self.workdir / f"{name}.log").open("w")
-            self.workers[name] = spawn_instance(self.worker_settings, index, stdout=log, stderr=subprocess.STDOUT)
+            self.spawn_worker(index)
+
+    def spawn_worker(self, index: int) -> str:
+        """Start (or restart) instance ``index``; its log is appended to."""
+        name = instance_name(POOL, index)
+        log = (self.workdir / f"{name}.log").open("a")
+        self.workers[name] = spawn_instance(self.worker_settings, index, stdout=log, stderr=subprocess.STDOUT)
+        return name
 
     def wait_for_workers(self) -> None:
         wait_until_live(self.redis, self.worker_settings, sorted(self.workers), 90, list(self.workers.values()))

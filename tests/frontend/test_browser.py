@@ -7,10 +7,12 @@ artifacts/screenshots/.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import time
 
+import numpy as np
 import pytest
 
 from .conftest import Session, login
@@ -192,6 +194,30 @@ def test_the_editing_section_can_be_replaced_from_a_json_file(sre, screenshot):
     cells = sre.locator('[data-role="editing"] tbody td').all_inner_texts()
     assert cells == ["0", "1", "0.5", "1.000", "0.250, 0.250, 0.250, 0.250, …"]  # layer, head, α, norm, values
     screenshot(sre, "10-config-editing-upload")
+    sre.click('[data-role="reset"]')
+    sre.locator('[data-role="diff-status"]', has_text="No changes").wait_for()
+
+
+def test_the_editing_section_can_be_replaced_from_numpy_directions(sre, screenshot):
+    buffer = io.BytesIO()
+    np.save(buffer, np.full((2, 16), 0.5, dtype=np.float32))
+    npy = {"name": "dirs.npy", "mimeType": "application/octet-stream", "buffer": buffer.getvalue()}
+    sre.goto(CONFIG)
+    sre.click('[data-role="editing-npy"] summary')
+    sre.set_input_files('[data-role="editing-npy-file"]', files=[npy])
+    sre.fill('[data-role="editing-npy-rows"]', "0 1 2\n3 0 1")  # layer 3 does not exist in the small model
+    sre.fill('input[name="num_layers"]', "2")
+    sre.fill('input[name="num_heads"]', "2")
+    sre.click('[data-role="editing-npy-apply"]')
+    sre.locator('[data-role="editing-npy-errors"] li[data-path="editing.edits[1].layer"]',
+                has_text="must be in [0, 1], got 3").wait_for()
+    sre.fill('[data-role="editing-npy-rows"]', "0 1 2\n1 0 1")
+    sre.click('[data-role="editing-npy-apply"]')
+    sre.locator('[data-role="diff"] tr[data-change="editing.edits[1].alpha"]').wait_for()
+    assert sre.locator('[data-role="editing-npy-errors"] li').count() == 0
+    cells = sre.locator('[data-role="editing"] tbody td').all_inner_texts()
+    assert cells[:4] == ["0", "1", "2", "2.000"]  # layer, head, α, ‖direction‖ = 0.5·√16
+    screenshot(sre, "10b-config-editing-npy-upload")
     sre.click('[data-role="reset"]')
     sre.locator('[data-role="diff-status"]', has_text="No changes").wait_for()
 

@@ -1,19 +1,26 @@
 """The pages on the server side, without a browser: access, roles, the plotly bundle, no external URLs,
-the editor's dry-run check and the audit filters."""
+the editor's dry-run check, its NumPy upload of editing directions and the audit filters."""
 
 from __future__ import annotations
 
 import gzip
 import importlib.resources
+import io
+import json
 import re
 
+import numpy as np
 import pytest
+import torch
 from django.contrib.auth import get_user_model
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
 from controlplane.policies import services as policy_services
+from relay_engine import editing
+from relay_engine.config import ModelFingerprint, validate_policy
 
 POOL = "ranking-a"
 PASSWORD = "correct horse battery staple"
@@ -146,3 +153,98 @@ def test_audit_log_filters_by_action_and_reports_bad_filters(pool, operator):
     assert "pool.create" in html and "user.create</span>" not in html
     bad = operator.get("/audit/", {"since": "yesterday"}).content.decode()
     assert "since:" in bad and "No entries match" in bad
+
+
+# --- the editor's NumPy upload of editing directions ----------------------------------------------
+
+FP = {"num_layers": "2", "num_heads": "2"}  # head_dim comes from the array
+
+
+def _npy(array: np.ndarray, name: str = "directions.npy") -> SimpleUploadedFile:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return SimpleUploadedFile(name, buffer.getvalue(), content_type="application/octet-stream")
+
+
+def _upload(client, file, **form):
+    return client.post(f"/ui/pools/{POOL}/editing-upload/", {"file": file, **form})
+
+
+def test_npy_directions_with_rows_become_an_editing_section_the_check_accepts(pool, operator):
+    directions = np.arange(32, dtype=np.float32).reshape(2, 16) / 10
+    response = _upload(operator, _npy(directions), rows="0 1 2.5\n1, 0, -1", scope="all", **FP)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["valid"] is True and body["errors"] == {}
+    section = body["editing"]
+    assert section["fingerprint"] == {"num_layers": 2, "num_heads": 2, "head_dim": 16}
+    assert section["scope"] == "all"
+    assert [(e["layer"], e["head"], e["alpha"]) for e in section["edits"]] == [(0, 1, 2.5), (1, 0, -1.0)]
+    assert np.allclose([e["direction"] for e in section["edits"]], directions)
+    assert section["provenance"]["uploaded_file"] == "directions.npy"
+    spec, errors = validate_policy({"editing": section})
+    assert errors == {} and spec.editing.content_hash() == body["content_hash"]
+    check = _check(operator, {"editing": section}).json()
+    assert check["valid"] is True
+    added = {c["path"]: c["after"] for c in check["changes"] if c["op"] == "added"}
+    assert added["editing.edits[0].alpha"] == 2.5 and added["editing.scope"] == "all"
+
+
+def test_the_evals_npz_uploads_to_the_same_content_hash_as_its_json(pool, operator, tmp_path):
+    fp = ModelFingerprint(3, 4, 8)
+    g = torch.Generator().manual_seed(0)
+    dirs = {(2, 1): torch.randn(8, generator=g), (0, 3): torch.randn(8, generator=g)}
+    cfg = editing.build_editing(fp, dirs, 3.0, scope="candidates",
+                                provenance={"method": "iti", "k": 2, "dataset_hash": "abc"})
+    path = editing.editing_npz(cfg, tmp_path / "gr_editing.npz")
+    body = _upload(operator, SimpleUploadedFile("gr_editing.npz", path.read_bytes())).json()
+    assert body["valid"] is True
+    assert body["content_hash"] == editing.editing_json(cfg)["content_hash"]
+    assert body["editing"] == json.loads(json.dumps(editing.editing_json(cfg)["editing"]))
+
+
+def test_upload_errors_are_reported_by_field(pool, operator):
+    directions = np.ones((3, 16))
+    directions[1, 4] = np.nan
+    body = _upload(operator, _npy(directions), rows="0 0 1\n5 1 1\n1 1 1e9", **FP).json()
+    assert body["valid"] is False and body["editing"] is None
+    assert body["errors"] == {
+        "editing.edits[1].layer": ["must be in [0, 1], got 5"],
+        "editing.edits[1].direction": ["must hold finite numbers; bad values at indices [4]"],
+        "editing.edits[2].alpha": ["must be in [-1000.0, 1000.0], got 1000000000.0"],
+    }
+    body = _upload(operator, _npy(np.ones((2, 8))), rows="0 0 1\n1 x", num_layers="2", num_heads="2",
+                   head_dim="16").json()
+    assert body["errors"] == {"rows[1]": ["must be three numbers 'layer head alpha', got '1 x'"]}
+    body = _upload(operator, _npy(np.ones((2, 8))), rows="0 0 1", **FP).json()
+    assert body["errors"]["rows"] == ["lists 1 row(s) of 'layer head alpha'; the file has 2 direction(s), one per row"]
+    body = _upload(operator, _npy(np.ones((2, 8))), rows="0 0 1\n1 1 1", num_layers="2").json()
+    assert body["errors"] == {"fingerprint.num_heads": ["is required (no live editing section to take it from)"]}
+    body = _upload(operator, _npy(np.ones(8)), rows="0 0 1", **FP).json()
+    assert body["errors"] == {"file": ["directions must be a 2-D array [n_edits, head_dim], got shape [8]"]}
+
+
+def test_upload_refuses_pickles_and_files_that_are_not_numpy(pool, operator):
+    pickled = io.BytesIO()
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    body = _upload(operator, SimpleUploadedFile("evil.npy", pickled.getvalue()), rows="0 0 1", **FP).json()
+    assert body["valid"] is False and list(body["errors"]) == ["file"] and "pickle" in body["errors"]["file"][0]
+    body = _upload(operator, SimpleUploadedFile("edit.json", b'{"editing": {}}'), **FP).json()
+    assert body["errors"] == {"file": ["edit.json is neither a .npy nor an .npz file (NumPy's formats; "
+                                       "for JSON use the JSON upload)"]}
+    stray = io.BytesIO()
+    np.savez(stray, directions=np.ones((1, 4)), layers=np.zeros(1), heads=np.zeros(1), alphas=np.ones(1),
+             extra=np.ones(1))
+    body = _upload(operator, SimpleUploadedFile("x.npz", stray.getvalue()), **FP).json()
+    assert body["errors"]["file"][0].startswith("unknown arrays extra")
+
+
+def test_upload_needs_a_session_a_file_and_a_known_pool(pool, operator):
+    assert _upload(Client(), _npy(np.ones((1, 16))), rows="0 0 1").status_code == 401
+    assert operator.post(f"/ui/pools/{POOL}/editing-upload/", {"rows": "0 0 1"}).status_code == 400
+    assert operator.post("/ui/pools/nope/editing-upload/", {"file": _npy(np.ones((1, 16)))}).status_code == 404
+
+
+def test_the_editor_offers_the_numpy_upload_to_operators_only(pool, operator, viewer):
+    assert 'data-role="editing-npy-file"' in operator.get(f"/pools/{POOL}/config/").content.decode()
+    assert 'data-role="editing-npy-file"' not in viewer.get(f"/pools/{POOL}/config/").content.decode()

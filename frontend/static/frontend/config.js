@@ -201,6 +201,39 @@
     reader.readAsText(file);
   }
 
+  /* NumPy directions: the server reads the arrays (np.load, no pickles) and judges the section with
+     the schema; a valid one replaces the editing section like a JSON upload, errors list by field. */
+  async function onNpyApply() {
+    const list = part("editing-npy-errors");
+    const file = part("editing-npy-file").files[0];
+    if (!file) {
+      list.replaceChildren(el("li", { dataset: { path: "file" } }, "file: choose an .npy or .npz file first"));
+      return;
+    }
+    const form = new FormData();
+    form.append("file", file);
+    form.append("rows", part("editing-npy-rows").value);
+    form.append("scope", part("editing-npy-scope").value);
+    root.querySelectorAll('[data-role="editing-npy-fp"]').forEach((node) => form.append(node.name, node.value));
+    let data;
+    try {
+      const response = await fetch(`/ui/pools/${encodeURIComponent(pool)}/editing-upload/`, {
+        method: "POST", body: form, credentials: "same-origin",
+        headers: { Accept: "application/json", "X-CSRFToken": document.querySelector('meta[name="csrf-token"]')?.content || "" },
+      });
+      data = await response.json().catch(() => ({ detail: `The server answered HTTP ${response.status}.` }));
+    } catch (err) {
+      data = { detail: "The server cannot be reached." };
+    }
+    if (!data.errors && data.detail) data.errors = { "(upload)": [data.detail] };
+    const errors = Object.entries(data.errors || {});
+    list.replaceChildren(...errors.map(([path, messages]) => el("li", { dataset: { path } }, `${path}: ${messages.join(" ")}`)));
+    if (!data.valid) return;
+    editingOverride = data.editing;
+    renderEditing(editingOverride);
+    check();
+  }
+
   /* --- publish, rollback, convergence -------------------------------------------------------- */
 
   function say(...children) {
@@ -391,10 +424,13 @@
       if (event.target.dataset.path) scheduleCheck();
     });
     part("editing-file").addEventListener("change", onEditingFile);
+    part("editing-npy-apply").addEventListener("click", onNpyApply);
     part("publish").addEventListener("click", publish);
     part("reset").addEventListener("click", () => {
       editingOverride = undefined;
       part("editing-file").value = "";
+      part("editing-npy-file").value = "";
+      part("editing-npy-errors").replaceChildren();
       fill(state.live.spec);
       check();
     });

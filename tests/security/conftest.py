@@ -1,0 +1,15 @@
+"""The security tests stand on the control plane's fixtures (``tests.controlplane.fixtures``)."""
+
+from tests.controlplane.fixtures import (  # noqa: F401 - fixtures are found by name
+    _fresh_caches,
+    admin,
+    clients,
+    keep_test_connection,
+    no_redis,
+    operator,
+    pool,
+    redis_client,
+    redis_on,
+    viewer,
+    worker_factory,
+)
