@@ -77,29 +77,29 @@ class PoolPageView(PageView):
         return context
 
 
-def _window(request: HttpRequest) -> str:
-    window = request.GET.get("window", DEFAULT_WINDOW)
-    return window if window in WINDOWS else DEFAULT_WINDOW
+class TimeWindowMixin:
+    """Pages with the time-range picker: the windows offered and the one asked for (?window=)."""
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        window = self.request.GET.get("window", DEFAULT_WINDOW)
+        context.update(windows=list(WINDOWS), window=window if window in WINDOWS else DEFAULT_WINDOW)
+        return context
 
 
-class OverviewView(PageView):
+class OverviewView(TimeWindowMixin, PageView):
     template_name = "frontend/overview.html"
     tab = "overview"
 
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
-        context.update(pools=policy_selectors.pool_list(), windows=list(WINDOWS), window=_window(self.request))
+        context.update(pools=policy_selectors.pool_list())
         return context
 
 
-class LiveView(PoolPageView):
+class LiveView(TimeWindowMixin, PoolPageView):
     template_name = "frontend/live.html"
     tab = "live"
-
-    def get_context_data(self, **kwargs):
-        context = super().get_context_data(**kwargs)
-        context.update(windows=list(WINDOWS), window=_window(self.request))
-        return context
 
 
 class ConfigView(PoolPageView):
