@@ -220,29 +220,38 @@ SCORINGS = ("calibrated", "raw")
 CONTENT_FREE = ("N/A", "", "[MASK]")  # inputs that carry no sentiment: what an instruction alone leans to
 
 
+def content_free_probabilities(llm: LoadedLLM, hooks: HeadEditHooks, data: PromptSet,
+                               option_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    """Per instruction, the option probabilities on content-free inputs [instructions, options]
+    (with the edit in force): what the instruction alone leans to."""
+    free = [prompt_text(llm, ins, text) for ins in data.instructions for text in CONTENT_FREE]
+    free_scores, _ = option_scores(llm, hooks, free, option_ids)
+    probs = torch.softmax(torch.from_numpy(free_scores), -1)
+    return probs.reshape(len(data.instructions), len(CONTENT_FREE), len(option_ids)).mean(1).numpy()
+
+
 def ask(llm: LoadedLLM, hooks: HeadEditHooks, data: PromptSet, items: np.ndarray,
-        option_ids: Sequence[Sequence[int]], scoring: str = "calibrated",
-        capture: bool = False) -> tuple[np.ndarray, torch.Tensor | None]:
+        option_ids: Sequence[Sequence[int]], scoring: str = "calibrated", capture: bool = False,
+        free_p: np.ndarray | None = None) -> tuple[np.ndarray, torch.Tensor | None]:
     """The chosen option of every (instruction, item) [instructions, items], with the edit in force.
 
     ``raw``: the option the model scores highest. ``calibrated`` (contextual calibration, Zhao et
     al. 2021, "Calibrate Before Use"): each instruction is also asked about content-free inputs, and
-    an item's option probabilities are divided by that instruction's content-free ones, so a
-    prompt's lean toward one word ("positive" whatever the review) is not read as the answer. The
-    calibration is part of the classifier: it is recomputed under every edit.
+    an item's option probabilities are divided by that instruction's content-free ones
+    (``free_p``, computed here unless the caller has them for the same edit), so a prompt's lean
+    toward one word ("positive" whatever the review) is not read as the answer. The calibration is
+    part of the classifier: it is recomputed under every edit.
     With ``capture``, the item prompts' head outputs [instructions · items, L, H, D] (instruction-major).
     """
     if scoring not in SCORINGS:
         raise ValueError(f"scoring {scoring!r}: must be one of {', '.join(SCORINGS)}")
     prompts = [prompt_text(llm, ins, data.texts[i]) for ins in data.instructions for i in items]
     scores, acts = option_scores(llm, hooks, prompts, option_ids, capture=capture)
-    n_instr, n_opt = len(data.instructions), len(option_ids)
-    scores = scores.reshape(n_instr, len(items), n_opt)
+    scores = scores.reshape(len(data.instructions), len(items), len(option_ids))
     if scoring == "calibrated":
-        free = [prompt_text(llm, ins, text) for ins in data.instructions for text in CONTENT_FREE]
-        free_scores, _ = option_scores(llm, hooks, free, option_ids)
-        free_p = torch.softmax(torch.from_numpy(free_scores), -1).reshape(n_instr, len(CONTENT_FREE), n_opt).mean(1)
-        scores = torch.log_softmax(torch.from_numpy(scores), -1).numpy() - free_p.log().numpy()[:, None, :]
+        if free_p is None:
+            free_p = content_free_probabilities(llm, hooks, data, option_ids)
+        scores = torch.log_softmax(torch.from_numpy(scores), -1).numpy() - np.log(free_p)[:, None, :]
     return scores.argmax(-1), acts
 
 
@@ -314,8 +323,9 @@ def eval_llm(args: argparse.Namespace, log: Callable[[str], None] = print) -> di
 
     held_out: dict[tuple[int, float], np.ndarray] = {}  # choice grids on the held-out items, per (K, α)
 
-    def measure(items: np.ndarray, key: tuple[int, float] | None = None) -> LLMScore:
-        grid = ask(llm, hooks, data, items, option_ids, scoring)[0]
+    def measure(items: np.ndarray, key: tuple[int, float] | None = None,
+                free_p: np.ndarray | None = None) -> LLMScore:
+        grid = ask(llm, hooks, data, items, option_ids, scoring, free_p=free_p)[0]
         if key is not None:
             held_out[key] = grid
         return score_answers(grid, data.labels[items])
@@ -356,8 +366,9 @@ def eval_llm(args: argparse.Namespace, log: Callable[[str], None] = print) -> di
         configs[(k, alpha)] = editing = build_editing(llm.fingerprint, kept, alpha, scope="candidates",
                                                       provenance=prov)
         hooks.set_edit(editing)
-        try:
-            rows.append(row(k, alpha, measure(probe_items), measure(eval_items, (k, alpha))))
+        try:  # both item sets under one edit share its content-free calibration
+            free_p = content_free_probabilities(llm, hooks, data, option_ids) if scoring == "calibrated" else None
+            rows.append(row(k, alpha, measure(probe_items, free_p=free_p), measure(eval_items, (k, alpha), free_p)))
         finally:
             hooks.set_edit(None)
     hooks.close()

@@ -330,6 +330,9 @@ def test_llm_head_edits_change_the_answer_logits_and_come_off_cleanly():
     item_p = torch.softmax(torch.from_numpy(item_lp), -1).numpy()
     assert np.array_equal(raw, item_lp.argmax(-1))
     assert np.array_equal(calibrated, (item_p / free_p[:, None, :]).argmax(-1))
+    shared = editing_llm.content_free_probabilities(llm, hooks, data, option_ids)
+    assert np.allclose(shared, free_p)
+    assert np.array_equal(editing_llm.ask(llm, hooks, data, items, option_ids, free_p=shared)[0], calibrated)
     with pytest.raises(ValueError, match="scoring 'loud'"):
         editing_llm.ask(llm, hooks, data, items, option_ids, "loud")
     hooks.close()
