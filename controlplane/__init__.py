@@ -1,4 +1,4 @@
 """The RelayGR control plane: pools, immutable config revisions, publishing, fleet status, telemetry.
 
-Meets the worker fleet only in Redis, through ``relay_engine.wire``; never imports ``workers``.
+Meets the worker fleet only in Redis, through ``relay_engine.core.wire``; never imports ``workers``.
 """

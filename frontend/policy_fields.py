@@ -1,6 +1,6 @@
 """The policy fields the config editor shows as a form: path (as validation errors name it), unit, help.
 
-Ranges are not repeated here: the schema (``relay_engine.config``) judges every value and its
+Ranges are not repeated here: the schema (``relay_engine.core.config``) judges every value and its
 messages state what is allowed, so the form and the API can never disagree.
 """
 

@@ -17,15 +17,13 @@ from django.views.generic import TemplateView
 from controlplane.accounts.roles import Role, role_of
 from controlplane.common.errors import NotFound
 from controlplane.common.parsers import loads_bounded
+from controlplane.policies import checks
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.api.serializers import AuditQuerySerializer
-from controlplane.policies.diff import spec_diff
 from controlplane.policies.models import AuditEntry, Pool
 from controlplane.telemetry.selectors import WINDOWS
-from relay_engine.config import validate_policy
 
 from .assets import PLOTLY_VERSION
-from .editing_upload import FINGERPRINT_KEYS, parse_upload
 from .policy_fields import FIELD_GROUPS
 
 DEFAULT_WINDOW = "1h"
@@ -68,12 +66,8 @@ class PoolPageView(PageView):
 
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
-        spec = self.pool.desired_spec or {}
-        context.update(
-            pool=self.pool,
-            slo_ms=spec.get("trigger", {}).get("ranking_p99_slo_ms"),
-            slo_target_ratio=spec.get("slo", {}).get("target_ratio"),
-        )
+        slo = self.pool.slo
+        context.update(pool=self.pool, slo_ms=slo.p99_ms, slo_target_ratio=slo.target_ratio)
         return context
 
 
@@ -173,22 +167,16 @@ class SpecCheckView(View):
         if not isinstance(body, dict) or "spec" not in body:
             return JsonResponse({"detail": 'The body must be JSON: {"spec": {...}}.'}, status=400)
         try:
-            live = policy_selectors.revision_desired(pool=policy_selectors.pool_get(name=pool))
+            check = checks.spec_check(pool=policy_selectors.pool_get(name=pool), spec=body["spec"])
         except NotFound as exc:
             return JsonResponse({"detail": exc.detail}, status=404)
-        parsed, errors = validate_policy(body["spec"])
-        return JsonResponse({
-            "valid": not errors,
-            "errors": errors,
-            "against": live.generation,
-            "changes": spec_diff(live.spec, parsed.to_dict()) if parsed is not None else [],
-        })
+        return JsonResponse(check.to_dict())
 
 
 class EditingUploadView(View):
     """Directions as NumPy arrays → the ``editing`` section, validated by the schema; nothing is written.
 
-    POST multipart: ``file`` (``.npy`` [n_edits, head_dim] or ``.npz``, see ``editing_upload``),
+    POST multipart: ``file`` (``.npy`` [n_edits, head_dim] or ``.npz``, see ``relay_engine.core.editing_io``),
     ``rows`` (for ``.npy``: one ``layer head alpha`` line per row), ``num_layers``, ``num_heads``,
     ``head_dim``, ``scope``, ``provenance`` (JSON). → ``{"valid", "errors": {path: [messages]},
     "editing", "content_hash"}``. The page puts a valid section into the form, where the dry-run check
@@ -201,18 +189,16 @@ class EditingUploadView(View):
         if role_of(request.user) is None:
             return JsonResponse({"detail": "Your account holds no role."}, status=403)
         try:
-            live = policy_selectors.revision_desired(pool=policy_selectors.pool_get(name=pool))
+            pool_obj = policy_selectors.pool_get(name=pool)
         except NotFound as exc:
             return JsonResponse({"detail": exc.detail}, status=404)
         upload = request.FILES.get("file")
         if upload is None:
             return JsonResponse({"valid": False, "errors": {"file": ["is required: an .npy or .npz file"]},
                                  "editing": None, "content_hash": None}, status=400)
-        live_editing = (live.spec or {}).get("editing") or {}
-        result = parse_upload(
-            upload.name, upload.read(), rows=request.POST.get("rows", ""),
-            fingerprint={key: request.POST.get(key, "") for key in FINGERPRINT_KEYS},
+        result = checks.editing_upload_check(
+            pool=pool_obj, name=upload.name, data=upload.read(), rows=request.POST.get("rows", ""),
+            fingerprint={key: request.POST.get(key, "") for key in checks.FINGERPRINT_KEYS},
             scope=request.POST.get("scope", ""), provenance=request.POST.get("provenance", ""),
-            default_fingerprint=live_editing.get("fingerprint"),
         )
         return JsonResponse(result.to_dict(), status=200 if result.valid else 400)

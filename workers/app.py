@@ -3,7 +3,7 @@
 Both the worker (``workers.instance``) and the client (``workers.client``) build their app here
 from the same ``Settings``, so they agree on the broker, the result backend and its key prefix.
 Tasks are addressed by name (``RANK_TASK``, ``PRE_INFER_TASK``) on the per-instance queues that
-``relay_engine.wire.PoolKeys`` names; only the worker process registers their bodies.
+``relay_engine.core.wire.PoolKeys`` names; only the worker process registers their bodies.
 
 Reliability settings, each chosen on purpose:
 

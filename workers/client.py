@@ -8,7 +8,7 @@
 Both calls route the user with the affinity router over the pool's live members, so the pre-infer
 signal and the ranking request meet on one instance. ``rank`` never waits past the deadline (plus
 a small grace for the answer in flight): it returns a ``RankReply`` or raises ``RankDeadlineExceeded``
-(a ``relay_engine.engine.DeadlineExceeded``), ``RankError`` (with ``kind`` and ``field``), or
+(a ``relay_engine.core.engine.DeadlineExceeded``), ``RankError`` (with ``kind`` and ``field``), or
 ``RelayUnavailable`` (Redis cannot be reached; ``NoLiveInstances`` is one), never a transport error.
 The request also carries Celery ``expires`` at its deadline, so a request that sat in a queue past
 it is revoked there, not run.
@@ -32,8 +32,8 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from relay_engine.engine import DeadlineExceeded
-from relay_engine.router import AffinityRouter
+from relay_engine.core.engine import DeadlineExceeded
+from relay_engine.core.router import AffinityRouter
 from workers.app import PRE_INFER_TASK, RANK_TASK, make_app, redis_client
 from workers.membership import live_members
 from workers.payloads import DEADLINE_EXCEEDED, INTERNAL, PreInferPayload, RankPayload

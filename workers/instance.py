@@ -24,10 +24,10 @@ import redis
 import torch
 from celery import signals
 
-from relay_engine import devices
-from relay_engine.engine import RelayEngine, host_memory_bytes
-from relay_engine.traffic import SyntheticFeatures
-from relay_engine.wire import HEARTBEAT_TIMEOUT_S, InstanceStatus, instance_name
+from relay_engine.core import devices
+from relay_engine.core.engine import RelayEngine, host_memory_bytes
+from relay_engine.core.features import SyntheticFeatures
+from relay_engine.core.wire import HEARTBEAT_TIMEOUT_S, InstanceStatus, instance_name
 from workers.app import make_app, redis_client
 from workers.membership import IndexClaim, StatusBoard
 from workers.periodic import Periodic

@@ -1,8 +1,8 @@
 """Membership and status: the heartbeat that makes an instance routable, and the live set.
 
 An instance is a member of its pool while its score in ``PoolKeys.members`` (the unix time of its
-last heartbeat) is at most ``HEARTBEAT_TIMEOUT_S`` old: the router of every client and the control
-plane's pool status apply the same rule. A cleanly stopped instance leaves at once; a crashed one
+last heartbeat) is live by ``wire.is_live``: the router of every client and the control plane's pool
+status apply that one rule. A cleanly stopped instance leaves at once; a crashed one
 drops out when its heartbeat goes stale, and only its users move (rendezvous hashing).
 """
 
@@ -16,14 +16,13 @@ from typing import Any
 
 import redis
 
-from relay_engine.wire import HEARTBEAT_TIMEOUT_S, STATUS_TTL_S, InstanceStatus, PoolKeys
+from relay_engine.core.wire import HEARTBEAT_TIMEOUT_S, STATUS_TTL_S, InstanceStatus, PoolKeys, live_since
 
 
-def live_members(client: redis.Redis, keys: PoolKeys, *, now: float | None = None,
-                 timeout_s: float = HEARTBEAT_TIMEOUT_S) -> list[str]:
-    """Instances of the pool whose heartbeat is at most ``timeout_s`` old, sorted by name."""
+def live_members(client: redis.Redis, keys: PoolKeys, *, now: float | None = None) -> list[str]:
+    """Instances of the pool that are live by the wire's rule, sorted by name."""
     now = time.time() if now is None else now
-    return sorted(client.zrangebyscore(keys.members, now - timeout_s, "+inf"))
+    return sorted(client.zrangebyscore(keys.members, live_since(now), "+inf"))
 
 
 class StatusBoard:
@@ -80,23 +79,20 @@ class IndexClaim:
         self.client, self.keys, self.owner, self.ttl_s, self.max_index = client, keys, owner, ttl_s, max_index
         self.index: int | None = None
 
-    def _key(self, index: int) -> str:
-        return f"{self.keys.base}:claim:{index}"
-
     def claim(self) -> int:
         live = set(live_members(self.client, self.keys))
         for index in range(self.max_index):
             if f"{self.keys.pool}.{index}" in live:
                 continue
-            if self.client.set(self._key(index), self.owner, nx=True, ex=int(self.ttl_s)):
+            if self.client.set(self.keys.claim(index), self.owner, nx=True, ex=int(self.ttl_s)):
                 self.index = index
                 return index
         raise RuntimeError(f"pool {self.keys.pool!r} has no free instance index below {self.max_index}")
 
     def renew(self) -> None:
         if self.index is not None:
-            self.client.set(self._key(self.index), self.owner, ex=int(self.ttl_s))
+            self.client.set(self.keys.claim(self.index), self.owner, ex=int(self.ttl_s))
 
     def release(self) -> None:
-        if self.index is not None and self.client.get(self._key(self.index)) == self.owner:
-            self.client.delete(self._key(self.index))
+        if self.index is not None and self.client.get(self.keys.claim(self.index)) == self.owner:
+            self.client.delete(self.keys.claim(self.index))

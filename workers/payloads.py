@@ -12,19 +12,21 @@ Results are JSON objects: ``{"ok": true, ...}`` or ``{"ok": false, "error": KIND
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from relay_engine.engine import PreInferRequest, RankRequest
-from relay_engine.model import History
-from relay_engine.traffic import MAX_CANDIDATES, MAX_TRACE_SEQ_LEN, SyntheticFeatures
+from relay_engine.core import fields
+from relay_engine.core.engine import PreInferRequest, RankRequest
+from relay_engine.core.features import SyntheticFeatures
+from relay_engine.core.model import History
+from relay_engine.core.trace import MAX_CANDIDATES, MAX_TRACE_SEQ_LEN
 
 MAX_USER_ID_LEN = 256
 MAX_QUERY_INDEX = 2**62
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_UNIX_S = 1e11  # year ~5138: any real deadline is far below
 
 INVALID_INPUT = "invalid_input"
 DEADLINE_EXCEEDED = "deadline_exceeded"
@@ -80,39 +82,30 @@ class _Fields:
     def integer(self, key: str, lo: int, hi: int, default: int | None = None) -> int | None:
         if not self.has(key):
             return default
-        value = self.data[key]
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            self.errors[key] = f"must be an integer in [{lo}, {hi}], got {value!r}"
+        try:
+            return fields.integer(self.data[key], lo, hi)
+        except fields.FieldValueError as exc:
+            self.errors[key] = str(exc)
             return default
-        return value
 
     def number(self, key: str) -> float | None:
+        """A finite number (unix seconds); a value beyond float's range is an error, not an overflow."""
         if not self.has(key):
             return None
-        value = self.data[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            self.errors[key] = f"must be a finite number (unix seconds), got {value!r}"
+        try:
+            return fields.number(self.data[key], -MAX_UNIX_S, MAX_UNIX_S)
+        except fields.FieldValueError as exc:
+            self.errors[key] = f"{exc} (unix seconds)"
             return None
-        return float(value)
 
     def int_list(self, key: str, max_len: int) -> list[int] | None:
         if not self.has(key):
             return None
-        value = self.data[key]
-        if not isinstance(value, list):
-            self.errors[key] = f"must be a list of integers, got {type(value).__name__}"
+        try:
+            return fields.int_list(self.data[key], max_len, INT64_MIN, INT64_MAX)
+        except fields.FieldValueError as exc:
+            self.errors[key] = str(exc)
             return None
-        if len(value) > max_len:
-            self.errors[key] = f"has {len(value)} entries; at most {max_len}"
-            return None
-        bad = [i for i, v in enumerate(value)
-               if isinstance(v, bool) or not isinstance(v, int) or not INT64_MIN <= v <= INT64_MAX]
-        if bad:
-            self.errors[key] = f"must hold 64-bit integers only; bad entries at indices {bad[:10]}"
-            return None
-        return value
 
     def tokens(self, name: str, length_key: str, *, min_len: int) -> tuple[int | None, dict[str, list[int]] | None]:
         """A run of tokens given by length (``length_key``) or explicitly (``{name}_items`` …)."""

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 import torch
 
-from relay_engine import devices
+from relay_engine.core import devices
 from workers.membership import live_members
 from workers.settings import MODELS, Settings
 

@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from relay_engine.engine import PreInferRequest, PreInferResult, RelayEngine
+from relay_engine.core.engine import PreInferRequest, PreInferResult, RelayEngine
 
 log = logging.getLogger(__name__)
 

@@ -16,15 +16,14 @@ import threading
 
 import redis
 
-from relay_engine.config import PolicyError, parse_policy
-from relay_engine.engine import PolicyApplyError, RelayEngine
-from relay_engine.wire import DesiredRevision, InstanceStatus, PoolKeys
+from relay_engine.core.config import PolicyError, parse_policy
+from relay_engine.core.engine import PolicyApplyError, RelayEngine
+from relay_engine.core.wire import ACK, NACK, DesiredRevision, InstanceStatus, PoolKeys, WireError
 from workers.membership import StatusBoard
 from workers.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
-ACK, NACK = "ACK", "NACK"
 RECONCILE_PERIOD_S = 1.0
 
 
@@ -49,7 +48,7 @@ class Reconciler:
                 return current
             try:
                 desired = DesiredRevision.from_json(raw)
-            except (ValueError, KeyError, TypeError) as exc:
+            except WireError as exc:
                 return self._refuse(current, 0, f"desired revision in Redis is malformed: {exc}")
             if desired.generation == current.applied_generation and desired.sha256 == current.applied_sha256:
                 return current

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from relay_engine.traffic import TraceError, TraceQuery, read_trace
+from relay_engine.core.trace import TraceError, TraceQuery, read_trace
 from workers.client import NoLiveInstances, RankDeadlineExceeded, RelayClient, RelayError
 from workers.settings import Settings
 
@@ -151,7 +151,7 @@ class Replayer:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.replay", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", required=True, help="trace file (JSON Lines, see relay_engine.traffic)")
+    parser.add_argument("--trace", required=True, help="trace file (JSON Lines, see relay_engine.core.trace)")
     parser.add_argument("--speed", type=float, default=1.0, help="time compression: 2 plays twice as fast")
     parser.add_argument("--deadline-ms", type=float, default=100.0, help="ranking deadline after sending")
     parser.add_argument("--threads", type=int, default=32)

@@ -3,7 +3,7 @@
 | variable | default | meaning |
 | --- | --- | --- |
 | ``REDIS_URL`` | ``redis://127.0.0.1:6379/0`` | Celery broker, result backend and the wire keys |
-| ``RELAYGR_KEY_PREFIX`` | ``relaygr`` | prefix of every key and queue (``relay_engine.wire``) |
+| ``RELAYGR_KEY_PREFIX`` | ``relaygr`` | prefix of every key and queue (``relay_engine.core.wire``) |
 | ``RELAYGR_POOL`` | ``default`` | pool name |
 | ``RELAYGR_POOL_SIZE`` | ``1`` | instances in the pool (``python -m workers.pool``) |
 | ``RELAYGR_DEVICE`` | ``auto`` | ``auto``, ``cpu``, ``cuda[:N]``, ``npu[:N]`` |
@@ -18,13 +18,12 @@ liveness with the same constant, and the two sides must agree on who is alive.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from relay_engine import wire
-from relay_engine.model import ModelConfig
+from relay_engine.core import fields, wire
+from relay_engine.core.model import ModelConfig
 
 MODELS: dict[str, ModelConfig] = {
     "default": ModelConfig(),
@@ -114,12 +113,9 @@ def _int(env: Mapping[str, str], name: str, default: int | None, lo: int, hi: in
     if not raw:
         return default
     try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(name, f"must be an integer in [{lo}, {hi}], got {raw!r}") from None
-    if not lo <= value <= hi:
-        raise SettingsError(name, f"must be in [{lo}, {hi}], got {value}")
-    return value
+        return int(fields.number_text(raw, lo, hi, as_int=True))
+    except fields.FieldValueError as exc:
+        raise SettingsError(name, str(exc)) from None
 
 
 def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
@@ -127,9 +123,6 @@ def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: flo
     if not raw:
         return default
     try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(name, f"must be a number in [{lo}, {hi}], got {raw!r}") from None
-    if not (math.isfinite(value) and lo <= value <= hi):
-        raise SettingsError(name, f"must be in [{lo}, {hi}], got {raw}")
-    return value
+        return float(fields.number_text(raw, lo, hi))
+    except fields.FieldValueError as exc:
+        raise SettingsError(name, str(exc)) from None

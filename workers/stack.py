@@ -36,8 +36,8 @@ from pathlib import Path
 
 import redis
 
-from relay_engine import wire
-from relay_engine.traffic import TraceError, TraceSpec, generate_trace, read_trace, write_trace
+from relay_engine.core import wire
+from relay_engine.core.trace import TraceError, read_trace
 from workers.embedded_redis import EmbeddedRedis
 from workers.membership import live_members
 from workers.settings import MODELS
@@ -133,8 +133,13 @@ def prepare_trace(args: argparse.Namespace) -> Path:
         return args.trace
     path = args.data_dir / f"trace-{args.rate:g}qps.jsonl"
     if not path.exists():
-        # An hour of traffic; the replayer loops over it.
-        write_trace(path, generate_trace(TraceSpec(queries=int(args.rate * 3600), qps=args.rate, seed=1)))
+        # An hour of traffic, which the replayer loops over, from the lab's generator (a command, so the
+        # worker package never imports the lab).
+        done = subprocess.run([sys.executable, "-m", "relay_engine.traffic", "generate", "--out", str(path),
+                               "--queries", str(int(args.rate * 3600)), "--qps", repr(args.rate), "--seed", "1"],
+                              cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise RuntimeError(f"generating the trace failed:\n{done.stderr.strip()}")
     return path
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from celery import Celery, signals
 
-from relay_engine.engine import DeadlineExceeded, EngineInputError, RelayEngine
-from relay_engine.traffic import SyntheticFeatures
+from relay_engine.core.engine import DeadlineExceeded, EngineInputError, RelayEngine
+from relay_engine.core.features import SyntheticFeatures
 from workers.app import PRE_INFER_TASK, RANK_TASK
 from workers.payloads import (
     DEADLINE_EXCEEDED,

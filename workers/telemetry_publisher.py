@@ -15,15 +15,15 @@ from collections import Counter
 
 import redis
 
-from relay_engine.engine import RelayEngine
-from relay_engine.telemetry import COUNTERS, REFUSAL_REASONS, Snapshot
-from relay_engine.wire import TELEMETRY_TIERS, PoolKeys
+from relay_engine.core.engine import RelayEngine
+from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, Snapshot
+from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
 from workers.membership import StatusBoard
 
 
 class WorkerCounts:
     """Counts the worker makes around the engine (requests that never reached it), by the shared
-    names of ``relay_engine.telemetry`` so readers merge them with the engine's own."""
+    names of ``relay_engine.core.telemetry`` so readers merge them with the engine's own."""
 
     def __init__(self) -> None:
         self._counters: Counter[str] = Counter()

@@ -1,4 +1,4 @@
-"""The control plane's Redis connection; key names come from relay_engine.wire."""
+"""The control plane's Redis connection; key names come from relay_engine.core.wire."""
 
 from __future__ import annotations
 

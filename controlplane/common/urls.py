@@ -1,7 +1,7 @@
 """Path converters that bound what reaches the database: names by the wire contract, generations
 of at most nine digits (a larger number is a 404, never an integer overflow)."""
 
-from relay_engine.wire import NAME_RE
+from relay_engine.core.wire import NAME_RE
 
 POOL_NAME_PATTERN = NAME_RE.pattern.strip("^$")
 GENERATION_PATTERN = "[0-9]{1,9}"

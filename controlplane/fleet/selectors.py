@@ -1,13 +1,12 @@
 """Pool status from what the workers write to Redis, judged against the database's desired generation.
 
-An instance is live while its heartbeat (its score in the pool's ``members`` sorted set) is at most
-``HEARTBEAT_TIMEOUT_S`` old. The pool has converged when it has at least one live instance and every
+An instance is live by the wire's rule (``is_live``: its heartbeat, the score in the pool's ``members``
+sorted set, is recent enough). The pool has converged when it has at least one live instance and every
 live instance reports ACK for exactly the desired generation.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -15,28 +14,35 @@ import redis
 
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies.models import Pool
-from relay_engine.wire import HEARTBEAT_TIMEOUT_S, InstanceStatus, PoolKeys
+from relay_engine.core.wire import ACK, UNKNOWN, InstanceStatus, PoolKeys, WireError, is_live
 
 
 @dataclass(frozen=True)
 class InstanceView:
-    instance: str
+    """An instance as the control plane judges it: the worker's own status record (``wire``), plus
+    liveness by the shared rule and whether it runs the desired generation. ``problem`` says why the
+    record could not be read, when it could not (the rest of the pool still shows)."""
+
+    status: InstanceStatus
     live: bool
     heartbeat_age_s: float | None
-    device: str = ""
-    pid: int = 0
-    applied_generation: int = 0
-    applied_sha256: str = ""
-    config_state: str = "UNKNOWN"  # ACK / NACK / PENDING from the worker; UNKNOWN: no status yet
-    nacked_generation: int = 0
-    error: str = ""
     up_to_date: bool = False
-    hbm_bytes: int = 0
-    hbm_budget_bytes: int = 0
-    dram_bytes: int = 0
-    dram_budget_bytes: int = 0
-    device_memory_bytes: int = 0
-    started_at: float | None = None
+    problem: str = ""
+
+    @property
+    def instance(self) -> str:
+        return self.status.instance
+
+    def to_dict(self) -> dict:
+        out = asdict(self.status)
+        for internal in ("pool", "heartbeat_ts"):
+            out.pop(internal)
+        if self.status.config_state == UNKNOWN:
+            out["started_at"] = None
+        if self.problem:
+            out["error"] = self.problem
+        out.update(live=self.live, heartbeat_age_s=self.heartbeat_age_s, up_to_date=self.up_to_date)
+        return out
 
 
 @dataclass(frozen=True)
@@ -51,31 +57,24 @@ class PoolStatus:
     checked_at: float = 0.0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["instances"] = [view.to_dict() for view in self.instances]
+        return out
 
 
-def _instance_view(name: str, heartbeat_ts: float, raw: str | None, desired: int, now: float) -> InstanceView:
-    age = max(0.0, now - heartbeat_ts)
-    live = age <= HEARTBEAT_TIMEOUT_S
+def _instance_view(pool: str, name: str, heartbeat_ts: float, raw: str | None, desired: int,
+                   now: float) -> InstanceView:
+    age = round(max(0.0, now - heartbeat_ts), 3)
+    live = is_live(heartbeat_ts, now)
     if raw is None:
-        return InstanceView(instance=name, live=live, heartbeat_age_s=round(age, 3))
+        return InstanceView(InstanceStatus.unknown(name, pool), live, age)
     try:
         status = InstanceStatus.from_json(raw)
-        view = InstanceView(
-            instance=name, live=live, heartbeat_age_s=round(age, 3), device=str(status.device),
-            pid=int(status.pid), applied_generation=int(status.applied_generation),
-            applied_sha256=str(status.applied_sha256), config_state=str(status.config_state),
-            nacked_generation=int(status.nacked_generation), error=str(status.error),
-            hbm_bytes=int(status.hbm_bytes), hbm_budget_bytes=int(status.hbm_budget_bytes),
-            dram_bytes=int(status.dram_bytes), dram_budget_bytes=int(status.dram_budget_bytes),
-            device_memory_bytes=int(status.device_memory_bytes), started_at=float(status.started_at),
-        )
-    except (ValueError, TypeError, AttributeError):
-        # A worker wrote something off-contract: show the instance, say so, never fail the page.
-        return InstanceView(instance=name, live=live, heartbeat_age_s=round(age, 3),
-                            error="status in Redis is not valid InstanceStatus JSON")
-    up_to_date = view.config_state == "ACK" and view.applied_generation == desired
-    return dataclasses.replace(view, up_to_date=up_to_date)
+    except WireError as exc:
+        # A worker wrote something off-contract: show the instance, say what, never fail the page.
+        return InstanceView(InstanceStatus.unknown(name, pool), live, age, problem=f"unreadable status in Redis: {exc}")
+    up_to_date = status.config_state == ACK and status.applied_generation == desired
+    return InstanceView(status, live, age, up_to_date)
 
 
 def pool_status(*, pool: Pool, now: float | None = None) -> PoolStatus:
@@ -88,7 +87,7 @@ def pool_status(*, pool: Pool, now: float | None = None) -> PoolStatus:
     except redis.RedisError as exc:
         raise redis_unreachable(exc) from exc
     instances = [
-        _instance_view(name, float(score), raw, pool.desired_generation, now)
+        _instance_view(pool.name, name, float(score), raw, pool.desired_generation, now)
         for (name, score), raw in zip(members, raws, strict=True)
     ]
     instances.sort(key=lambda view: view.instance)

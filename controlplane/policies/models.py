@@ -9,7 +9,8 @@ from __future__ import annotations
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from relay_engine.wire import NAME_RE
+from relay_engine.core.config import SloTarget, slo_of
+from relay_engine.core.wire import NAME_RE
 
 DEVICE_KINDS = ("auto", "cpu", "cuda", "npu")
 MAX_EXPECTED_INSTANCES = 1024
@@ -39,6 +40,11 @@ class Pool(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def slo(self) -> SloTarget:
+        """The desired revision's SLO; needs the ``desired_spec`` annotation of ``selectors.pool_list``."""
+        return slo_of(getattr(self, "desired_spec", None))
 
 
 class ConfigRevision(models.Model):

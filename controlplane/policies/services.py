@@ -20,8 +20,8 @@ from django.utils import timezone
 from controlplane.common.context import current_request_id
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.redis import get_redis, redis_unreachable
-from relay_engine.config import default_policy, validate_policy
-from relay_engine.wire import DesiredRevision, PoolKeys, pools_key
+from relay_engine.core.config import default_policy, validate_policy
+from relay_engine.core.wire import DesiredRevision, PoolKeys, pools_key
 
 from . import selectors
 from .models import AuditEntry, ConfigRevision, Pool

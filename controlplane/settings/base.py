@@ -98,7 +98,7 @@ RELAYGR_MAX_BODY_BYTES = int(os.environ.get("RELAYGR_MAX_BODY_BYTES", 2 * 1024 *
 DATA_UPLOAD_MAX_MEMORY_SIZE = RELAYGR_MAX_BODY_BYTES
 
 # Redis, where the control plane meets the workers. None: endpoints that need it answer 503
-# naming the setting. The key prefix comes from RELAYGR_KEY_PREFIX via relay_engine.wire.
+# naming the setting. The key prefix comes from RELAYGR_KEY_PREFIX via relay_engine.core.wire.
 REDIS_URL = os.environ.get("REDIS_URL") or None
 
 # Writes (POST/PUT/PATCH/DELETE) per authenticated user.

@@ -22,6 +22,8 @@ import tempfile
 import time
 import uuid
 
+import numpy as np
+
 
 def _setup_django(db_path: str, redis_url: str, prefix: str) -> None:
     os.environ["DATABASE_URL"] = f"sqlite:///{db_path}"
@@ -37,7 +39,7 @@ def _setup_django(db_path: str, redis_url: str, prefix: str) -> None:
 
 
 def _snapshot_json(instance: str, ts: float, started_at: float, elapsed_s: float, rng: random.Random) -> str:
-    from relay_engine.telemetry import COUNTERS, N_BUCKETS, REFUSAL_REASONS
+    from relay_engine.core.telemetry import COUNTERS, N_BUCKETS, REFUSAL_REASONS
 
     rate = 200 + 20 * (hash(instance) % 5)
     requests = int(rate * elapsed_s)
@@ -58,7 +60,7 @@ def _snapshot_json(instance: str, ts: float, started_at: float, elapsed_s: float
 
 
 def _fill(client, pool: str, instances: int, now: float, rng: random.Random) -> int:
-    from relay_engine.wire import TELEMETRY_TIERS, PoolKeys, instance_name
+    from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys, instance_name
 
     keys = PoolKeys(pool)
     started_at = now - 25 * 3600
@@ -79,7 +81,7 @@ def _fill(client, pool: str, instances: int, now: float, rng: random.Random) -> 
 
 
 def _append_live(client, pool: str, tier: str, instances: int, ts: float, rng: random.Random) -> None:
-    from relay_engine.wire import PoolKeys, instance_name
+    from relay_engine.core.wire import PoolKeys, instance_name
 
     keys = PoolKeys(pool)
     pipe = client.pipeline(transaction=False)
@@ -88,11 +90,6 @@ def _append_live(client, pool: str, tier: str, instances: int, ts: float, rng: r
         name = instance_name(pool, index)
         pipe.xadd(keys.telemetry(tier, name), {"d": _snapshot_json(name, ts, started_at, ts - started_at, rng)})
     pipe.execute()
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                 timings.append((time.perf_counter() - t0) * 1000)
                 cpu.append((time.process_time() - c0) * 1000)
                 assert response.status_code == 200
-            p95 = _percentile(timings, 0.95)
+            p95 = float(np.percentile(timings, 95))
             worst_p95 = max(worst_p95, p95)
             print(f"{window:>6} {tier:>4} {cold_ms:8.1f} {statistics.median(timings):7.1f} {p95:7.1f} "
-                  f"{max(timings):7.1f} {statistics.median(cpu):8.1f} {_percentile(cpu, 0.95):8.1f} "
+                  f"{max(timings):7.1f} {statistics.median(cpu):8.1f} {float(np.percentile(cpu, 95)):8.1f} "
                   f"{len(response.content):8d}")
     finally:
         if embedded is None:

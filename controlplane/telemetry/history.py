@@ -10,7 +10,6 @@ without one is treated as reset (its new value is the difference), as Prometheus
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,8 +19,8 @@ import redis
 from django.conf import settings
 
 from controlplane.common.redis import get_redis, redis_unreachable
-from relay_engine.telemetry import COUNTERS, N_BUCKETS, REFUSAL_REASONS
-from relay_engine.wire import TELEMETRY_TIERS, PoolKeys
+from relay_engine.core.telemetry import COUNTERS, N_BUCKETS, REFUSAL_REASONS, Snapshot
+from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
 
 # Column layout of a difference row: counters, refusals by reason, latency buckets, latency sum.
 COUNTER_COLUMN = {name: i for i, name in enumerate(COUNTERS)}
@@ -41,22 +40,15 @@ MAX_ENTRIES_PER_READ = 5000
 
 
 def decode_snapshot(raw: str) -> tuple[float, float, list[float], list[float]]:
-    """(ts, started_at, cumulative row, gauge row) of a ``Snapshot.to_dict()`` JSON."""
-    data = json.loads(raw)
-    counters = data.get("counters") or {}
-    refusals = data.get("refusals") or {}
-    latency = data.get("rank_latency") or {}
-    buckets = [0.0] * N_BUCKETS
-    for index, count in (latency.get("buckets") or {}).items():
-        i = int(index)
-        if 0 <= i < N_BUCKETS:
-            buckets[i] = float(count)
-    row = [float(counters.get(name, 0)) for name in COUNTERS]
-    row += [float(refusals.get(reason, 0)) for reason in REFUSAL_REASONS]
-    row += buckets
-    row.append(float(latency.get("sum_ms", 0.0)))
-    gauges = [float(data.get(name) or 0) for name in GAUGES]
-    return float(data["ts"]), float(data.get("started_at", 0.0)), row, gauges
+    """(ts, started_at, cumulative row, gauge row) of a stream entry, by the one decoder
+    (``Snapshot.from_json``); ValueError when the entry breaks the contract."""
+    snap = Snapshot.from_json(raw)
+    row = [float(snap.counters.get(name, 0)) for name in COUNTERS]
+    row += [float(snap.refusals.get(reason, 0)) for reason in REFUSAL_REASONS]
+    row += [float(c) for c in snap.rank_latency.counts]
+    row.append(snap.rank_latency.sum_ms)
+    gauges = [float(getattr(snap, name)) for name in GAUGES]
+    return snap.ts, snap.started_at, row, gauges
 
 
 @dataclass
@@ -81,7 +73,7 @@ class InstanceHistory:
             self.last_id = entry_id
             try:
                 sample = decode_snapshot(fields["d"])
-            except (ValueError, TypeError, KeyError, AttributeError):
+            except (ValueError, KeyError):
                 continue  # an off-contract entry costs one sample, never the chart
             ts.append(sample[0])
             started.append(sample[1])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from relay_engine.telemetry import LATENCY_BUCKETS_MS, N_BUCKETS
+from relay_engine.core.telemetry import LATENCY_BUCKETS_MS, N_BUCKETS
 
 from .history import BUCKET_OFFSET, GAUGES, InstanceHistory
 
@@ -17,7 +17,7 @@ _LOWER = np.concatenate([[0.0], np.array(LATENCY_BUCKETS_MS)])
 
 
 def quantiles(counts: np.ndarray, qs: tuple[float, ...]) -> list[np.ndarray]:
-    """``relay_engine.telemetry.quantile_from_counts`` over the last axis of counts [..., N_BUCKETS],
+    """``relay_engine.core.telemetry.quantile_from_counts`` over the last axis of counts [..., N_BUCKETS],
     for each q; NaN where there are no counts."""
     shape = counts.shape[:-1]
     counts = counts.reshape(-1, counts.shape[-1])

@@ -8,7 +8,6 @@ as it expects; aggregate across instances in PromQL with ``sum by (le)`` before
 
 from __future__ import annotations
 
-import json
 import math
 import time
 
@@ -26,8 +25,8 @@ from controlplane.common.errors import Unavailable
 from controlplane.common.redis import get_redis
 from controlplane.fleet.selectors import pool_status
 from controlplane.policies.selectors import pool_list
-from relay_engine.telemetry import COUNTERS, LATENCY_BUCKETS_MS, REFUSAL_REASONS, Snapshot
-from relay_engine.wire import PoolKeys
+from relay_engine.core.telemetry import COUNTERS, LATENCY_BUCKETS_MS, REFUSAL_REASONS, Snapshot
+from relay_engine.core.wire import ACK, PoolKeys
 
 from .history import history_cache
 
@@ -47,8 +46,8 @@ def _latest_snapshots(pool: str) -> list[Snapshot]:
         if not entries:
             continue
         try:
-            snapshots.append(Snapshot.from_dict(json.loads(entries[0][1]["d"])))
-        except (ValueError, TypeError, KeyError, AttributeError):
+            snapshots.append(Snapshot.from_json(entries[0][1]["d"]))
+        except (ValueError, KeyError):
             continue
     return snapshots
 
@@ -111,10 +110,10 @@ class FleetCollector:
                 up.add_metric(labels, int(view.live))
                 if view.heartbeat_age_s is not None:
                     heartbeat.add_metric(labels, view.heartbeat_age_s)
-                applied.add_metric(labels, view.applied_generation)
-                acked.add_metric(labels, int(view.config_state == "ACK"))
+                applied.add_metric(labels, view.status.applied_generation)
+                acked.add_metric(labels, int(view.status.config_state == ACK))
                 for name, family in memory.items():
-                    family.add_metric(labels, getattr(view, name))
+                    family.add_metric(labels, getattr(view.status, name))
             for snap in snapshots:
                 labels = [pool.name, snap.instance]
                 started.add_metric(labels, snap.started_at)

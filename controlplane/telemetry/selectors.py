@@ -10,8 +10,9 @@ import numpy as np
 
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import Pool
-from relay_engine.telemetry import REFUSAL_REASONS
-from relay_engine.wire import TELEMETRY_TIERS
+from relay_engine.core.config import slo_of
+from relay_engine.core.telemetry import REFUSAL_REASONS
+from relay_engine.core.wire import TELEMETRY_TIERS
 
 from .history import COUNTER_COLUMN, GAUGE_COLUMN, N_COLUMNS, REFUSAL_COLUMN, SUM_COLUMN, history_cache
 from .merge import bucketed, latency_counts, quantiles
@@ -170,8 +171,8 @@ def pool_metrics(*, pool: Pool, window: str, now: float | None = None) -> dict:
         "step_s": step_s,
         "start": start,
         "end": start + n_points * step_s,
-        "slo_ms": spec.get("trigger", {}).get("ranking_p99_slo_ms"),
-        "slo_target_ratio": spec.get("slo", {}).get("target_ratio"),
+        "slo_ms": slo_of(spec).p99_ms,
+        "slo_target_ratio": slo_of(spec).target_ratio,
         "timestamps": [start + i * step_s for i in range(n_points)],
         "fleet": {**_nest_refusals(_json_rows(_figures(pool_sums, step_s))),
                   **_json_rows({"hbm_bytes": pool_hbm}, as_int=True), "totals": _totals(pool_sums)},

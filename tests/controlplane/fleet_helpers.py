@@ -3,7 +3,7 @@
 It reads the desired revision from Redis, validates it with the engine's own ``parse_policy``,
 and reports ACK (or NACK with the error, keeping the last good generation) as ``InstanceStatus``,
 with a heartbeat in the pool's members set; it also appends telemetry snapshots. Everything goes
-through ``relay_engine.wire`` key names, exactly as the real workers do.
+through ``relay_engine.core.wire`` key names, exactly as the real workers do.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import time
 
 import redis
 
-from relay_engine.config import PolicyError, parse_policy
-from relay_engine.telemetry import LatencyHistogram, Snapshot
-from relay_engine.wire import DesiredRevision, InstanceStatus, PoolKeys, instance_name
+from relay_engine.core.config import PolicyError, parse_policy
+from relay_engine.core.telemetry import LatencyHistogram, Snapshot
+from relay_engine.core.wire import DesiredRevision, InstanceStatus, PoolKeys, instance_name
 
 
 class FakeWorker:

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from controlplane.accounts.models import ApiToken
 from controlplane.policies.models import AuditEntry
-from relay_engine.wire import DesiredRevision, PoolKeys
+from relay_engine.core.wire import DesiredRevision, PoolKeys
 from tests.controlplane.fixtures import PROD_ENV
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import pytest
 
 from controlplane.policies import services
 from controlplane.policies.models import AuditEntry, ConfigRevision, Pool
-from relay_engine.config import parse_policy
-from relay_engine.wire import HEARTBEAT_TIMEOUT_S, DesiredRevision, PoolKeys, pools_key
+from relay_engine.core.config import parse_policy
+from relay_engine.core.wire import HEARTBEAT_TIMEOUT_S, DesiredRevision, PoolKeys, pools_key
 
 POOL = "ranking-a"
 BASE = f"/api/v1/pools/{POOL}"
@@ -193,4 +193,5 @@ def test_off_contract_status_is_shown_not_fatal(viewer, pool, redis_client, key_
     redis_client.set(keys.status(f"{POOL}.0"), garbage)
     response = viewer.get(f"{BASE}/status/")
     assert response.status_code == 200
-    assert "not valid" in response.json()["instances"][0]["error"]
+    instance = response.json()["instances"][0]
+    assert "unreadable status" in instance["error"] and instance["config_state"] == "UNKNOWN"

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from controlplane.policies.models import AuditEntry, ConfigRevision, Pool
-from relay_engine.config import default_policy
+from relay_engine.core.config import default_policy
 
 POOL = "ranking-a"
 REVISIONS = f"/api/v1/pools/{POOL}/revisions/"
@@ -96,12 +96,12 @@ BAD_BODIES = [
     ({"parent_generation": 1, "spec": {"trigger": {"at_risk_seqlen": 5}}}, "spec.trigger.at_risk_seqlen",
      "unknown field"),
     ({"parent_generation": 1, "spec": {"cache": {"hbm_budget_mb": -1}}}, "spec.cache.hbm_budget_mb",
-     "must be in [0.0, "),
+     "must be in [0, "),
     ({"parent_generation": 1, "spec": {"cache": {"entry_ttl_ms": "soon"}}}, "spec.cache.entry_ttl_ms",
      "must be an integer in [1, "),
     ({"parent_generation": 1, "spec": {"trigger": {"ranking_p99_slo_ms": 0}}}, "spec.trigger.ranking_p99_slo_ms",
-     "(0.0, 60000.0]"),
-    ({"parent_generation": 1, "spec": {"slo": {"target_ratio": 1.5}}}, "spec.slo.target_ratio", "(0.0, 1.0]"),
+     "(0, 60000]"),
+    ({"parent_generation": 1, "spec": {"slo": {"target_ratio": 1.5}}}, "spec.slo.target_ratio", "(0, 1]"),
     ({"parent_generation": 1, "spec": {"editing": {**EDITING, "edits": [
         {"layer": 2, "head": 0, "direction": [1, 0, 0], "alpha": 1}]}}}, "spec.editing.edits[0].layer",
      "must be in [0, 1]"),

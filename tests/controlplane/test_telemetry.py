@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane.telemetry.history import BUCKET_OFFSET, COUNTER_COLUMN, InstanceHistory
 from controlplane.telemetry.merge import quantiles
 from controlplane.telemetry.selectors import window_grid
-from relay_engine.telemetry import N_BUCKETS, LatencyHistogram, quantile_from_counts
+from relay_engine.core.telemetry import N_BUCKETS, LatencyHistogram, quantile_from_counts
 
 from .fleet_helpers import snapshot
 

@@ -20,7 +20,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from relay_engine.wire import instance_name
+from relay_engine.core.wire import instance_name
 from workers.app import redis_client
 from workers.client import RelayClient, RelayError
 from workers.embedded_redis import free_port

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relay_engine.traffic import TraceSpec, generate_trace
+from relay_engine.lab.traffic import TraceSpec, generate_trace
 from tests.frontend.stack import POOL, REPO, Stack
 from tests.workers.fleet import wait_for
 from workers.client import RankDeadlineExceeded, RankError, RelayClient, RelayUnavailable

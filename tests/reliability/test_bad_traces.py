@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay_engine import traffic
+from relay_engine.lab import traffic
 from tests.reliability.figures import FIGURES
 from workers import replay
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import redis
 
-from relay_engine.config import parse_policy
-from relay_engine.wire import DesiredRevision, InstanceStatus, instance_name
+from relay_engine.core.config import parse_policy
+from relay_engine.core.wire import DesiredRevision, InstanceStatus, instance_name
 from workers.app import redis_client
 from workers.client import RelayClient
 from workers.pool import spawn_instance, wait_until_live
@@ -111,6 +111,12 @@ class Fleet:
 
     def statuses(self) -> dict[str, InstanceStatus]:
         return {name: self.status(name) for name in self.names if self.procs[name].poll() is None}
+
+    def running_statuses(self) -> list[InstanceStatus]:
+        """Statuses of the running instances; fails when none runs, so an ``all()`` over it can fail."""
+        statuses = list(self.statuses().values())
+        assert statuses, f"no instance of {self.names} is running"
+        return statuses
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         return "\n".join((self.logdir / f"{name}.log").read_text().splitlines()[-lines:])

@@ -3,7 +3,7 @@ instance, invalidating the prefixes cached under the previous edit, and scoring 
 with the same edit.
 
 The revision goes the way the control plane sends it (``DesiredRevision`` JSON at the pool's desired key
-plus a poke, ``relay_engine.wire``); the tokens are the worker's own ``SyntheticFeatures`` of the
+plus a poke, ``relay_engine.core.wire``); the tokens are the worker's own ``SyntheticFeatures`` of the
 request, so the local reference sees the same prefix, short-term tokens and candidates.
 """
 
@@ -14,10 +14,11 @@ import time
 import pytest
 import torch
 
-from relay_engine import editing
-from relay_engine.config import parse_policy
-from relay_engine.model import HSTUModel
-from relay_engine.traffic import SyntheticFeatures
+from relay_engine.core.config import parse_policy
+from relay_engine.core.editing_io import editing_json
+from relay_engine.core.features import SyntheticFeatures
+from relay_engine.core.model import HSTUModel
+from relay_engine.lab.editing.directions import build_editing
 from tests.workers.fleet import wait_for
 from workers.settings import MODELS
 
@@ -33,8 +34,8 @@ def edit_spec(alpha: float, scope: str, seed: int) -> dict:
     fp = MODELS["small"].fingerprint()
     g = torch.Generator().manual_seed(seed)
     dirs = {(0, 1): torch.randn(fp.head_dim, generator=g), (1, 0): torch.randn(fp.head_dim, generator=g)}
-    cfg = editing.build_editing(fp, dirs, alpha, scope=scope, provenance={"dataset_hash": f"test-{seed}"})
-    return {"trigger": {"at_risk_seq_len": 1}, "editing": editing.editing_json(cfg)["editing"]}
+    cfg = build_editing(fp, dirs, alpha, scope=scope, provenance={"dataset_hash": f"test-{seed}"})
+    return {"trigger": {"at_risk_seq_len": 1}, "editing": editing_json(cfg)["editing"]}
 
 
 def acked(fleet, generation: int) -> bool:
@@ -61,11 +62,11 @@ def local_scores(spec: dict, user: str, query_index: int) -> torch.Tensor:
     """The reference: the small model with the same edit, recomputing everything (``rank_full``)."""
     config = MODELS["small"]
     model = HSTUModel(config)
-    editing.apply_edit(model, parse_policy(spec).editing)
     features = SyntheticFeatures(config)
     return model.rank_full(features.prefix(user, REQUEST["seq_len"]),
                            features.short_term(user, query_index, REQUEST["short_len"]),
-                           features.candidates(query_index, REQUEST["n_candidates"]))
+                           features.candidates(query_index, REQUEST["n_candidates"]),
+                           edit=model.edit_from(parse_policy(spec).editing))
 
 
 def assert_close(served: list[float], reference: torch.Tensor) -> None:
@@ -93,7 +94,7 @@ def test_a_published_edit_is_acked_invalidates_old_prefixes_and_scores_like_the_
         new = fleet.publish(new_spec)
         wait_for(lambda: acked(fleet, new), CONVERGE_S, what=f"ACK of generation {new} (second edit)")
         sha = parse_policy(new_spec).sha256()
-        assert all(s.applied_sha256 == sha and s.error == "" for s in fleet.statuses().values())
+        assert all(s.applied_sha256 == sha and s.error == "" for s in fleet.running_statuses())
 
         served_by = set()
         for user in users:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from relay_engine.wire import HEARTBEAT_TIMEOUT_S
+from relay_engine.core.wire import HEARTBEAT_TIMEOUT_S
 from tests.workers.fleet import Fleet, wait_for
 from workers.client import RankDeadlineExceeded
 

@@ -6,7 +6,7 @@ import time
 
 import redis
 
-from relay_engine.wire import PoolKeys
+from relay_engine.core.wire import PoolKeys
 from workers.membership import IndexClaim
 
 

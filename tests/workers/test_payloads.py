@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relay_engine.traffic import SyntheticFeatures
+from relay_engine.core.features import SyntheticFeatures
 from workers.payloads import PayloadError, PreInferPayload, RankPayload
 from workers.settings import MODELS
 

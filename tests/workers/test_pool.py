@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from relay_engine.telemetry import Snapshot
+from relay_engine.core.telemetry import Snapshot
 from tests.workers.fleet import wait_for
 from workers.app import PRE_INFER_TASK, RANK_TASK
 from workers.client import PendingRank, RankDeadlineExceeded, RankError

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from relay_engine.traffic import TraceSpec, generate_trace, write_trace
+from relay_engine.core.trace import write_trace
+from relay_engine.lab.traffic import TraceSpec, generate_trace
 from workers import replay
 
 pytestmark = pytest.mark.integration

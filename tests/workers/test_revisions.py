@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from relay_engine.config import parse_policy
+from relay_engine.core.config import parse_policy
 from tests.workers.fleet import wait_for
 
 pytestmark = pytest.mark.integration
@@ -15,11 +15,11 @@ CONVERGE_S = 2.0
 
 
 def acked(fleet, generation: int) -> bool:
-    return all(s.config_state == "ACK" and s.applied_generation == generation for s in fleet.statuses().values())
+    return all(s.config_state == "ACK" and s.applied_generation == generation for s in fleet.running_statuses())
 
 
 def nacked(fleet, generation: int) -> bool:
-    return all(s.config_state == "NACK" and s.nacked_generation == generation for s in fleet.statuses().values())
+    return all(s.config_state == "NACK" and s.nacked_generation == generation for s in fleet.running_statuses())
 
 
 def test_published_revision_is_acked_by_every_instance_within_2s(fleet):
@@ -58,7 +58,7 @@ def test_revision_the_instance_cannot_apply_is_nacked(fleet):
     too_big = fleet.publish({"cache": {"hbm_budget_mb": 16.0 * 2**20}})  # valid by the schema, not on this host
     wait_for(lambda: nacked(fleet, too_big), CONVERGE_S)
     assert all("cache.hbm_budget_mb" in s.error and s.applied_generation == good
-               for s in fleet.statuses().values())
+               for s in fleet.running_statuses())
 
 
 def test_revision_whose_spec_does_not_match_its_sha256_is_nacked(fleet):
@@ -68,7 +68,7 @@ def test_revision_whose_spec_does_not_match_its_sha256_is_nacked(fleet):
     fleet.redis.set(fleet.keys.desired, revision.to_json())
     fleet.redis.publish(fleet.keys.poke_channel, str(revision.generation))
     wait_for(lambda: nacked(fleet, revision.generation), CONVERGE_S)
-    assert all(s.error.startswith("sha256") for s in fleet.statuses().values())
+    assert all(s.error.startswith("sha256") for s in fleet.running_statuses())
 
 
 def test_next_good_revision_after_a_nack_is_acked(fleet):
@@ -76,4 +76,4 @@ def test_next_good_revision_after_a_nack_is_acked(fleet):
     wait_for(lambda: nacked(fleet, bad), CONVERGE_S)
     good = fleet.publish({"cache": {"hbm_budget_mb": 303.0}})
     wait_for(lambda: acked(fleet, good), CONVERGE_S)
-    assert all(s.nacked_generation == 0 and s.error == "" for s in fleet.statuses().values())
+    assert all(s.nacked_generation == 0 and s.error == "" for s in fleet.running_statuses())

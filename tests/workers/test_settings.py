@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay_engine import wire
+from relay_engine.core import wire
 from workers.settings import Settings, SettingsError
 
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from relay_engine.telemetry import COUNTERS, REFUSAL_REASONS, Snapshot
-from relay_engine.wire import STATUS_TTL_S, TELEMETRY_TIERS
+from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, Snapshot
+from relay_engine.core.wire import STATUS_TTL_S, TELEMETRY_TIERS
 from tests.workers.fleet import wait_for
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,7 @@
 from rest_framework import serializers
 
+from relay_engine.core.wire import CONFIG_STATES
+
 
 class InstanceStatusSerializer(serializers.Serializer):
     instance = serializers.CharField()
@@ -9,7 +11,7 @@ class InstanceStatusSerializer(serializers.Serializer):
     pid = serializers.IntegerField()
     applied_generation = serializers.IntegerField()
     applied_sha256 = serializers.CharField(allow_blank=True)
-    config_state = serializers.ChoiceField(choices=["ACK", "NACK", "PENDING", "UNKNOWN"])
+    config_state = serializers.ChoiceField(choices=CONFIG_STATES)
     nacked_generation = serializers.IntegerField()
     error = serializers.CharField(allow_blank=True)
     up_to_date = serializers.BooleanField()

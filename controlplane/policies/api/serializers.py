@@ -44,11 +44,8 @@ class PoolSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(SloSerializer)
     def get_slo(self, pool: Pool) -> dict:
-        spec = getattr(pool, "desired_spec", None) or {}
-        return {
-            "ranking_p99_slo_ms": spec.get("trigger", {}).get("ranking_p99_slo_ms"),
-            "target_ratio": spec.get("slo", {}).get("target_ratio"),
-        }
+        slo = pool.slo
+        return {"ranking_p99_slo_ms": slo.p99_ms, "target_ratio": slo.target_ratio}
 
 
 class RevisionSerializer(serializers.ModelSerializer):

@@ -1,0 +1,8 @@
+"""The serving core: everything a worker process loads, on stdlib, numpy and torch alone.
+
+``config`` (the policy schema) and ``fields`` (its field checks), ``wire`` (the Redis contract
+between the control plane and the workers), ``telemetry``, ``model`` (HSTU), ``kvcache`` (HBM
+tier), ``expander`` (DRAM tier), ``trigger``, ``router``, ``engine`` (one instance), ``devices``,
+``trace`` (the trace format), ``features`` (token ids for trace queries) and ``editing_io``
+(editing configurations as files). Nothing here imports ``relay_engine.lab``.
+"""

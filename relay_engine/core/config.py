@@ -1,0 +1,437 @@
+"""The policy schema: trigger thresholds, cache budgets, SLO and editing configuration.
+
+Defined once here; the control plane's serializers and the workers' reconciler both call
+``parse_policy`` so a value one side accepts the other cannot reject. Validation is strict and
+collects every error by field path (``trigger.at_risk_seq_len``) instead of stopping at the first:
+unknown keys, wrong types (``True`` is not an integer), NaN, infinities and out-of-range values are
+all errors. Missing keys take the documented defaults, so a partial spec is fine; a typo is not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay_engine.core import fields
+from relay_engine.core.fields import FieldErrors, join
+
+SCHEMA_VERSION = 1
+
+# Hard limits of the schema; a device may impose tighter ones when a policy is applied.
+MAX_SEQ_LEN = 1 << 20
+MAX_BUDGET_MB = 16 * 1024 * 1024  # 16 TiB: far above any host, still a finite number
+MAX_TTL_MS = 7 * 24 * 3600 * 1000
+MAX_ALPHA = 1000.0
+MAX_EDITS = 4096
+EDIT_SCOPES = ("all", "candidates")
+
+
+class PolicyError(ValueError):
+    """A spec that failed validation; ``errors`` maps each field path to its messages."""
+
+    def __init__(self, errors: dict[str, list[str]]):
+        self.errors = errors
+        summary = "; ".join(f"{path}: {' '.join(msgs)}" for path, msgs in sorted(errors.items()))
+        super().__init__(f"invalid policy: {summary}")
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Full-inference latency of a prefix of n tokens: base_ms + per_token_ms·n + per_token_sq_ms·n²."""
+
+    base_ms: float = 0.0
+    per_token_ms: float = 0.0
+    per_token_sq_ms: float = 0.0
+
+    def predict_ms(self, seq_len: int) -> float:
+        return self.base_ms + self.per_token_ms * seq_len + self.per_token_sq_ms * seq_len * seq_len
+
+    def at_risk_seq_len(self, budget_ms: float) -> int:
+        """Smallest n whose predicted full inference exceeds budget_ms (MAX_SEQ_LEN if none)."""
+        lo, hi = 0, MAX_SEQ_LEN
+        if self.predict_ms(hi) <= budget_ms:
+            return MAX_SEQ_LEN
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.predict_ms(mid) > budget_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
+@dataclass(frozen=True)
+class TriggerPolicy:
+    # Pre-infer a request only when its long-term prefix has at least this many tokens. None means
+    # "derive it from latency_model": the shortest prefix whose full inference breaks the SLO.
+    at_risk_seq_len: int | None = 512
+    latency_model: LatencyModel | None = None
+    # Admit every pre-infer signal regardless of length (budgets still apply). For ablations.
+    admit_all: bool = False
+    max_preinfer_inflight: int = 4
+    max_preinfer_tokens_per_s: float = 2_000_000.0
+    ranking_p99_slo_ms: float = 50.0
+
+    def effective_at_risk_seq_len(self) -> int:
+        if self.at_risk_seq_len is not None:
+            return self.at_risk_seq_len
+        assert self.latency_model is not None  # guaranteed by validation
+        return self.latency_model.at_risk_seq_len(self.ranking_p99_slo_ms)
+
+
+@dataclass(frozen=True)
+class CacheBudget:
+    hbm_budget_mb: float = 1024.0
+    dram_budget_mb: float = 4096.0
+    entry_ttl_ms: int = 120_000
+    dram_ttl_ms: int = 600_000
+
+    @property
+    def hbm_budget_bytes(self) -> int:
+        return int(self.hbm_budget_mb * 1024 * 1024)
+
+    @property
+    def dram_budget_bytes(self) -> int:
+        return int(self.dram_budget_mb * 1024 * 1024)
+
+
+@dataclass(frozen=True)
+class SLO:
+    # The latency objective itself is trigger.ranking_p99_slo_ms (one value, used by the trigger
+    # and by the dashboards); this section holds what is measured against it.
+    # Share of ranking requests that must finish within the SLO; 1 - target is the error budget.
+    target_ratio: float = 0.99
+
+
+@dataclass(frozen=True)
+class ModelFingerprint:
+    num_layers: int
+    num_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class HeadEdit:
+    layer: int
+    head: int
+    direction: tuple[float, ...]
+    alpha: float
+
+
+@dataclass(frozen=True)
+class EditingConfig:
+    fingerprint: ModelFingerprint
+    edits: tuple[HeadEdit, ...] = ()
+    # "all": every position gets the bias (the prefix KV changes too); "candidates": only the
+    # candidate rows, so history KV is untouched. Cache keys carry the hash either way.
+    scope: str = "all"
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def content_hash(self) -> str:
+        return sha256_of(to_plain(self))
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    trigger: TriggerPolicy = TriggerPolicy()
+    cache: CacheBudget = CacheBudget()
+    slo: SLO = SLO()
+    editing: EditingConfig | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.to_dict())
+
+    def sha256(self) -> str:
+        return sha256_of(self.to_dict())
+
+    def edit_hash(self) -> str:
+        return self.editing.content_hash() if self.editing is not None and self.editing.edits else "none"
+
+
+def default_policy() -> PolicySpec:
+    return PolicySpec()
+
+
+@dataclass(frozen=True)
+class SloTarget:
+    p99_ms: float | None  # trigger.ranking_p99_slo_ms
+    target_ratio: float | None  # slo.target_ratio
+
+
+def slo_of(spec: dict[str, Any] | None) -> SloTarget:
+    """The latency objective of a stored (plain JSON) spec and the share that must meet it; None where
+    a section is absent. The one reader of these paths for dashboards, the API and the pages."""
+    spec = spec if isinstance(spec, dict) else {}
+    trigger, slo = spec.get("trigger"), spec.get("slo")
+    return SloTarget(
+        p99_ms=trigger.get("ranking_p99_slo_ms") if isinstance(trigger, dict) else None,
+        target_ratio=slo.get("target_ratio") if isinstance(slo, dict) else None,
+    )
+
+
+# --- serialisation ---------------------------------------------------------------------------
+
+
+def to_plain(value: Any) -> Any:
+    """Dataclasses → dicts, tuples → lists, recursively (JSON-ready)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    return value
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def sha256_of(data: Any) -> str:
+    return hashlib.sha256(canonical_json(to_plain(data)).encode()).hexdigest()
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+def _int(data: dict, key: str, path: str, lo: int, hi: int, default: Any, errs: FieldErrors,
+         nullable: bool = False) -> Any:
+    if key not in data:
+        return default
+    if data[key] is None and nullable:
+        return None
+    try:
+        return fields.integer(data[key], lo, hi)
+    except fields.FieldValueError as exc:
+        errs.add(join(path, key), str(exc))
+        return default
+
+
+def _float(data: dict, key: str, path: str, lo: float, hi: float, default: Any, errs: FieldErrors,
+           lo_open: bool = False) -> Any:
+    if key not in data:
+        return default
+    try:
+        return fields.number(data[key], lo, hi, lo_open=lo_open)
+    except fields.FieldValueError as exc:
+        errs.add(join(path, key), str(exc))
+        return default
+
+
+def _obj(data: Any, path: str, allowed: set[str], errs: FieldErrors) -> dict[str, Any] | None:
+    if not isinstance(data, dict):
+        errs.add(path, f"must be an object, got {type(data).__name__}")
+        return None
+    for key in sorted(set(data) - allowed, key=str):
+        errs.add(join(path, str(key)), f"unknown field; allowed: {', '.join(sorted(allowed))}")
+    return data
+
+
+def _bool(data: dict, key: str, path: str, default: bool, errs: FieldErrors) -> bool:
+    if key not in data:
+        return default
+    if not isinstance(data[key], bool):
+        errs.add(join(path, key), f"must be true or false, got {data[key]!r}")
+        return default
+    return data[key]
+
+
+def _latency_model(data: Any, path: str, errs: FieldErrors) -> LatencyModel | None:
+    if data is None:
+        return None
+    obj = _obj(data, path, {"base_ms", "per_token_ms", "per_token_sq_ms"}, errs)
+    if obj is None:
+        return None
+    return LatencyModel(
+        base_ms=_float(obj, "base_ms", path, 0.0, 1e6, 0.0, errs),
+        per_token_ms=_float(obj, "per_token_ms", path, 0.0, 1e3, 0.0, errs),
+        per_token_sq_ms=_float(obj, "per_token_sq_ms", path, 0.0, 1e3, 0.0, errs),
+    )
+
+
+def _trigger(data: Any, path: str, errs: FieldErrors) -> TriggerPolicy:
+    d = TriggerPolicy()
+    allowed = {f.name for f in dataclasses.fields(TriggerPolicy)}
+    obj = _obj(data, path, allowed, errs)
+    if obj is None:
+        return d
+    at_risk = _int(obj, "at_risk_seq_len", path, 0, MAX_SEQ_LEN, d.at_risk_seq_len, errs, nullable=True)
+    model = _latency_model(obj.get("latency_model"), join(path, "latency_model"), errs)
+    if at_risk is None and model is None:
+        errs.add(join(path, "at_risk_seq_len"), "is null, so trigger.latency_model must be given")
+    return TriggerPolicy(
+        at_risk_seq_len=at_risk,
+        latency_model=model,
+        admit_all=_bool(obj, "admit_all", path, d.admit_all, errs),
+        max_preinfer_inflight=_int(obj, "max_preinfer_inflight", path, 0, 100_000, d.max_preinfer_inflight, errs),
+        max_preinfer_tokens_per_s=_float(
+            obj, "max_preinfer_tokens_per_s", path, 0.0, 1e10, d.max_preinfer_tokens_per_s, errs
+        ),
+        ranking_p99_slo_ms=_float(obj, "ranking_p99_slo_ms", path, 0.0, 60_000.0, d.ranking_p99_slo_ms, errs,
+                                  lo_open=True),
+    )
+
+
+def _cache(data: Any, path: str, errs: FieldErrors) -> CacheBudget:
+    d = CacheBudget()
+    obj = _obj(data, path, {f.name for f in dataclasses.fields(CacheBudget)}, errs)
+    if obj is None:
+        return d
+    return CacheBudget(
+        hbm_budget_mb=_float(obj, "hbm_budget_mb", path, 0.0, MAX_BUDGET_MB, d.hbm_budget_mb, errs),
+        dram_budget_mb=_float(obj, "dram_budget_mb", path, 0.0, MAX_BUDGET_MB, d.dram_budget_mb, errs),
+        entry_ttl_ms=_int(obj, "entry_ttl_ms", path, 1, MAX_TTL_MS, d.entry_ttl_ms, errs),
+        dram_ttl_ms=_int(obj, "dram_ttl_ms", path, 1, MAX_TTL_MS, d.dram_ttl_ms, errs),
+    )
+
+
+def _slo(data: Any, path: str, errs: FieldErrors) -> SLO:
+    d = SLO()
+    obj = _obj(data, path, {f.name for f in dataclasses.fields(SLO)}, errs)
+    if obj is None:
+        return d
+    return SLO(
+        target_ratio=_float(obj, "target_ratio", path, 0.0, 1.0, d.target_ratio, errs, lo_open=True),
+    )
+
+
+def _provenance(data: Any, path: str, errs: FieldErrors, depth: int = 0) -> Any:
+    """Free-form JSON metadata (dataset hash, K, probe accuracies), bounded in depth and finite."""
+    if depth > 6:
+        errs.add(path, "is nested too deeply (at most 6 levels)")
+        return None
+    if isinstance(data, dict):
+        if len(data) > 256:
+            errs.add(path, "has more than 256 keys")
+            return None
+        return {str(k): _provenance(v, join(path, str(k)), errs, depth + 1) for k, v in data.items()}
+    if isinstance(data, list):
+        if len(data) > 4096:
+            errs.add(path, "has more than 4096 items")
+            return None
+        return [_provenance(v, join(path, i), errs, depth + 1) for i, v in enumerate(data)]
+    if isinstance(data, float) and not math.isfinite(data):
+        errs.add(path, f"must be finite, got {data}")
+        return None
+    if isinstance(data, str) and len(data) > 10_000:
+        errs.add(path, "is longer than 10000 characters")
+        return None
+    if data is None or isinstance(data, (str, int, float, bool)):
+        return data
+    errs.add(path, f"must be JSON data, got {type(data).__name__}")
+    return None
+
+
+def _editing(data: Any, path: str, errs: FieldErrors) -> EditingConfig | None:
+    if data is None:
+        return None
+    obj = _obj(data, path, {"fingerprint", "edits", "scope", "provenance"}, errs)
+    if obj is None:
+        return None
+    fp_path = join(path, "fingerprint")
+    fp_obj = _obj(obj.get("fingerprint"), fp_path, {"num_layers", "num_heads", "head_dim"}, errs) \
+        if "fingerprint" in obj else None
+    if "fingerprint" not in obj:
+        errs.add(fp_path, "is required: {num_layers, num_heads, head_dim} of the model the edits target")
+    fingerprint = None
+    if fp_obj is not None:
+        values = {}
+        for key in ("num_layers", "num_heads", "head_dim"):
+            if key not in fp_obj:
+                errs.add(join(fp_path, key), "is required")
+            values[key] = _int(fp_obj, key, fp_path, 1, 65_536, None, errs)
+        if all(v is not None for v in values.values()):
+            fingerprint = ModelFingerprint(**values)
+
+    scope = obj.get("scope", "all")
+    if scope not in EDIT_SCOPES:
+        errs.add(join(path, "scope"), f"must be one of {', '.join(EDIT_SCOPES)}, got {scope!r}")
+
+    edits: list[HeadEdit] = []
+    edits_path = join(path, "edits")
+    raw_edits = obj.get("edits", [])
+    if not isinstance(raw_edits, list):
+        errs.add(edits_path, f"must be a list, got {type(raw_edits).__name__}")
+        raw_edits = []
+    if len(raw_edits) > MAX_EDITS:
+        errs.add(edits_path, f"has {len(raw_edits)} edits; at most {MAX_EDITS}")
+        raw_edits = []
+    seen: dict[tuple[int, int], int] = {}
+    for i, raw in enumerate(raw_edits):
+        ep = join(edits_path, i)
+        e = _obj(raw, ep, {"layer", "head", "direction", "alpha"}, errs)
+        if e is None:
+            continue
+        for key in ("layer", "head", "direction", "alpha"):
+            if key not in e:
+                errs.add(join(ep, key), "is required")
+        n_layers = fingerprint.num_layers if fingerprint else 65_536
+        n_heads = fingerprint.num_heads if fingerprint else 65_536
+        layer = _int(e, "layer", ep, 0, n_layers - 1, None, errs)
+        head = _int(e, "head", ep, 0, n_heads - 1, None, errs)
+        alpha = _float(e, "alpha", ep, -MAX_ALPHA, MAX_ALPHA, None, errs)
+        direction = _direction(e.get("direction"), join(ep, "direction"), fingerprint, errs) \
+            if "direction" in e else None
+        if layer is not None and head is not None:
+            if (layer, head) in seen:
+                errs.add(ep, f"duplicates edits[{seen[(layer, head)]}] (layer {layer}, head {head})")
+            seen.setdefault((layer, head), i)
+        if None not in (layer, head, alpha, direction):
+            edits.append(HeadEdit(layer=layer, head=head, direction=direction, alpha=alpha))
+
+    provenance = _provenance(obj.get("provenance", {}), join(path, "provenance"), errs)
+    if not isinstance(provenance, dict):
+        errs.add(join(path, "provenance"), "must be an object")
+        provenance = {}
+    if fingerprint is None:
+        return None
+    return EditingConfig(fingerprint=fingerprint, edits=tuple(edits), scope=scope, provenance=provenance)
+
+
+def _direction(raw: Any, path: str, fingerprint: ModelFingerprint | None, errs: FieldErrors) -> tuple | None:
+    try:
+        values = fields.finite_list(raw, fingerprint.head_dim if fingerprint is not None else None)
+    except fields.FieldValueError as exc:
+        errs.add(path, str(exc).replace("expected", "the model's head_dim is"))
+        return None
+    return tuple(values)
+
+
+_TOP_LEVEL = {"trigger", "cache", "slo", "editing", "schema_version"}
+
+
+def validate_policy(data: Any) -> tuple[PolicySpec | None, dict[str, list[str]]]:
+    """Return (spec, {}) for a valid spec, or (None, errors by field path)."""
+    errs = FieldErrors()
+    obj = _obj(data, "", _TOP_LEVEL, errs)
+    if obj is None:
+        return None, errs.by_path
+    version = obj.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        errs.add("schema_version", f"must be {SCHEMA_VERSION}, got {version!r}")
+    spec = PolicySpec(
+        trigger=_trigger(obj.get("trigger", {}), "trigger", errs),
+        cache=_cache(obj.get("cache", {}), "cache", errs),
+        slo=_slo(obj.get("slo", {}), "slo", errs),
+        editing=_editing(obj.get("editing"), "editing", errs),
+    )
+    if errs.by_path:
+        return None, errs.by_path
+    return spec, {}
+
+
+def parse_policy(data: Any) -> PolicySpec:
+    """Validated spec, or PolicyError carrying every error by field path."""
+    spec, errors = validate_policy(data)
+    if errors:
+        raise PolicyError(errors)
+    assert spec is not None
+    return spec

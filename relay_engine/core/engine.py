@@ -1,0 +1,375 @@
+"""One RelayGR instance: a model on a device, the HBM and DRAM tiers, the trigger and the policy.
+
+``pre_infer`` runs when the retrieval stage sends its signal; ``rank`` tens of milliseconds
+later. ``rank`` takes, in order: the HBM entry; a pre-inference or reload already in flight for
+the same key (joined, not repeated); the DRAM entry promoted back to HBM; or a recompute (a miss,
+whose prefix KV is then kept for the user's next request when the budget allows).
+
+Thread-safe: the worker runs pre-inference and ranking on separate threads so ranking never
+queues behind a long prefill. ``apply_policy`` swaps one immutable state object; each request
+reads that reference once at its start, so a policy applies between requests, never halfway
+through one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+import torch
+
+from relay_engine.core import devices
+from relay_engine.core.config import PolicySpec, default_policy
+from relay_engine.core.expander import MemoryAwareExpander, SingleFlight
+from relay_engine.core.kvcache import CacheKey, HBMCache
+from relay_engine.core.model import HeadBias, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
+from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, LatencyHistogram
+from relay_engine.core.trigger import CACHE_BUDGET, CacheFootprint, SequenceAwareTrigger
+
+EngineInputError = ModelInputError
+
+
+class DeadlineExceeded(Exception):
+    """A ranking request whose deadline passed before its scores were ready."""
+
+
+class PolicyApplyError(ValueError):
+    """A policy that is valid by the schema but cannot be applied on this instance."""
+
+    def __init__(self, field_name: str, message: str):
+        self.field = field_name
+        super().__init__(f"{field_name}: {message}")
+
+
+@dataclass(frozen=True)
+class PreInferRequest:
+    user_id: str
+    prefix: History
+
+
+@dataclass(frozen=True)
+class RankRequest:
+    user_id: str
+    prefix: History
+    short_term: History
+    candidates: Sequence[int] | torch.Tensor
+    deadline_s: float | None = None  # wall-clock (time.time()) instant after which the answer is useless
+    query_timestamp: int | None = None
+
+
+@dataclass(frozen=True)
+class PreInferResult:
+    admitted: bool
+    reason: str | None
+    prefix_len: int
+    nbytes: int = 0
+    elapsed_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class RankResult:
+    scores: list[float]
+    source: str  # "hbm" | "inflight" | "dram" | "miss"
+    prefix_len: int
+    latency_ms: float
+
+
+@dataclass
+class EngineStats:
+    name: str
+    device: str
+    model_version: str
+    policy_sha256: str
+    edit_hash: str
+    counters: dict[str, int]
+    refusals: dict[str, int]
+    rank_latency: LatencyHistogram
+    hbm_bytes: int
+    hbm_budget_bytes: int
+    hbm_peak_bytes: int
+    hbm_entries: int
+    dram_bytes: int
+    dram_budget_bytes: int
+    dram_peak_bytes: int
+    dram_entries: int
+    device_allocated_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class _State:
+    policy: PolicySpec
+    edit: HeadBias
+    slo_ms: float
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class RelayEngine:
+    def __init__(self, model_config: ModelConfig | None = None, *, device: str | torch.device | None = None,
+                 policy: PolicySpec | None = None, name: str = "engine", model: HSTUModel | None = None,
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time):
+        self.name = name
+        self.device = device if isinstance(device, torch.device) else devices.select_device(device)
+        self.model = model if model is not None else HSTUModel(model_config, self.device)
+        if self.model.device != self.device:
+            raise ValueError(f"model is on {self.model.device}, engine on {self.device}")
+        self.clock, self.wall_clock = clock, wall_clock
+        policy = policy or default_policy()
+        self._check_applicable(policy)
+        self.hbm = HBMCache(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000, clock=clock)
+        self.dram = MemoryAwareExpander(self.hbm, self.device, policy.cache.dram_budget_bytes,
+                                        policy.cache.dram_ttl_ms / 1000, clock=clock)
+        self.trigger = SequenceAwareTrigger(policy.trigger, now_s=clock())
+        self.producing: SingleFlight[PrefixKV] = SingleFlight()  # prefills in flight, by cache key
+        self._admit_lock = threading.Lock()  # trigger decision + reservation are one step
+        self._counters: Counter[str] = Counter()
+        self._counter_lock = threading.Lock()
+        self._rank_latency = LatencyHistogram()
+        self._apply_lock = threading.Lock()
+        self._last_expiry = clock()
+        edit = self.model.edit_from(policy.editing)
+        self._state = _State(policy, edit, policy.trigger.ranking_p99_slo_ms)
+
+    # --- policy ------------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> PolicySpec:
+        return self._state.policy
+
+    @property
+    def edit(self) -> HeadBias:
+        """The edit in force (the engine is its one owner; the model holds none)."""
+        return self._state.edit
+
+    def _check_applicable(self, policy: PolicySpec) -> None:
+        device_bytes = devices.device_memory_bytes(self.device)
+        limit, where = (device_bytes, f"{self.device}'s memory") if device_bytes else \
+            (host_memory_bytes(), "host memory (the CPU device's HBM tier lives there)")
+        if policy.cache.hbm_budget_bytes > limit:
+            raise PolicyApplyError("cache.hbm_budget_mb", f"{policy.cache.hbm_budget_mb:g} MB exceeds {where}, "
+                                                          f"{limit / 2**20:.0f} MB")
+        if policy.cache.dram_budget_bytes > host_memory_bytes():
+            raise PolicyApplyError("cache.dram_budget_mb", f"{policy.cache.dram_budget_mb:g} MB exceeds host memory, "
+                                                           f"{host_memory_bytes() / 2**20:.0f} MB")
+
+    def apply_policy(self, policy: PolicySpec) -> None:
+        """Apply a validated policy atomically, or raise PolicyApplyError and keep the current one."""
+        self._check_applicable(policy)
+        try:
+            edit = self.model.edit_from(policy.editing)
+        except ModelInputError as exc:
+            raise PolicyApplyError(exc.field, str(exc).split(": ", 1)[-1]) from None
+        with self._apply_lock:
+            old = self._state
+            self.trigger.update_policy(policy.trigger)
+            self.hbm.resize(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000)
+            self.dram.resize(policy.cache.dram_budget_bytes, policy.cache.dram_ttl_ms / 1000)
+            if edit.content_hash != old.edit.content_hash:
+                # Keys carry the edit hash, so old entries could never be read again: free them now.
+                self.hbm.clear()
+                self.dram.clear()
+            self._state = _State(policy, edit, policy.trigger.ranking_p99_slo_ms)
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def cache_key(self, user_id: str, prefix: History, edit: HeadBias | None = None) -> CacheKey:
+        edit = edit or self._state.edit
+        return CacheKey(str(user_id), prefix.digest(), self.model.version, edit.content_hash)
+
+    def pre_infer(self, request: PreInferRequest) -> PreInferResult:
+        """Pre-infer the long-term prefix if the trigger admits it; runs in the calling thread."""
+        state = self._state
+        prefix = request.prefix
+        self.model.check_history(prefix, "prefix", allow_empty=False)
+        self._count("preinfer_signals")
+        self._maybe_expire()
+        key = self.cache_key(request.user_id, prefix, state.edit)
+        nbytes = self.model.prefix_nbytes(len(prefix), prefix.timestamps is not None)
+        with self._admit_lock:
+            cached = key in self.hbm or key in self.dram or self.producing.running(key) is not None
+            decision = self.trigger.decide(
+                len(prefix), already_cached=cached, inflight=len(self.producing),
+                footprint=CacheFootprint(nbytes, self.hbm.pinned_bytes, self.hbm.budget_bytes),
+                now_s=self.clock(),
+            )
+            if decision.admit and not self.hbm.reserve(key, nbytes):
+                decision = self.trigger.overrule(CACHE_BUDGET)
+            if decision.admit:
+                self.producing.begin(key)
+        if not decision.admit:
+            return PreInferResult(False, decision.reason, len(prefix))
+        self._count("preinfer_admitted")
+        t0 = self.clock()
+        try:
+            kv = self.model.prefill(prefix, state.edit)
+        except BaseException as exc:
+            self.hbm.abort(key)
+            self.producing.finish(key, error=exc)
+            raise
+        self.hbm.commit(key, kv)
+        self.producing.finish(key, kv)
+        self._count("preinfer_completed")
+        return PreInferResult(True, None, len(prefix), kv.nbytes, (self.clock() - t0) * 1000)
+
+    def rank(self, request: RankRequest) -> RankResult:
+        """Score the candidates, from the cached prefix when there is one. Raises DeadlineExceeded
+        when the deadline passes first, EngineInputError on bad input."""
+        t0 = self.clock()
+        state = self._state
+        self._count("rank_requests")
+        try:
+            self._check_deadline(request, "on arrival")
+            m = self.model
+            m.check_history(request.prefix, "prefix", allow_empty=False)
+            m.check_history(request.short_term, "short_term", allow_empty=True)
+            if len(request.prefix) + len(request.short_term) > m.config.max_seq_len:
+                raise ModelInputError("short_term", f"prefix + short-term is "
+                                      f"{len(request.prefix) + len(request.short_term)} tokens; "
+                                      f"the model takes at most {m.config.max_seq_len}")
+            candidates = m.check_candidates(request.candidates)
+            kv, source = self._prefix_kv(request, state)
+            if kv is None:  # a miss: one full forward gives the scores and the prefix KV to keep
+                scores = self._recompute(request, candidates, state)
+            else:
+                self._check_deadline(request, f"after fetching the prefix cache ({source})")
+                scores = m.rank(kv, request.short_term, candidates, request.query_timestamp, state.edit)
+            result = scores.tolist()
+            self._check_deadline(request, "after scoring")
+        except DeadlineExceeded:
+            self._count("rank_deadline_exceeded")
+            self._count("rank_errors")
+            raise
+        except BaseException:
+            self._count("rank_errors")
+            raise
+        latency_ms = (self.clock() - t0) * 1000
+        with self._counter_lock:
+            self._rank_latency.record(latency_ms)
+            self._counters["rank_ok"] += 1
+            if latency_ms <= state.slo_ms:
+                self._counters["rank_within_slo"] += 1
+        return RankResult(result, source, len(request.prefix), latency_ms)
+
+    def _prefix_kv(self, request: RankRequest, state: _State) -> tuple[PrefixKV | None, str]:
+        """The prefix KV from the HBM tier, a computation in flight or the DRAM tier; (None, "miss")
+        when none has it."""
+        key = self.cache_key(request.user_id, request.prefix, state.edit)
+        kv = self.hbm.get(key)
+        if kv is not None:
+            self._count("hbm_hits")
+            return kv, "hbm"
+        kv = self._join_inflight(request, key)
+        if kv is not None:
+            return kv, "inflight"
+        try:
+            kv, joined = self.dram.promote(key, timeout_s=self._remaining_s(request))
+        except FutureTimeout:
+            raise DeadlineExceeded(self._late_message(request, "waiting for a DRAM reload in flight")) from None
+        if kv is not None:
+            self._count("inflight_joins" if joined else "dram_hits")
+            return kv, "inflight" if joined else "dram"
+        return None, "miss"
+
+    def _join_inflight(self, request: RankRequest, key: CacheKey) -> PrefixKV | None:
+        """Wait for a pre-inference (or another request's recompute) of key already running."""
+        running = self.producing.running(key)
+        if running is None:
+            return None
+        try:
+            kv = running.result(timeout=self._remaining_s(request))
+        except FutureTimeout:
+            raise DeadlineExceeded(self._late_message(request, "waiting for the prefix computation in flight")) \
+                from None
+        except Exception:  # noqa: BLE001 — that computation failed; this request computes its own
+            return None
+        self._count("inflight_joins")
+        return kv
+
+    def _recompute(self, request: RankRequest, candidates: torch.Tensor, state: _State) -> torch.Tensor:
+        """A miss: rank with a full forward and keep the prefix KV it computed for the next request.
+        Concurrent requests for the same key wait for this one's KV instead of recomputing it."""
+        key = self.cache_key(request.user_id, request.prefix, state.edit)
+        future, leader = self.producing.begin(key)
+        if not leader:
+            kv = self._join_inflight(request, key)
+            if kv is not None:
+                return self.model.rank(kv, request.short_term, candidates, request.query_timestamp, state.edit)
+        self._count("misses")
+        try:
+            scores, kv = self.model.rank_full_keeping_prefix(request.prefix, request.short_term, candidates,
+                                                             request.query_timestamp, state.edit)
+        except BaseException as exc:
+            if leader:
+                self.producing.finish(key, error=exc)
+            raise
+        if leader:
+            self.hbm.insert(key, kv, consumed=True)
+            self.producing.finish(key, kv)
+        return scores
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _remaining_s(self, request: RankRequest) -> float | None:
+        if request.deadline_s is None:
+            return None
+        return max(0.0, request.deadline_s - self.wall_clock())
+
+    def _late_message(self, request: RankRequest, stage: str) -> str:
+        late_ms = (self.wall_clock() - request.deadline_s) * 1000 if request.deadline_s else 0.0
+        return f"rank for user {request.user_id!r} missed its deadline by {max(0.0, late_ms):.1f} ms ({stage})"
+
+    def _check_deadline(self, request: RankRequest, stage: str) -> None:
+        if request.deadline_s is not None and self.wall_clock() > request.deadline_s:
+            raise DeadlineExceeded(self._late_message(request, stage))
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._counter_lock:
+            self._counters[name] += n
+
+    def _maybe_expire(self) -> None:
+        now = self.clock()
+        if now - self._last_expiry >= 1.0:
+            self._last_expiry = now
+            self.hbm.expire()
+            self.dram.expire()
+
+    def stats(self) -> EngineStats:
+        with self._counter_lock:
+            counters = {name: int(self._counters.get(name, 0)) for name in COUNTERS}
+            latency = self._rank_latency.copy()
+        counters.update(
+            evictions=self.hbm.counters.evictions,
+            demotions=self.dram.counters.demotions,
+            promotions=self.dram.counters.promotions,
+            expirations=self.hbm.counters.expirations + self.dram.counters.expirations,
+            dram_evictions=self.dram.counters.evictions,
+            dedup_reloads=self.dram.counters.dedup_reloads,
+        )
+        refusals = {reason: int(self.trigger.refusals.get(reason, 0)) for reason in REFUSAL_REASONS}
+        state = self._state
+        return EngineStats(
+            name=self.name,
+            device=str(self.device),
+            model_version=self.model.version,
+            policy_sha256=state.policy.sha256(),
+            edit_hash=state.edit.content_hash,
+            counters=counters,
+            refusals=refusals,
+            rank_latency=latency,
+            hbm_bytes=self.hbm.used_bytes,
+            hbm_budget_bytes=self.hbm.budget_bytes,
+            hbm_peak_bytes=self.hbm.counters.peak_bytes,
+            hbm_entries=len(self.hbm),
+            dram_bytes=self.dram.used_bytes,
+            dram_budget_bytes=self.dram.budget_bytes,
+            dram_peak_bytes=self.dram.counters.peak_bytes,
+            dram_entries=len(self.dram),
+            device_allocated_bytes=devices.device_allocated_bytes(self.device),
+        )

@@ -1,0 +1,211 @@
+"""Telemetry types shared by the workers (write side) and the control plane (read side).
+
+Latency histograms use one fixed set of log-spaced bucket bounds everywhere, so histograms from
+different instances and different seconds merge by adding counts; quantiles are taken only after
+merging (never by averaging per-instance percentiles).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# Upper bounds (ms) of the latency buckets: 0.05 ms … ~60 s, 8 buckets per decade (×1.334 each),
+# followed by an implicit +Inf bucket. Fixed forever: changing them breaks merging with old data.
+_BUCKETS_PER_DECADE = 8
+_LOWEST_MS = 0.05
+_DECADES = 6.1
+LATENCY_BUCKETS_MS: tuple[float, ...] = tuple(
+    round(_LOWEST_MS * 10 ** (i / _BUCKETS_PER_DECADE), 6)
+    for i in range(int(_DECADES * _BUCKETS_PER_DECADE) + 1)
+)
+N_BUCKETS = len(LATENCY_BUCKETS_MS) + 1  # + the +Inf bucket
+
+# Counter names, in one place, so the publisher, the merge and the dashboard agree.
+COUNTERS: tuple[str, ...] = (
+    "rank_requests",
+    "rank_ok",
+    "rank_errors",
+    "rank_deadline_exceeded",
+    "rank_within_slo",
+    "preinfer_signals",
+    "preinfer_admitted",
+    "preinfer_completed",
+    "hbm_hits",
+    "dram_hits",
+    "inflight_joins",
+    "misses",
+    "evictions",
+    "demotions",
+    "promotions",
+    "expirations",
+    "dram_evictions",
+    "dedup_reloads",
+)
+REFUSAL_REASONS: tuple[str, ...] = (
+    "not_at_risk",
+    "already_cached",
+    "inflight_limit",
+    "token_rate_limit",
+    "cache_budget",
+    "disabled",
+)
+
+
+def bucket_index(value_ms: float) -> int:
+    """Index of the bucket holding value_ms (le-semantics: value ≤ bound)."""
+    return bisect.bisect_left(LATENCY_BUCKETS_MS, value_ms)
+
+
+@dataclass
+class LatencyHistogram:
+    counts: list[int] = field(default_factory=lambda: [0] * N_BUCKETS)
+    sum_ms: float = 0.0
+
+    def record(self, value_ms: float) -> None:
+        if not math.isfinite(value_ms) or value_ms < 0:
+            return
+        self.counts[bucket_index(value_ms)] += 1
+        self.sum_ms += value_ms
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def merge(self, other: LatencyHistogram) -> None:
+        for i, c in enumerate(other.counts):
+            self.counts[i] += c
+        self.sum_ms += other.sum_ms
+
+    def copy(self) -> LatencyHistogram:
+        return LatencyHistogram(list(self.counts), self.sum_ms)
+
+    def quantile(self, q: float) -> float | None:
+        return quantile_from_counts(self.counts, q)
+
+    def to_dict(self) -> dict:
+        return {"counts": list(self.counts), "sum_ms": self.sum_ms}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LatencyHistogram:
+        counts = [int(c) for c in data.get("counts", [])]
+        if len(counts) != N_BUCKETS:
+            raise ValueError(f"histogram has {len(counts)} buckets, expected {N_BUCKETS}")
+        return cls(counts, float(data.get("sum_ms", 0.0)))
+
+
+def quantile_from_counts(counts: Sequence[int], q: float) -> float | None:
+    """q-quantile by linear interpolation inside the bucket (Prometheus histogram_quantile)."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = q * total
+    cumulative = 0
+    for i, c in enumerate(counts):
+        if c and cumulative + c >= rank:
+            lower = LATENCY_BUCKETS_MS[i - 1] if i > 0 else 0.0
+            if i >= len(LATENCY_BUCKETS_MS):  # +Inf bucket: report its lower bound
+                return LATENCY_BUCKETS_MS[-1]
+            upper = LATENCY_BUCKETS_MS[i]
+            return lower + (upper - lower) * ((rank - cumulative) / c)
+        cumulative += c
+    return LATENCY_BUCKETS_MS[-1]
+
+
+# --- snapshots: what a worker publishes each second -------------------------------------------
+
+# Snapshots are *cumulative* since the instance started (``started_at`` identifies the run), so a
+# reader takes differences between consecutive snapshots; a lost sample loses resolution, never
+# counts, and a restart shows as a new ``started_at`` (the reader restarts its differences there).
+
+
+@dataclass
+class Snapshot:
+    instance: str
+    ts: float  # unix seconds
+    started_at: float
+    counters: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)
+    rank_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    hbm_bytes: int = 0
+    hbm_budget_bytes: int = 0
+    dram_bytes: int = 0
+    dram_budget_bytes: int = 0
+    applied_generation: int = 0
+    slo_ms: float = 0.0
+
+    def to_dict(self) -> dict:
+        # Sparse buckets keep 24 h of snapshots small enough to merge on read quickly.
+        sparse = {str(i): c for i, c in enumerate(self.rank_latency.counts) if c}
+        return {
+            "instance": self.instance,
+            "ts": self.ts,
+            "started_at": self.started_at,
+            "counters": self.counters,
+            "refusals": self.refusals,
+            "rank_latency": {"buckets": sparse, "sum_ms": self.rank_latency.sum_ms},
+            "hbm_bytes": self.hbm_bytes,
+            "hbm_budget_bytes": self.hbm_budget_bytes,
+            "dram_bytes": self.dram_bytes,
+            "dram_budget_bytes": self.dram_budget_bytes,
+            "applied_generation": self.applied_generation,
+            "slo_ms": self.slo_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Snapshot:
+        """Decode a published snapshot; ValueError (naming the field) when it breaks the contract."""
+        if not isinstance(data, dict):
+            raise ValueError(f"snapshot must be an object, got {type(data).__name__}")
+        hist = LatencyHistogram()
+        lat = _mapping(data, "rank_latency")
+        for key, count in _mapping(lat, "buckets").items():
+            index = _finite(key, "rank_latency.buckets", int)
+            if 0 <= index < N_BUCKETS:
+                hist.counts[index] = _finite(count, f"rank_latency.buckets.{key}", int)
+        hist.sum_ms = _finite(lat.get("sum_ms", 0.0), "rank_latency.sum_ms", float)
+        if "instance" not in data or "ts" not in data:
+            raise ValueError("snapshot needs instance and ts")
+        return cls(
+            instance=str(data["instance"]),
+            ts=_finite(data["ts"], "ts", float),
+            started_at=_finite(data.get("started_at", 0.0), "started_at", float),
+            counters={str(k): _finite(v, f"counters.{k}", int) for k, v in _mapping(data, "counters").items()},
+            refusals={str(k): _finite(v, f"refusals.{k}", int) for k, v in _mapping(data, "refusals").items()},
+            rank_latency=hist,
+            **{name: _finite(data.get(name, 0), name, int) for name in _GAUGES},
+            slo_ms=_finite(data.get("slo_ms", 0.0), "slo_ms", float),
+        )
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Snapshot:
+        """The one decoder of a telemetry stream entry (field ``d``)."""
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"snapshot is not JSON: {exc}") from None
+        return cls.from_dict(data)
+
+
+_GAUGES = ("hbm_bytes", "hbm_budget_bytes", "dram_bytes", "dram_budget_bytes", "applied_generation")
+
+
+def _mapping(data: dict, key: str) -> dict:
+    value = data.get(key) or {}
+    if not isinstance(value, dict):
+        raise ValueError(f"snapshot.{key} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _finite(value: object, name: str, kind: type) -> int | float:
+    """value as a finite int or float (numeric strings accepted for dict keys), else ValueError."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"snapshot.{name} must be a number, got {str(value)[:40]!r}") from None
+    if isinstance(value, bool) or not math.isfinite(number):
+        raise ValueError(f"snapshot.{name} must be a finite number, got {str(value)[:40]!r}")
+    return int(number) if kind is int else number

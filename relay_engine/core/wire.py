@@ -1,0 +1,225 @@
+"""Where the control plane and the workers meet: Redis key names and message shapes.
+
+``controlplane`` and ``workers`` never import each other; both import this module, which is plain
+string formatting and JSON shapes (no Redis client here). Every name carries a key prefix so
+several deployments, or several test runs, can share one Redis without colliding.
+
+Keys (``P`` = prefix, ``pool`` = pool name, ``inst`` = instance name ``<pool>.<index>``):
+
+| key | type | written by | content |
+| --- | --- | --- | --- |
+| ``P:pools`` | set | control plane | pool names known to the fleet |
+| ``P:pool:{pool}:desired`` | string | control plane | JSON ``DesiredRevision`` |
+| ``P:pool:{pool}:poke`` | pub/sub channel | control plane | the desired generation, as text |
+| ``P:pool:{pool}:members`` | sorted set | workers | inst → last heartbeat (unix s) |
+| ``P:pool:{pool}:status:{inst}`` | string, TTL | workers | JSON ``InstanceStatus`` |
+| ``P:pool:{pool}:telemetry:{tier}:{inst}`` | stream, MAXLEN | workers | field ``d``: JSON ``Snapshot`` |
+| ``P:pool:{pool}:claim:{index}`` | string, TTL | workers | owner of an instance index (scaled replicas) |
+
+Celery queues: ``P.{inst}.rank`` and ``P.{inst}.preinfer`` (ranking never waits behind pre-infer).
+
+Both sides speak the same words from here: the status record (``InstanceStatus``), its config
+states (``ACK``/``NACK``/``PENDING``), and the liveness rule (``is_live``/``live_since``). Redis is
+untrusted input to either side, so every decoder here checks types and finiteness and raises
+``WireError`` naming the field, never a bare ``KeyError`` or ``OverflowError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DEFAULT_KEY_PREFIX = "relaygr"
+KEY_PREFIX_ENV = "RELAYGR_KEY_PREFIX"
+
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_TIMEOUT_S = 5.0  # an instance silent this long leaves the live set; its users move
+STATUS_TTL_S = 3600  # a dead instance's last status stays readable for an hour
+
+# Telemetry tiers: name → (seconds between snapshots, snapshots kept). 1 s for the last 10 min,
+# 10 s for 2 h, 60 s for 25 h: a 24 h chart of 8 instances merges ~12k small snapshots.
+TELEMETRY_TIERS: dict[str, tuple[int, int]] = {"1s": (1, 600), "10s": (10, 720), "60s": (60, 1500)}
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+# Config states an instance reports for the desired revision. ACK: applied; NACK: refused (the last
+# good one keeps serving, ``error`` says why); PENDING: not reconciled yet. UNKNOWN is the control
+# plane's word for an instance whose status it cannot read.
+ACK, NACK, PENDING, UNKNOWN = "ACK", "NACK", "PENDING", "UNKNOWN"
+CONFIG_STATES = (ACK, NACK, PENDING, UNKNOWN)
+
+
+class WireError(ValueError):
+    """A record read from Redis that breaks the contract; the message names the field."""
+
+
+def live_since(now: float) -> float:
+    """The oldest heartbeat time that still counts as live at ``now`` (a members score bound)."""
+    return now - HEARTBEAT_TIMEOUT_S
+
+
+def is_live(heartbeat_ts: float, now: float) -> bool:
+    """The liveness rule both sides apply: a heartbeat at most ``HEARTBEAT_TIMEOUT_S`` old."""
+    return heartbeat_ts >= live_since(now)
+
+
+def key_prefix() -> str:
+    return os.environ.get(KEY_PREFIX_ENV, DEFAULT_KEY_PREFIX)
+
+
+def instance_name(pool: str, index: int) -> str:
+    return f"{pool}.{index}"
+
+
+@dataclass(frozen=True)
+class PoolKeys:
+    pool: str
+    prefix: str = field(default_factory=key_prefix)
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}:pool:{self.pool}"
+
+    @property
+    def desired(self) -> str:
+        return f"{self.base}:desired"
+
+    @property
+    def poke_channel(self) -> str:
+        return f"{self.base}:poke"
+
+    @property
+    def members(self) -> str:
+        return f"{self.base}:members"
+
+    def status(self, instance: str) -> str:
+        return f"{self.base}:status:{instance}"
+
+    def telemetry(self, tier: str, instance: str) -> str:
+        return f"{self.base}:telemetry:{tier}:{instance}"
+
+    def rank_queue(self, instance: str) -> str:
+        return f"{self.prefix}.{instance}.rank"
+
+    def preinfer_queue(self, instance: str) -> str:
+        return f"{self.prefix}.{instance}.preinfer"
+
+    def claim(self, index: int) -> str:
+        return f"{self.base}:claim:{index}"
+
+
+def pools_key(prefix: str | None = None) -> str:
+    return f"{prefix or key_prefix()}:pools"
+
+
+def _json_object(raw: str | bytes, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise WireError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise WireError(f"{what} must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _typed(data: dict[str, Any], name: str, kind: type, what: str) -> Any:
+    """data[name] as ``kind`` (int, float or str), or WireError naming the field."""
+    value = data[name]
+    if kind is str:
+        ok = isinstance(value, str)
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        ok = False
+    elif kind is int:
+        ok = isinstance(value, int) and -(2**63) <= value < 2**63
+    else:  # a float: finite, and an int only if a float can hold it
+        ok = math.isfinite(value) if isinstance(value, float) else abs(value) < 1e300
+    if not ok:
+        shown = repr(value)[:40]
+        raise WireError(f"{what}.{name} must be {'a finite number' if kind is float else kind.__name__}, "
+                        f"got {shown}")
+    return float(value) if kind is float else value
+
+
+@dataclass(frozen=True)
+class DesiredRevision:
+    generation: int
+    sha256: str
+    spec: dict[str, Any]
+    published_at: float
+    published_by: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> DesiredRevision:
+        """Decode and check the record's shape (the spec itself is judged by ``parse_policy``)."""
+        data = _json_object(raw, "desired revision")
+        for name in ("generation", "sha256", "spec"):
+            if name not in data:
+                raise WireError(f"desired revision.{name} is missing")
+        generation = _typed(data, "generation", int, "desired revision")
+        if generation < 1:
+            raise WireError(f"desired revision.generation must be at least 1, got {generation}")
+        if not isinstance(data["spec"], dict):
+            raise WireError(f"desired revision.spec must be an object, got {type(data['spec']).__name__}")
+        return cls(
+            generation=generation,
+            sha256=_typed(data, "sha256", str, "desired revision"),
+            spec=data["spec"],
+            published_at=_typed(data, "published_at", float, "desired revision") if "published_at" in data else 0.0,
+            published_by=_typed(data, "published_by", str, "desired revision") if "published_by" in data else "",
+        )
+
+
+@dataclass
+class InstanceStatus:
+    instance: str
+    pool: str
+    device: str
+    pid: int
+    heartbeat_ts: float
+    started_at: float
+    applied_generation: int = 0
+    applied_sha256: str = ""
+    config_state: str = PENDING  # ACK, NACK or PENDING (see CONFIG_STATES)
+    nacked_generation: int = 0
+    error: str = ""
+    hbm_bytes: int = 0
+    hbm_budget_bytes: int = 0
+    dram_bytes: int = 0
+    dram_budget_bytes: int = 0
+    device_memory_bytes: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> InstanceStatus:
+        """Decode and type-check a status; unknown fields are ignored (newer workers), a missing
+        required one or a wrong type is a WireError naming it."""
+        data = _json_object(raw, "status")
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data:
+                if f.default is dataclasses.MISSING:
+                    raise WireError(f"status.{f.name} is missing")
+                continue
+            values[f.name] = _typed(data, f.name, _STATUS_TYPES[f.type], "status")
+        if values.get("config_state", PENDING) not in (ACK, NACK, PENDING):
+            raise WireError(f"status.config_state must be one of ACK, NACK, PENDING, got {values['config_state']!r}")
+        return cls(**values)
+
+    @classmethod
+    def unknown(cls, instance: str, pool: str) -> InstanceStatus:
+        """What the control plane shows for an instance whose status it has none of (or cannot read)."""
+        return cls(instance=instance, pool=pool, device="", pid=0, heartbeat_ts=0.0, started_at=0.0,
+                   config_state=UNKNOWN)
+
+
+_STATUS_TYPES = {"str": str, "int": int, "float": float}

@@ -1,0 +1,203 @@
+"""RelayEngine: the request path (HBM, in flight, DRAM, miss), deadlines, policies, bad input."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from relay_engine.core.config import parse_policy
+from relay_engine.core.engine import (
+    DeadlineExceeded,
+    EngineInputError,
+    PolicyApplyError,
+    PreInferRequest,
+    RankRequest,
+    RelayEngine,
+)
+from relay_engine.core.model import History
+from tests.models import SMALL, make_history
+
+from .test_model import TOLERANCE, random_edit, relative_error
+
+SHORT = make_history(8, SMALL, seed=100)
+CANDS = list(range(20))
+
+
+def engine_with(**policy) -> RelayEngine:
+    return RelayEngine(SMALL, device="cpu", policy=parse_policy(policy))
+
+
+def rank(engine: RelayEngine, user: str, prefix: History, **kw):
+    return engine.rank(RankRequest(user, prefix, SHORT, CANDS, **kw))
+
+
+def test_pre_inferred_prefix_is_an_hbm_hit_with_exact_scores():
+    engine = engine_with(trigger={"at_risk_seq_len": 100})
+    prefix = make_history(300, SMALL, seed=1)
+    assert engine.pre_infer(PreInferRequest("alice", prefix)).admitted
+    result = rank(engine, "alice", prefix)
+    assert result.source == "hbm"
+    full = engine.model.rank_full(prefix, SHORT, CANDS)
+    assert relative_error(torch.tensor(result.scores), full) <= TOLERANCE
+    assert engine.stats().counters["hbm_hits"] == 1
+
+
+def test_short_prefixes_are_not_pre_inferred_and_refusals_are_counted():
+    engine = engine_with(trigger={"at_risk_seq_len": 1000})
+    result = engine.pre_infer(PreInferRequest("bob", make_history(300, SMALL, seed=1)))
+    assert not result.admitted and result.reason == "not_at_risk"
+    assert engine.stats().refusals["not_at_risk"] == 1
+
+
+def test_a_miss_recomputes_and_keeps_the_prefix_for_next_time():
+    engine = engine_with()
+    prefix = make_history(200, SMALL, seed=2)
+    assert rank(engine, "carol", prefix).source == "miss"
+    assert rank(engine, "carol", prefix).source == "hbm"
+    counters = engine.stats().counters
+    assert counters["misses"] == 1 and counters["hbm_hits"] == 1
+
+
+def test_a_changed_prefix_never_hits_the_old_cache():
+    engine = engine_with()
+    rank(engine, "dan", make_history(200, SMALL, seed=2))
+    assert rank(engine, "dan", make_history(200, SMALL, seed=3)).source == "miss"
+
+
+def test_an_evicted_prefix_comes_back_from_dram():
+    per_prefix = SMALL.kv_bytes_per_token() * 200
+    engine = engine_with(cache={"hbm_budget_mb": 2.5 * per_prefix / 2**20})  # room for two
+    prefixes = {u: make_history(200, SMALL, seed=i) for i, u in enumerate(["u1", "u2", "u3"])}
+    for user, prefix in prefixes.items():
+        rank(engine, user, prefix)
+    result = rank(engine, "u1", prefixes["u1"])
+    assert result.source == "dram"
+    full = engine.model.rank_full(prefixes["u1"], SHORT, CANDS)
+    assert relative_error(torch.tensor(result.scores), full) <= TOLERANCE
+    stats = engine.stats()
+    assert stats.counters["demotions"] >= 1 and stats.counters["promotions"] == 1
+    assert stats.hbm_peak_bytes <= stats.hbm_budget_bytes
+
+
+def test_without_dram_an_evicted_prefix_is_a_miss():
+    per_prefix = SMALL.kv_bytes_per_token() * 200
+    engine = engine_with(cache={"hbm_budget_mb": 1.5 * per_prefix / 2**20, "dram_budget_mb": 0})
+    a, b = make_history(200, SMALL, seed=1), make_history(200, SMALL, seed=2)
+    rank(engine, "a", a)
+    rank(engine, "b", b)
+    assert rank(engine, "a", a).source == "miss"
+
+
+def test_rank_joins_a_pre_inference_in_flight():
+    engine = engine_with(trigger={"at_risk_seq_len": 100})
+    prefix = make_history(6000, SMALL, seed=4)
+    key = engine.cache_key("erin", prefix)
+    worker = threading.Thread(target=engine.pre_infer, args=(PreInferRequest("erin", prefix),))
+    worker.start()
+    deadline = time.monotonic() + 5
+    while engine.producing.running(key) is None and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert engine.producing.running(key) is not None, "pre-inference finished before rank could join it"
+    result = rank(engine, "erin", prefix)
+    worker.join()
+    assert result.source == "inflight"
+    assert engine.stats().counters["misses"] == 0
+
+
+def test_concurrent_ranks_of_one_missing_prefix_compute_it_once():
+    engine = engine_with()
+    prefix = make_history(3000, SMALL, seed=5)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(rank(engine, "frank", prefix))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sources = sorted(r.source for r in results)
+    assert sources.count("miss") == 1, sources
+    first = torch.tensor(results[0].scores)
+    assert all(relative_error(torch.tensor(r.scores), first) <= TOLERANCE for r in results)
+
+
+def test_a_request_past_its_deadline_fails_fast_and_the_engine_stays_usable():
+    engine = engine_with()
+    prefix = make_history(100, SMALL, seed=6)
+    with pytest.raises(DeadlineExceeded, match="missed its deadline"):
+        rank(engine, "gina", prefix, deadline_s=time.time() - 0.01)
+    assert rank(engine, "gina", prefix, deadline_s=time.time() + 30).source == "miss"
+    counters = engine.stats().counters
+    assert counters["rank_deadline_exceeded"] == 1 and counters["rank_ok"] == 1
+
+
+@pytest.mark.parametrize(("request_", "field"), [
+    (lambda p: RankRequest("h", p, SHORT, []), "candidates"),
+    (lambda p: RankRequest("h", p, SHORT, [SMALL.num_items]), "candidates"),
+    (lambda p: RankRequest("h", History(p.items[:0], p.actions[:0]), SHORT, [1]), "prefix"),
+    (lambda p: RankRequest("h", History(p.items * 0 - 1, p.actions), SHORT, [1]), "prefix.items"),
+    (lambda p: RankRequest("h", p, History(SHORT.items, SHORT.actions[:2]), [1]), "short_term.actions"),
+])
+def test_bad_input_names_the_field_and_leaves_the_engine_usable(request_, field):
+    engine = engine_with()
+    prefix = make_history(50, SMALL, seed=7)
+    with pytest.raises(EngineInputError) as info:
+        engine.rank(request_(prefix))
+    assert info.value.field == field
+    assert rank(engine, "h", prefix).source == "miss"
+    assert engine.stats().counters["rank_errors"] == 1
+
+
+def test_publishing_an_edit_invalidates_caches_and_ranks_exactly_under_it():
+    engine = engine_with(trigger={"at_risk_seq_len": 10})
+    prefix = make_history(200, SMALL, seed=8)
+    engine.pre_infer(PreInferRequest("ivy", prefix))
+    before = rank(engine, "ivy", prefix)
+    assert before.source == "hbm"
+    engine.apply_policy(parse_policy({"trigger": {"at_risk_seq_len": 10},
+                                      "editing": random_edit(SMALL, seed=1, scope="all")}))
+    after = rank(engine, "ivy", prefix)
+    assert after.source == "miss"
+    assert rank(engine, "ivy", prefix).source == "hbm"
+    full = engine.model.rank_full(prefix, SHORT, CANDS, edit=engine.edit)
+    assert relative_error(torch.tensor(after.scores), full) <= TOLERANCE
+    assert relative_error(torch.tensor(after.scores), torch.tensor(before.scores)) > 1e-4
+
+
+def test_a_policy_the_device_cannot_hold_is_refused_and_the_old_one_kept():
+    engine = engine_with(cache={"hbm_budget_mb": 64})
+    old = engine.policy
+    with pytest.raises(PolicyApplyError) as info:
+        engine.apply_policy(parse_policy({"cache": {"hbm_budget_mb": 16_000_000}}))
+    assert info.value.field == "cache.hbm_budget_mb"
+    assert engine.policy == old and engine.hbm.budget_bytes == 64 * 2**20
+
+
+def test_an_edit_for_another_model_is_refused_on_apply():
+    engine = engine_with()
+    bad = random_edit(SMALL, seed=1, scope="all")
+    bad["fingerprint"]["num_layers"] = SMALL.num_layers + 3
+    with pytest.raises(PolicyApplyError) as info:
+        engine.apply_policy(parse_policy({"editing": bad}))
+    assert info.value.field == "editing.fingerprint"
+
+
+def test_shrinking_the_budget_applies_at_once():
+    engine = engine_with()
+    for i in range(5):
+        rank(engine, f"u{i}", make_history(200, SMALL, seed=i))
+    engine.apply_policy(parse_policy({"cache": {"hbm_budget_mb": SMALL.kv_bytes_per_token() * 250 / 2**20}}))
+    stats = engine.stats()
+    assert stats.hbm_bytes <= stats.hbm_budget_bytes and stats.hbm_entries == 1
+
+
+@pytest.mark.parametrize(("slo_ms", "within"), [(60_000.0, 3), (1e-6, 0)])
+def test_stats_count_requests_within_the_slo(slo_ms, within):
+    engine = engine_with(trigger={"ranking_p99_slo_ms": slo_ms})
+    for _ in range(3):
+        rank(engine, "k", make_history(64, SMALL, seed=1))
+    stats = engine.stats()
+    assert stats.rank_latency.count == 3
+    assert stats.counters["rank_within_slo"] == within
+    assert stats.device == "cpu"

@@ -1,0 +1,370 @@
+"""Editing for semantic consistency: rewrites, probes, directions, the editing section, the eval command."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from relay_engine.core.config import EditingConfig, parse_policy, to_plain, validate_policy
+from relay_engine.core.editing_io import editing_json
+from relay_engine.core.engine import PreInferRequest, RankRequest, RelayEngine
+from relay_engine.core.model import History, HSTUModel
+from relay_engine.lab import consistency as cons
+from relay_engine.lab.editing import llm as editing_llm
+from relay_engine.lab.editing.cli import main as editing_main
+from relay_engine.lab.editing.directions import build_editing, directions
+from relay_engine.lab.editing.fitting import fit_head_biases
+from relay_engine.lab.editing.gr_eval import gr_probe_data
+from relay_engine.lab.editing.probes import HeadProbe, locate_heads, probe_provenance, split_by_group
+from relay_engine.lab.synthetic import REWRITES, SyntheticWorld, WorldConfig, train
+
+TINY_WORLD = WorldConfig(num_topics=4, items_per_topic=8, num_aliased=8, min_sessions=2, max_sessions=3)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors: one thread is fastest, and on a shared CPU far faster than a contended pool."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def world() -> SyntheticWorld:
+    return SyntheticWorld(TINY_WORLD)
+
+
+@pytest.fixture(scope="module")
+def model(world) -> HSTUModel:
+    return HSTUModel(world.model_config(embed_dim=16, num_layers=2, num_heads=2, head_dim=4))
+
+
+def planted(n: int = 400, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations [n, 2, 3, 4] of noise, except head (1, 2), whose first coordinate carries the label."""
+    g = torch.Generator().manual_seed(seed)
+    labels = (torch.rand(n, generator=g) < 0.5).float()
+    acts = torch.randn(n, 2, 3, 4, generator=g)
+    acts[:, 1, 2, 0] += 3.0 * labels
+    return acts, labels
+
+
+# --- the synthetic world ------------------------------------------------------------------------
+
+
+def test_a_user_is_the_same_every_time_it_is_generated(world):
+    a, b = world.user(7), world.user(7)
+    for part in ("items", "actions", "timestamps", "session"):
+        assert np.array_equal(getattr(a.history, part), getattr(b.history, part))
+    assert np.array_equal(a.targets, b.targets)
+
+
+@pytest.mark.parametrize("kind", REWRITES)
+def test_a_rewrite_keeps_the_behaviours_of_each_session(world, kind):
+    h = world.user(3).history
+    r = world.rewrite(h, kind, np.random.default_rng(0))
+    assert np.all(np.diff(r.timestamps) >= 0), "time order is kept"
+    for s in np.unique(h.session):
+        before = sorted(zip(h.items[h.session == s], h.actions[h.session == s], strict=True))
+        after = sorted(set(zip(world.canonical_of[r.items[r.session == s]], r.actions[r.session == s], strict=True)))
+        assert sorted(set(before)) == after
+    if kind == "alias":
+        assert np.array_equal(world.canonical_of[r.items], h.items) and not np.array_equal(r.items, h.items)
+    if kind == "duplicate":
+        assert len(h.items) < len(r.items) <= len(h.items) + 3
+    if kind == "time_shift":
+        first = np.array([r.timestamps[r.session == s][0] - h.timestamps[h.session == s][0]
+                          for s in np.unique(h.session)])
+        assert np.array_equal(r.timestamps - h.timestamps, first[h.session]), "sessions move as a whole"
+
+
+def test_training_beats_the_untrained_model_on_held_out_next_items(world):
+    m = HSTUModel(world.model_config(embed_dim=16, num_layers=1, num_heads=2, head_dim=4, seed=1))
+    users = range(10_000, 10_060)
+    before = cons.quality(m, world, users)
+    train(m, world, users=range(80), epochs=2, lr=1e-2)
+    after = cons.quality(m, world, users)
+    assert after.ndcg10 > before.ndcg10
+    assert all(not p.requires_grad for p in m.parameters())
+
+
+# --- metrics ------------------------------------------------------------------------------------------
+
+
+def test_kendall_tau_is_one_for_the_same_order_and_minus_one_reversed():
+    a = torch.tensor([0.1, 0.5, 0.3, 0.9])
+    assert cons.kendall_tau(a, a * 2 + 1) == pytest.approx(1.0)
+    assert cons.kendall_tau(a, -a) == pytest.approx(-1.0)
+
+
+def test_top10_agreement_ignores_order_inside_the_top10():
+    a = torch.arange(20.0)
+    b = a.clone()
+    b[10:] = b[10:].flip(0)  # the 10 best, reversed among themselves
+    assert cons.top_k_same(a, b)
+    b[0], b[19] = b[19], b[0]
+    assert not cons.top_k_same(a, b)
+
+
+# --- probes and directions ------------------------------------------------------------------------
+
+
+def test_locate_heads_ranks_the_head_that_carries_the_label_first():
+    acts, labels = planted()
+    val_mask = torch.from_numpy(split_by_group(np.arange(len(labels)) // 4))
+    top, probes = locate_heads(acts, labels, val_mask, k=2)
+    assert (top[0].layer, top[0].head) == (1, 2)
+    assert top[0].val_accuracy > 0.9
+    assert len(probes) == 6 and max(p.val_accuracy for p in probes[1:]) < 0.7
+
+
+def test_held_out_groups_never_appear_in_training():
+    groups = np.repeat(np.arange(10), 3)
+    mask = split_by_group(groups, val_fraction=0.4)
+    assert set(groups[mask]).isdisjoint(groups[~mask]) and len(set(groups[mask])) == 4
+
+
+def test_mean_shift_is_mean_of_consistent_minus_mean_of_all():
+    acts, labels = planted()
+    head = HeadProbe(1, 2, 1.0, 1.0)
+    d = directions(acts, labels, [head], "mean_shift")[(1, 2)]
+    expected = acts[labels == 1, 1, 2].mean(0) - acts[:, 1, 2].mean(0)
+    assert torch.allclose(d, expected, atol=1e-5)
+
+
+def test_iti_direction_is_the_mean_shift_scaled_to_one_std_along_it():
+    acts, labels = planted()
+    head = HeadProbe(1, 2, 1.0, 1.0)
+    shift = directions(acts, labels, [head], "mean_shift")[(1, 2)]
+    iti = directions(acts, labels, [head], "iti")[(1, 2)]
+    unit = shift / shift.norm()
+    assert torch.allclose(iti / iti.norm(), unit, atol=1e-5)
+    assert float(iti.norm()) == pytest.approx(float((acts[:, 1, 2] @ unit).std()), rel=1e-4)
+
+
+def test_an_unknown_method_is_refused():
+    acts, labels = planted()
+    with pytest.raises(ValueError, match="method"):
+        directions(acts, labels, [HeadProbe(0, 0, 1, 1)], "pca")
+
+
+# --- the editing section -----------------------------------------------------------------------------
+
+
+def built_editing(model: HSTUModel, alpha: float = 2.0) -> EditingConfig:
+    acts, labels = planted()
+    acts = torch.randn(len(labels), model.config.num_layers, model.config.num_heads, model.config.head_dim,
+                       generator=torch.Generator().manual_seed(1)) + labels[:, None, None, None]
+    heads = [HeadProbe(1, 0, 0.9, 0.95), HeadProbe(0, 1, 0.8, 0.85)]
+    dirs = directions(acts, labels, heads, "iti")
+    prov = probe_provenance(method="iti", k=2, dataset_hash="abc123", samples=len(labels),
+                                    consistent_share=0.5, heads=heads)
+    return build_editing(model.config.fingerprint(), dirs, alpha, scope="all", provenance=prov)
+
+
+def test_the_built_edit_is_a_valid_editing_section_with_provenance(model):
+    cfg = built_editing(model)
+    spec, errors = validate_policy({"editing": to_plain(cfg)})
+    assert errors == {} and spec.editing == cfg
+    prov = cfg.provenance
+    assert prov["dataset_hash"] == "abc123" and prov["k"] == 2 and prov["method"] == "iti" and prov["alpha"] == 2.0
+    assert [(p["layer"], p["head"]) for p in prov["probe_accuracies"]] == [(1, 0), (0, 1)]
+    assert {(e.layer, e.head) for e in cfg.edits} == {(1, 0), (0, 1)}
+
+
+def test_the_json_file_round_trips_to_the_same_content_hash(model):
+    cfg = built_editing(model)
+    doc = json.loads(json.dumps(editing_json(cfg)))
+    assert parse_policy({"editing": doc["editing"]}).editing.content_hash() == doc["content_hash"]
+
+
+def test_another_alpha_is_another_content_hash(model):
+    assert built_editing(model, 2.0).content_hash() != built_editing(model, 3.0).content_hash()
+
+
+def test_an_edit_changes_scores_only_where_it_is_passed(model, world):
+    h = world.user(1).history
+    before = cons.score(model, h, world.candidates())
+    edited = cons.score(model, h, world.candidates(), model.edit_from(built_editing(model)))
+    assert not torch.allclose(edited, before)
+    assert torch.equal(cons.score(model, h, world.candidates()), before), "the model holds no edit of its own"
+
+
+def test_the_engine_serves_the_built_edit_exactly_as_rank_full(model, world):
+    engine = RelayEngine(model=HSTUModel(model.config), device="cpu",
+                         policy=parse_policy({"trigger": {"at_risk_seq_len": 1}}))
+    prefix, short = world.user(2).history.to_history(), History.from_lists([3, 4], [1, 2], None)
+    prefix = History(prefix.items, prefix.actions, None)
+    cands = world.candidates().tolist()
+    assert engine.pre_infer(PreInferRequest("u", prefix)).admitted
+    engine.apply_policy(parse_policy({"editing": to_plain(built_editing(engine.model))}))
+    result = engine.rank(RankRequest("u", prefix, short, cands))
+    assert result.source == "miss", "a prefix cached under the old edit is never used"
+    assert engine.rank(RankRequest("u", prefix, short, cands)).source == "hbm"
+    full = engine.model.rank_full(prefix, short, cands, edit=engine.edit)
+    assert torch.allclose(torch.tensor(result.scores), full, rtol=1e-4, atol=1e-5)
+
+
+# --- GR probe data and the eval command ----------------------------------------------------------------
+
+
+def test_each_probe_sample_is_labelled_by_its_pairs_top10_agreement(model, world):
+    users = range(500, 506)
+    data = gr_probe_data(model, world, users)
+    c = model.config
+    assert data.activations.shape == (len(users) * len(REWRITES), c.num_layers, c.num_heads, c.head_dim)
+    pairs = cons.equivalent_pairs(world, users)
+    expected = [cons.top_k_same(cons.score(model, p.original, world.candidates()),
+                                cons.score(model, p.rewritten, world.candidates())) for p in pairs]
+    assert data.labels.tolist() == [float(e) for e in expected]
+    assert gr_probe_data(model, world, users).dataset_hash == data.dataset_hash
+
+
+def test_eval_command_prints_the_table_and_writes_plot_and_a_valid_config(tmp_path, capsys):
+    code = editing_main(["eval", "--out", str(tmp_path), "--train-users", "40", "--train-seconds", "1",
+                         "--probe-users", "20", "--eval-users", "6", "--test-users", "5", "--quality-users", "10",
+                         "--ks", "1,2", "--alphas", "2"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "top10_same" in printed and "NDCG@10" in printed and "test (new users)" in printed
+    assert (tmp_path / "gr_alpha_sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads((tmp_path / "gr_editing.json").read_text())
+    assert validate_policy({"editing": doc["editing"]})[1] == {}
+    sweep = json.loads((tmp_path / "gr_sweep.json").read_text())
+    assert [(r["k"], r["alpha"]) for r in sweep["validation"]["rows"]] == [(0, 0.0), (1, 2.0), (2, 2.0)]
+    # the reported figures come from the test users, measured with the setting validation chose
+    best, test = sweep["validation"]["best"], sweep["test"]
+    assert (test["edited"]["k"], test["edited"]["alpha"]) == (best["k"], best["alpha"])
+    assert test["pairs"] == 5 * len(REWRITES) and test["quality_queries"] == 10 * 3
+    assert sweep["consistency_gain_points"] == round(
+        100 * (test["edited"]["top10_same"] - test["baseline"]["top10_same"]), 2)
+    with np.load(tmp_path / "gr_editing.npz", allow_pickle=False) as npz:
+        edits = doc["editing"]["edits"]
+        assert npz["layers"].tolist() == [e["layer"] for e in edits]
+        assert np.allclose(npz["directions"], [e["direction"] for e in edits])
+        assert json.loads(str(npz["provenance"])) == doc["editing"]["provenance"]
+
+
+def test_fitted_head_vectors_bring_equivalent_inputs_closer_on_the_fitting_users(model, world):
+    users = range(600, 612)
+    dirs = fit_head_biases(model, world, users, epochs=3, consistency_weight=5.0, lr=0.1)
+    c = model.config
+    assert sorted(dirs) == [(li, hi) for li in range(c.num_layers) for hi in range(c.num_heads)]
+    cfg = build_editing(c.fingerprint(), dirs, 1.0, scope="candidates")
+
+    def gap(edit) -> float:
+        total = 0.0
+        for p in cons.equivalent_pairs(world, users):
+            a = torch.log_softmax(cons.score(model, p.original, world.candidates(), edit), -1)
+            b = torch.log_softmax(cons.score(model, p.rewritten, world.candidates(), edit), -1)
+            total += float(torch.nn.functional.kl_div(b, a, log_target=True, reduction="sum"))
+        return total
+
+    assert gap(model.edit_from(cfg)) < gap(model.edit_from(None))
+    assert all(not p.requires_grad for p in model.parameters())
+
+
+def test_eval_command_fits_head_vectors_with_the_fit_method(tmp_path, capsys):
+    code = editing_main(["eval", "--out", str(tmp_path), "--method", "fit", "--train-users", "40",
+                         "--train-seconds", "1", "--probe-users", "10", "--fit-users", "6", "--fit-epochs", "1",
+                         "--eval-users", "4", "--test-users", "3", "--quality-users", "6", "--alphas", "1"])
+    assert code == 0
+    assert "fit epoch 1/1" in capsys.readouterr().out
+    sweep = json.loads((tmp_path / "gr_sweep.json").read_text())
+    assert [(r["k"], r["alpha"]) for r in sweep["validation"]["rows"]] == [(0, 0.0), (12, 1.0)]  # every head of the default model
+    doc = json.loads((tmp_path / "gr_editing.json").read_text())
+    assert doc["editing"]["provenance"]["method"] == "fit" and doc["editing"]["provenance"]["fit"]["users"] == 6
+
+
+# --- the real pretrained LLM (optional extra) ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_llm_head_edits_change_the_answer_logits_and_come_off_cleanly():
+
+    missing = editing_llm.missing_requirements()
+    if missing:
+        pytest.skip(f"the editing-llm extra is not installed (missing {', '.join(missing)}): "
+                    f"{editing_llm.EXTRA_HINT}")
+    llm = editing_llm.load_llm()
+    data = editing_llm.PromptSet.load()
+    hooks = editing_llm.HeadEditHooks(llm)
+    prompts = [editing_llm.prompt_text(llm, data.instructions[0], t) for t in data.texts[:2]]
+    batch = llm.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad(), hooks.capturing() as layers:
+        before = llm.model(**batch).logits[:, -1]
+    fp = llm.fingerprint
+    assert len(layers) == fp.num_layers and layers[0].shape == (2, fp.num_heads, fp.head_dim)
+    dirs = {(fp.num_layers - 1, 0): torch.ones(fp.head_dim)}
+    cfg = build_editing(fp, dirs, 5.0, provenance={"dataset_hash": data.raw_hash})
+    assert validate_policy({"editing": to_plain(cfg)})[1] == {}
+    hooks.set_edit(cfg)
+    with torch.no_grad():
+        edited = llm.model(**batch).logits[:, -1]
+    hooks.set_edit(None)
+    with torch.no_grad():
+        after = llm.model(**batch).logits[:, -1]
+    assert not torch.allclose(edited, before)
+    assert torch.equal(after, before)
+
+    # calibrated answers: each instruction's option probabilities divided by its content-free ones
+    items = np.array([0, 1])
+    option_ids = editing_llm.option_token_ids(llm, data.options)
+    raw, _ = editing_llm.ask(llm, hooks, data, items, option_ids, "raw")
+    calibrated, _ = editing_llm.ask(llm, hooks, data, items, option_ids, "calibrated")
+    prompts = [editing_llm.prompt_text(llm, ins, data.texts[i]) for ins in data.instructions for i in items]
+    free = [editing_llm.prompt_text(llm, ins, t) for ins in data.instructions for t in editing_llm.CONTENT_FREE]
+    item_lp = editing_llm.option_scores(llm, hooks, prompts, option_ids)[0].reshape(len(data.instructions), 2, -1)
+    free_p = torch.softmax(torch.from_numpy(editing_llm.option_scores(llm, hooks, free, option_ids)[0]), -1)
+    free_p = free_p.reshape(len(data.instructions), len(editing_llm.CONTENT_FREE), -1).mean(1).numpy()
+    item_p = torch.softmax(torch.from_numpy(item_lp), -1).numpy()
+    assert np.array_equal(raw, item_lp.argmax(-1))
+    assert np.array_equal(calibrated, (item_p / free_p[:, None, :]).argmax(-1))
+    shared = editing_llm.content_free_probabilities(llm, hooks, data, option_ids)
+    assert np.allclose(shared, free_p)
+    assert np.array_equal(editing_llm.ask(llm, hooks, data, items, option_ids, free_p=shared)[0], calibrated)
+    with pytest.raises(ValueError, match="scoring 'loud'"):
+        editing_llm.ask(llm, hooks, data, items, option_ids, "loud")
+    hooks.close()
+
+
+def test_llm_scores_and_paired_bootstrap_work_on_choice_grids():
+
+    labels = np.array([0, 1] * 20)
+    right = np.tile(labels, (4, 1))  # 4 instructions, every answer right
+    wrong_half = right.copy()
+    wrong_half[:2] = 1 - wrong_half[:2]  # two instructions get every item wrong
+    s = editing_llm.score_answers(wrong_half, labels)
+    assert s.accuracy_by_instruction == [0.0, 0.0, 1.0, 1.0] and s.mean == 0.5 and s.std == 0.5
+    assert s.agreement == 0.0 and editing_llm.score_answers(right, labels).agreement == 1.0
+
+    same = editing_llm.paired_bootstrap(wrong_half, wrong_half, labels, samples=200)
+    assert same == {"mean_change_95": [0.0, 0.0], "std_change_95": [0.0, 0.0]}
+    fixed = editing_llm.paired_bootstrap(wrong_half, right, labels, samples=200)
+    assert fixed["mean_change_95"] == [0.5, 0.5] and fixed["std_change_95"] == [-0.5, -0.5]
+    noisy = np.where(np.random.default_rng(1).random(right.shape) < 0.3, 1 - right, right)
+    lo, hi = editing_llm.paired_bootstrap(noisy, right, labels, samples=500)["mean_change_95"]
+    assert 0 < lo < hi <= 0.5
+
+
+def test_user_bootstrap_intervals_cover_the_measured_change_and_pair_the_draws(model, world):
+    users, q_users = range(700, 712), range(800, 815)
+    pairs = cons.equivalent_pairs(world, users)
+    before_c, before_q = cons.consistency(model, world, pairs), cons.quality(model, world, q_users)
+    assert len(before_c.same_by_pair) == len(pairs) and len(before_q.ndcg_by_query) == before_q.queries
+    assert np.mean(before_c.same_by_pair) == before_c.top10_same
+    same = cons.paired_user_bootstrap(before_c, before_c, before_q, before_q, pair_users=len(users),
+                                      query_users=len(q_users), samples=100)
+    assert same == {"gain_points_95": [0.0, 0.0], "ndcg10_change_95": [0.0, 0.0]}  # paired: no spread at all
+    edit = model.edit_from(build_editing(
+        model.config.fingerprint(), {(0, 0): torch.ones(model.config.head_dim)}, 3.0))
+    after_c, after_q = cons.consistency(model, world, pairs, edit), cons.quality(model, world, q_users, edit)
+    iv = cons.paired_user_bootstrap(before_c, after_c, before_q, after_q, pair_users=len(users),
+                                    query_users=len(q_users), samples=500)
+    gain = 100 * (after_c.top10_same - before_c.top10_same)
+    assert iv["gain_points_95"][0] <= gain <= iv["gain_points_95"][1]
+    change = after_q.ndcg10 / before_q.ndcg10 - 1
+    assert iv["ndcg10_change_95"][0] <= change <= iv["ndcg10_change_95"][1]
