@@ -4,8 +4,9 @@
 
 CHECKPOINT is what the reference's ``train.py`` saves (``{"model_state_dict": ...}``, DDP's
 ``module.`` prefix allowed) or a bare state dict of its ``HSTU`` module. The state dict does not
-say everything the reference ran with, so the flags say the rest (defaults: the reference's own
-defaults and its published configurations). The import configures RelayGR's model to compute what
+say everything the reference ran with: ``train.py``'s file name does (heads, dqk, dv, activation,
+item L2 norm: ``HSTU-b8-h2-dqk25-dv25-lsilud0.2-…_local-l2-eps1e-06_…``), else the flags, else the
+reference's own defaults and its published configurations. The import configures RelayGR's model to compute what
 the reference computes (``docs/model.md`` has the mapping, term by term), or refuses with an
 ``UnsupportedCheckpoint`` naming the difference it cannot represent. Workers serve the result with
 ``RELAYGR_MODEL=weights.pt``.
@@ -61,6 +62,38 @@ class ReferenceSettings:
     normalization: str = "rel_bias"  # hstu_encoder.normalization
     linear_activation: str = "silu"  # hstu_encoder.linear_activation
     concat_ua: bool = False  # hstu_encoder.concat_ua
+
+
+# train.py names a checkpoint after its model: ``{model.debug_str()}_{similarity}_{sampling}_…_ep{N}``.
+CHECKPOINT_NAME = re.compile(r"HSTU-b(?P<blocks>\d+)-h(?P<heads>\d+)-dqk(?P<dqk>\d+)-dv(?P<dv>\d+)-l(?P<act>[a-z]+)d")
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    """What a ``train.py`` checkpoint's file name says about the model."""
+
+    num_blocks: int
+    num_heads: int
+    dqk: int
+    dv: int
+    linear_activation: str
+    item_l2_norm: bool
+
+    @classmethod
+    def of(cls, path: str | Path) -> NamedModel | None:
+        m = CHECKPOINT_NAME.search(Path(path).name)
+        if m is None:
+            return None
+        return cls(int(m["blocks"]), int(m["heads"]), int(m["dqk"]), int(m["dv"]), m["act"],
+                   "-l2-eps" in Path(path).name)
+
+    def check(self, config: ModelConfig) -> None:
+        """Refuse weights whose shapes contradict the name (a renamed file, a wrong --num-heads)."""
+        found = (config.num_layers, config.num_heads, config.head_dim, config.head_dim)
+        named = (self.num_blocks, self.num_heads, self.dqk, self.dv)
+        if found != named:
+            raise UnsupportedCheckpoint(f"its name says HSTU-b{named[0]}-h{named[1]}-dqk{named[2]}-dv{named[3]}, "
+                                        f"its weights read as b{found[0]}-h{found[1]}-dqk{found[2]}-dv{found[3]}")
 
 
 def reference_state_dict(checkpoint: object) -> dict[str, torch.Tensor]:
@@ -187,7 +220,8 @@ def _check_settings(s: ReferenceSettings) -> None:
 
 
 def import_checkpoint(checkpoint: str | Path, out: str | Path, settings: ReferenceSettings) -> HSTUModel:
-    """Convert CHECKPOINT and write it as a RelayGR weights file; returns the model written."""
+    """Convert CHECKPOINT and write it as a RelayGR weights file; returns the model written. A
+    ``train.py`` file name that contradicts the weights is refused."""
     try:
         raw = torch.load(checkpoint, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -196,6 +230,9 @@ def import_checkpoint(checkpoint: str | Path, out: str | Path, settings: Referen
         raise UnsupportedCheckpoint(f"{checkpoint}: cannot be read as a torch checkpoint "
                                     f"({type(exc).__name__})") from None
     config, state = convert(reference_state_dict(raw), settings)
+    named = NamedModel.of(checkpoint)
+    if named is not None:
+        named.check(config)
     model = HSTUModel.from_state_dict(config, state)
     model.save(out, source={"importer": "relay_engine.import_gr", "checkpoint": str(checkpoint),
                             "reference": "facebookresearch/generative-recommenders research HSTU",
@@ -207,17 +244,27 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m relay_engine.import_gr", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", help="a checkpoint of generative-recommenders' research HSTU (train.py's ckpts/…)")
     p.add_argument("--out", required=True, help="the RelayGR weights file to write (serve with RELAYGR_MODEL=FILE)")
-    p.add_argument("--num-heads", type=int, required=True, help="hstu_encoder.num_heads it was trained with")
+    p.add_argument("--num-heads", type=int,
+                   help="hstu_encoder.num_heads (default: from train.py's checkpoint name, HSTU-b…-h<H>-…)")
     p.add_argument("--user-embedding-norm", choices=("l2_norm", "layer_norm"), default="l2_norm",
                    help="train_fn.user_embedding_norm (default l2_norm)")
-    p.add_argument("--no-item-l2-norm", dest="item_l2_norm", action="store_false",
-                   help="train_fn.item_l2_norm was false (default: true, as every published config)")
+    p.add_argument("--item-l2-norm", action=argparse.BooleanOptionalAction,
+                   help="train_fn.item_l2_norm (default: from the checkpoint name's '-l2-eps', else true)")
     p.add_argument("--normalization", default="rel_bias", help="hstu_encoder.normalization (default rel_bias)")
-    p.add_argument("--linear-activation", default="silu", help="hstu_encoder.linear_activation (default silu)")
+    p.add_argument("--linear-activation",
+                   help="hstu_encoder.linear_activation (default: from the checkpoint name, else silu)")
     p.add_argument("--concat-ua", action="store_true", help="hstu_encoder.concat_ua was true (refused)")
     args = p.parse_args(argv)
-    settings = ReferenceSettings(args.num_heads, args.user_embedding_norm, args.item_l2_norm, args.normalization,
-                                 args.linear_activation, args.concat_ua)
+    named = NamedModel.of(args.checkpoint)
+    if named is not None and args.num_heads not in (None, named.num_heads):
+        p.error(f"--num-heads {args.num_heads}, but the checkpoint's name says h{named.num_heads}")
+    num_heads = args.num_heads or (named.num_heads if named else None)
+    if num_heads is None:
+        p.error("--num-heads is required: the checkpoint's name does not say it (train.py's HSTU-b…-h<H>-…)")
+    settings = ReferenceSettings(
+        num_heads, args.user_embedding_norm,
+        args.item_l2_norm if args.item_l2_norm is not None else (named.item_l2_norm if named else True),
+        args.normalization, args.linear_activation or (named.linear_activation if named else "silu"), args.concat_ua)
     try:
         model = import_checkpoint(args.checkpoint, args.out, settings)
     except UnsupportedCheckpoint as exc:

@@ -71,13 +71,21 @@ def test_the_imported_models_cached_path_is_exact(prefix_len, short_len, timesta
     assert relative_error(cached, full) <= TOLERANCE
 
 
+# How train.py names a checkpoint of SHAPE: the model's debug string first, then similarity, sampling, loss…
+TRAIN_PY_NAME = (f"HSTU-b2-h{HEADS}-dqk8-dv8-lsilud0.2-ad0.0_DotProduct_local-l2-eps1e-06_ssl-t0.05-n128-b128"
+                 f"-lr0.001-wu0-wd0-2024-04-11_ep3")
+
+
+def save_train_py_checkpoint(path, state) -> None:
+    torch.save({"epoch": 3, "model_state_dict": {f"module.{k}": v for k, v in state.items()},  # DDP-wrapped
+                "optimizer_state_dict": {"state": {}, "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.98)}]}}, path)
+
+
 def test_a_train_py_checkpoint_imports_through_the_command(tmp_path, capsys):
     state = reference_state(**SHAPE, seed=5)
-    checkpoint = {"epoch": 3, "model_state_dict": {f"module.{k}": v for k, v in state.items()},  # DDP-wrapped
-                  "optimizer_state_dict": {"state": {}, "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.98)}]}}
-    torch.save(checkpoint, tmp_path / "ckpt")
+    save_train_py_checkpoint(tmp_path / TRAIN_PY_NAME, state)
     out = tmp_path / "weights.pt"
-    assert main([str(tmp_path / "ckpt"), "--num-heads", str(HEADS), "--out", str(out)]) == 0
+    assert main([str(tmp_path / TRAIN_PY_NAME), "--out", str(out)]) == 0  # the name gives the head count
     assert f"RELAYGR_MODEL={out}" in capsys.readouterr().out
     model = HSTUModel.load(out)
     history = user(20, seed=6, timestamps=True)
@@ -124,3 +132,17 @@ def test_the_command_refuses_with_the_difference_and_writes_nothing(tmp_path, ca
     assert main([str(tmp_path / "ckpt"), "--num-heads", str(HEADS), "--out", str(out), "--concat-ua"]) == 2
     assert "concat_ua" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_head_count_the_checkpoint_name_contradicts_is_refused(tmp_path, capsys):
+    save_train_py_checkpoint(tmp_path / TRAIN_PY_NAME, reference_state(**SHAPE, seed=10))
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / TRAIN_PY_NAME), "--num-heads", "4", "--out", str(tmp_path / "w.pt")])
+    assert exit_.value.code == 2 and "name says h2" in capsys.readouterr().err
+
+
+def test_weights_that_contradict_the_checkpoint_name_are_refused(tmp_path, capsys):
+    name = TRAIN_PY_NAME.replace("HSTU-b2-", "HSTU-b3-")  # a renamed file: the weights have two blocks
+    save_train_py_checkpoint(tmp_path / name, reference_state(**SHAPE, seed=10))
+    assert main([str(tmp_path / name), "--out", str(tmp_path / "w.pt")]) == 2
+    assert "name says HSTU-b3-h2-dqk8-dv8, its weights read as b2-h2-dqk8-dv8" in capsys.readouterr().err
