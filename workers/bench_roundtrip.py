@@ -56,8 +56,9 @@ def percentiles(values_ms: list[float]) -> dict[str, float]:
 
 def time_in_process(settings: Settings, payload: dict, n: int) -> list[float]:
     torch.set_num_threads(settings.torch_threads or torch.get_num_threads())  # as the instance runs
-    engine = RelayEngine(settings.model_config, device="cpu", name="in-process")
-    runtime = InstanceRuntime(engine, SyntheticFeatures(settings.model_config), WorkerCounts())
+    cpu = torch.device("cpu")
+    engine = RelayEngine(model=settings.build_model(cpu), device=cpu, name="in-process")
+    runtime = InstanceRuntime(engine, SyntheticFeatures(engine.model.config), WorkerCounts())
     out = []
     for i in range(n + 20):
         t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """One worker process = one engine instance on one device, consuming only its own two queues.
 
-    python -m workers.instance --pool NAME --index I [--device cpu|cuda:N|npu:N] [--model small]
+    python -m workers.instance --pool NAME --index I [--device cpu|cuda:N|npu:N] [--model small|FILE]
 
 Settings not given as flags come from the environment (``workers.settings``). The process builds
 one ``RelayEngine``, applies the pool's desired revision, then runs a Celery worker on the
@@ -69,8 +69,8 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     name = instance_name(settings.pool, index)
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    engine = RelayEngine(settings.model_config, device=None if settings.device == "auto" else settings.device,
-                         name=name)
+    device = devices.select_device(None if settings.device == "auto" else settings.device)
+    engine = RelayEngine(model=settings.build_model(device), device=device, name=name)
     client = redis_client(settings)
     keys = settings.keys
     started_at = time.time()
@@ -79,7 +79,7 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
         heartbeat_ts=started_at, started_at=started_at, **engine_gauges(engine),
     ), gauges=lambda: engine_gauges(engine))
     counts = WorkerCounts()
-    runtime = InstanceRuntime(engine, SyntheticFeatures(settings.model_config), counts)
+    runtime = InstanceRuntime(engine, SyntheticFeatures(engine.model.config), counts)
     app = make_app(settings)
     register_tasks(app, runtime)
 
@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", required=True,
                         help="instance index in the pool, or 'auto': the lowest free one (scaled replicas)")
     parser.add_argument("--device", help="auto, cpu, cuda[:N], npu[:N] (default $RELAYGR_DEVICE)")
-    parser.add_argument("--model", choices=sorted(MODELS), help="model preset (default $RELAYGR_MODEL)")
+    parser.add_argument("--model", help=f"a model preset ({', '.join(MODELS)}) or a weights file from "
+                                        f"python -m relay_engine.import_gr (default $RELAYGR_MODEL)")
     parser.add_argument("--rank-threads", type=int, help="Celery threads (default $RELAYGR_RANK_THREADS)")
     parser.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """Start a pool: ``RELAYGR_POOL_SIZE`` instance processes (``workers.instance``), kept running.
 
-    python -m workers.pool [--pool NAME] [--size N] [--device auto|cpu|cuda|npu] [--model small]
+    python -m workers.pool [--pool NAME] [--size N] [--device auto|cpu|cuda|npu] [--model small|FILE]
 
 Instance ``i`` gets index ``i``; with an accelerator kind and no index (``cuda``), instance ``i``
 is bound to device ``i mod count``. An instance that exits unexpectedly is restarted after a
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool")
     parser.add_argument("--size", type=int)
     parser.add_argument("--device")
-    parser.add_argument("--model", choices=sorted(MODELS))
+    parser.add_argument("--model", help=f"a preset ({', '.join(MODELS)}) or a weights file (default $RELAYGR_MODEL)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s pool %(levelname)s: %(message)s")
     settings = Settings.from_env(pool=args.pool, pool_size=args.size, device=args.device, model=args.model)

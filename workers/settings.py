@@ -7,7 +7,7 @@
 | ``RELAYGR_POOL`` | ``default`` | pool name |
 | ``RELAYGR_POOL_SIZE`` | ``1`` | instances in the pool (``python -m workers.pool``) |
 | ``RELAYGR_DEVICE`` | ``auto`` | ``auto``, ``cpu``, ``cuda[:N]``, ``npu[:N]`` |
-| ``RELAYGR_MODEL`` | ``default`` | model preset, one of ``MODELS`` |
+| ``RELAYGR_MODEL`` | ``default`` | a preset of ``MODELS``, or a weights file (``python -m relay_engine.import_gr``) |
 | ``RELAYGR_RANK_THREADS`` | ``4`` | Celery threads per instance (ranking runs on them) |
 | ``RELAYGR_TORCH_THREADS`` | torch's default | intra-op threads per instance (CPU) |
 | ``RELAYGR_HEARTBEAT_INTERVAL_S`` | ``wire.HEARTBEAT_INTERVAL_S`` | status + membership refresh |
@@ -21,9 +21,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from relay_engine.core import fields, wire
-from relay_engine.core.model import ModelConfig
+from relay_engine.core.model import HSTUModel, ModelConfig, WeightsFileError, read_weights
 
 MODELS: dict[str, ModelConfig] = {
     "default": ModelConfig(),
@@ -63,7 +66,22 @@ class Settings:
 
     @property
     def model_config(self) -> ModelConfig:
-        return MODELS[self.model]
+        """The preset's config, or the one the weights file records."""
+        if self.model in MODELS:
+            return MODELS[self.model]
+        try:
+            return read_weights(self.model)[0]
+        except WeightsFileError as exc:
+            raise SettingsError("RELAYGR_MODEL", str(exc)) from None
+
+    def build_model(self, device: torch.device) -> HSTUModel:
+        """The model to serve on device: a preset (weights from its seed) or the weights file's."""
+        if self.model in MODELS:
+            return HSTUModel(MODELS[self.model], device)
+        try:
+            return HSTUModel.load(self.model, device)
+        except WeightsFileError as exc:
+            raise SettingsError("RELAYGR_MODEL", str(exc)) from None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> Settings:
@@ -90,8 +108,9 @@ class Settings:
     def check(self) -> None:
         if not wire.NAME_RE.match(self.pool):
             raise SettingsError("RELAYGR_POOL", f"{self.pool!r} is not a pool name ({wire.NAME_RE.pattern})")
-        if self.model not in MODELS:
-            raise SettingsError("RELAYGR_MODEL", f"{self.model!r} is not one of {', '.join(MODELS)}")
+        if self.model not in MODELS and not Path(self.model).is_file():
+            raise SettingsError("RELAYGR_MODEL", f"{self.model!r} is neither a preset ({', '.join(MODELS)}) nor an "
+                                                 f"existing weights file")
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError("REDIS_URL", f"must be a redis:// URL, got {self.redis_url!r}")
 

@@ -96,7 +96,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1", help="web bind address (default 127.0.0.1)")
     p.add_argument("--rate", type=float, default=4.0, help="replayed queries per second (default 4)")
     p.add_argument("--trace", type=Path, help="trace to replay (default: a generated one)")
-    p.add_argument("--model", default=os.environ.get("RELAYGR_MODEL", "default"), choices=sorted(MODELS))
+    p.add_argument("--model", default=os.environ.get("RELAYGR_MODEL", "default"),
+                   help=f"a preset ({', '.join(MODELS)}) or a weights file from python -m relay_engine.import_gr")
     p.add_argument("--device", default=os.environ.get("RELAYGR_DEVICE", "auto"), help="auto, cpu, cuda, npu")
     p.add_argument("--pool", default="main", help="pool name (default main)")
     p.add_argument("--data-dir", type=Path, default=ROOT / "var", help="logs, SQLite, generated trace")
@@ -111,6 +112,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--port must be in [1, 65535], got {args.port}")
     if not wire.NAME_RE.match(args.pool):
         p.error(f"--pool must match {wire.NAME_RE.pattern}, got {args.pool!r}")
+    if args.model not in MODELS:
+        if not Path(args.model).is_file():
+            p.error(f"--model must be a preset ({', '.join(MODELS)}) or a weights file, got {args.model!r}")
+        args.model = str(Path(args.model).resolve())  # the processes started here run from the project root
     return args
 
 

@@ -213,7 +213,9 @@ class RelayEngine:
             self.hbm.abort(key)
             self.producing.finish(key, error=exc)
             raise
-        self.hbm.commit(key, kv)
+        if not self._keep_if_edit_in_force(state, lambda: self.hbm.commit(key, kv)):
+            self.hbm.abort(key)  # the edit changed while it ran: no request could read it, so hold nothing
+            self._count("preinfer_stale_edit")
         self.producing.finish(key, kv)
         self._count("preinfer_completed")
         return PreInferResult(True, None, len(prefix), kv.nbytes, (self.clock() - t0) * 1000)
@@ -310,9 +312,19 @@ class RelayEngine:
                 self.producing.finish(key, error=exc)
             raise
         if leader:
-            self.hbm.insert(key, kv, consumed=True)
+            self._keep_if_edit_in_force(state, lambda: self.hbm.insert(key, kv, consumed=True))
             self.producing.finish(key, kv)
         return scores
+
+    def _keep_if_edit_in_force(self, state: _State, keep: Callable[[], object]) -> bool:
+        """Run ``keep`` (a commit or insert of a KV computed under ``state``) only if that state's
+        edit is still in force, atomically with ``apply_policy``: keys carry the edit hash, so an
+        entry kept under a replaced edit is one no request can reach. False when it was not kept."""
+        with self._apply_lock:
+            if self._state.edit.content_hash != state.edit.content_hash:
+                return False
+            keep()
+            return True
 
     # --- helpers -----------------------------------------------------------------------------
 

@@ -5,13 +5,20 @@ accelerator, so the copy back is asynchronous) instead of being thrown away; a l
 request for it *promotes* it back. The entry leaves DRAM when it is promoted, so it is never held
 in both tiers. Concurrent requests for one key share one reload (``SingleFlight``): the first
 does the work, the others wait on its result.
+
+Demotion is accounting only on the thread that evicted (often a ranking request making room for
+a recompute's prefix): the entry joins the DRAM tier at once, still holding its device KV, and a
+copy thread moves it to host memory afterwards, so ranking never pays for that copy. A promotion
+that finds the copy not yet done takes the device KV back as it is. Until the copy runs, that
+device memory is outside the HBM budget (the copy thread runs while entries wait, then exits).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -24,6 +31,7 @@ from relay_engine.core.kvcache import CacheEntry, CacheKey, HBMCache
 from relay_engine.core.model import PrefixKV
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class SingleFlight(Generic[T]):
@@ -89,10 +97,11 @@ class DRAMCounters:
 
 @dataclass
 class _DramEntry:
-    kv: PrefixKV
+    kv: PrefixKV  # in host memory once copied; until then the device KV, queued for the copy thread
     nbytes: int
     stored_at: float
     last_access: float
+    on_host: bool = False
 
 
 @dataclass
@@ -112,6 +121,9 @@ class MemoryAwareExpander:
         self.used_bytes = 0
         self.reloads = SingleFlight[PrefixKV]()
         self._pin = host_pinning_supported(self.device)
+        self._to_copy: deque[tuple[CacheKey, _DramEntry]] = deque()  # demoted, copy to the host pending
+        self._copying = False  # a copy thread is running
+        self._copies_done = threading.Condition(self._lock)
         self.hbm.on_evict = self.demote
         self.hbm.on_resident = self.discard
 
@@ -122,29 +134,72 @@ class MemoryAwareExpander:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def demote(self, entry: CacheEntry) -> None:
-        """Keep an entry evicted from HBM in DRAM (dropping the least recently used for space)."""
-        if entry.kv is not None:
-            self._store(entry.key, entry.kv, self.clock())
+    def copy_to_host(self, kv: PrefixKV) -> PrefixKV:
+        """The device→host copy of a demoted entry (run by the copy thread, never by the evictor)."""
+        return kv.to(torch.device("cpu"), pin=self._pin)
 
-    def _store(self, key: CacheKey, kv: PrefixKV, stored_at: float) -> None:
-        nbytes = kv.nbytes
-        host_kv = kv.to(torch.device("cpu"), pin=self._pin)
+    def demote(self, entry: CacheEntry) -> None:
+        """Keep an entry evicted from HBM in DRAM (dropping the least recently used for space); its
+        copy to the host is queued for the copy thread."""
+        if entry.kv is not None:
+            now = self.clock()
+            self._store(entry.key, _DramEntry(entry.kv, entry.kv.nbytes, now, now))
+
+    def _store(self, key: CacheKey, entry: _DramEntry) -> None:
         with self._lock:
-            if nbytes > self.budget_bytes:
+            if entry.nbytes > self.budget_bytes:
                 self.counters.rejected += 1
                 return
-            while self.used_bytes + nbytes > self.budget_bytes and self._entries:
+            while self.used_bytes + entry.nbytes > self.budget_bytes and self._entries:
                 _, victim = self._entries.popitem(last=False)
                 self.used_bytes -= victim.nbytes
                 self.counters.evictions += 1
             old = self._entries.pop(key, None)
             if old is not None:
                 self.used_bytes -= old.nbytes
-            self._entries[key] = _DramEntry(host_kv, nbytes, stored_at, self.clock())
-            self.used_bytes += nbytes
+            entry.last_access = self.clock()
+            self._entries[key] = entry
+            self.used_bytes += entry.nbytes
             self.counters.demotions += 1
             self.counters.peak_bytes = max(self.counters.peak_bytes, self.used_bytes)
+            if entry.on_host:
+                return
+            self._to_copy.append((key, entry))
+            if self._copying:
+                return
+            self._copying = True
+        threading.Thread(target=self._copy_queued, name="dram-demotion", daemon=True).start()
+
+    def _copy_queued(self) -> None:
+        """The copy thread: moves queued demotions to host memory, then exits when none is left."""
+        while True:
+            with self._lock:
+                if not self._to_copy:
+                    self._copying = False
+                    self._copies_done.notify_all()
+                    return
+                key, entry = self._to_copy.popleft()
+                if self._entries.get(key) is not entry or entry.on_host:
+                    continue  # promoted, dropped or replaced since it was queued
+            try:
+                host_kv = self.copy_to_host(entry.kv)
+            except Exception:  # noqa: BLE001 — e.g. pinned memory exhausted: this entry is lost, the tier lives on
+                log.exception("demoting %s to DRAM failed; the entry is dropped", key.user_id)
+                host_kv = None
+            with self._lock:
+                if self._entries.get(key) is not entry:
+                    continue
+                if host_kv is None:
+                    del self._entries[key]
+                    self.used_bytes -= entry.nbytes
+                    self.counters.rejected += 1
+                else:
+                    entry.kv, entry.on_host = host_kv, True
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every demotion so far is in host memory (or dropped); False on timeout."""
+        with self._copies_done:
+            return self._copies_done.wait_for(lambda: not self._copying, timeout_s)
 
     def discard(self, key: CacheKey) -> None:
         """Drop DRAM's copy of a key that has become resident in HBM again."""
@@ -180,13 +235,14 @@ class MemoryAwareExpander:
             with self._lock:
                 self.counters.expirations += 1
             return None
-        kv = entry.kv.to(self.device, non_blocking=self._pin)
+        # A demotion whose copy has not run yet still holds the device KV: it comes back without a copy.
+        kv = entry.kv.to(self.device, non_blocking=self._pin) if entry.on_host else entry.kv
         with self._lock:
             self.counters.promotions += 1
         # Back in HBM (consumed: this request reads it now). If HBM cannot take it, this request still
-        # gets the KV; it is kept in DRAM again for the next one, never in both tiers.
+        # gets the KV; the entry stays in DRAM as it was for the next one, never in both tiers.
         if not self.hbm.insert(key, kv, consumed=True):
-            self._store(key, kv, entry.stored_at)
+            self._store(key, entry)
         return kv
 
     def expire(self) -> int:

@@ -33,7 +33,7 @@ class SyntheticFeatures:
 
     def _history(self, seed: int, length: int, t0: int) -> History:
         g = torch.Generator().manual_seed(seed)
-        items = torch.randint(0, self.config.num_items, (length,), generator=g)
+        items = torch.randint(self.config.min_item_id, self.config.num_items, (length,), generator=g)
         actions = torch.randint(1, self.config.num_actions, (length,), generator=g)
         ts = None
         if self.with_timestamps:
@@ -51,4 +51,4 @@ class SyntheticFeatures:
 
     def candidates(self, query_index: int, n: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(_seed(self.seed, "cands", query_index))
-        return torch.randint(0, self.config.num_items, (n,), generator=g)
+        return torch.randint(self.config.min_item_id, self.config.num_items, (n,), generator=g)

@@ -3,18 +3,29 @@
 Following "Actions Speak Louder than Words" (Zhai et al., 2024): a sequence of (item, action)
 tokens; per layer one fused projection gives U, V, Q, K through SiLU; attention is pointwise
 (SiLU, no softmax) with relative position and, when timestamps are given, time-bucket biases,
-normalised by the number of keys each query sees; the layer output is ``W_o(Norm(A·V) ⊙ U)``
-added to the residual stream.
+normalised by a count that depends only on the query row; the layer output is
+``W_o(Norm(A·V) ⊙ U)`` added to the residual stream.
 
-Candidates are scored M-FALCON style: history tokens are causal; each candidate attends to the
-whole history and to itself only, never to other candidates; all candidates share the position
-just after the history. So the history's keys and values never depend on the candidates, and the
-long-term prefix's per-layer K/V (``PrefixKV``) can be computed once by ``prefill`` and reused by
-``rank`` — which gives the same scores as ``rank_full`` recomputing everything.
+Candidates are scored M-FALCON style by default: history tokens are causal; each candidate
+attends to the whole history and to itself only, never to other candidates; all candidates share
+the position just after the history. So the history's keys and values never depend on the
+candidates, and the long-term prefix's per-layer K/V (``PrefixKV``) can be computed once by
+``prefill`` and reused by ``rank`` — which gives the same scores as ``rank_full`` recomputing
+everything.
 
-Normalisation is per query row by its own key count (``i + 1`` for history row i, ``L + 1`` for a
-candidate). A length-wide normaliser would make the prefix's deeper-layer K/V depend on how many
-tokens come after it, and no prefix cache could then be exact.
+The normaliser (``ModelConfig.attn_normaliser``) is per query row: its own key count (``"row"``:
+``i + 1`` for history row i, ``L + 1`` for a candidate) or one constant, ``max_seq_len``
+(``"constant"``, as Meta's reference HSTU divides by its configured length). Both are exact under
+the prefix cache, because neither depends on how many tokens come after a row; only a normaliser
+that did (the actual sequence length, say) would break it.
+
+The other ``ModelConfig`` semantics options exist so that a checkpoint of the reference HSTU runs
+here unchanged (``relay_engine.lab.gr_import``): its attention scale, exact position biases, time
+buckets, the next token's timestamp as a row's query time, absolute input positions, and scoring
+by the last position's embedding against item embeddings. When the state of the prefix's last
+token depends on what follows it (query time "next", or scoring by the last position), the cache
+keeps that one token as ``PrefixKV.tail`` and ``rank`` runs it again with the short-term tokens;
+every other prefix token's K/V is final, so the cached path stays exact.
 
 One function, ``forward``, serves all three operations (and training, probing and evaluation in
 the lab), so the baseline and the cached path run the same kernels with the same batching of
@@ -23,10 +34,12 @@ candidates.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +56,26 @@ class ModelInputError(ValueError):
         super().__init__(f"{field_name}: {message}")
 
 
+class WeightsFileError(ValueError):
+    """A weights file that cannot be served, naming the file and what is wrong with it."""
+
+    def __init__(self, path: str | Path, message: str):
+        self.path = str(path)
+        super().__init__(f"{path}: {message}")
+
+
+# Allowed values of the semantics options, first = RelayGR's own (the default).
+MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
+    "attn_normaliser": ("row", "constant"),
+    "attn_scale": ("rsqrt_dim", "one"),
+    "position_buckets": ("log", "exact"),
+    "time_buckets": ("sqrt2", "gr"),
+    "query_time": ("own", "next"),
+    "scoring": ("candidate_tokens", "last_position"),
+    "output_norm": ("layer", "l2"),
+}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     num_items: int = 65_536
@@ -57,6 +90,33 @@ class ModelConfig:
     # Rows (and keys) per tile of the causal attention, at most; the model caps it further for cache locality.
     block_rows: int = 512
     seed: int = 0
+    # --- semantics (defaults: RelayGR's own; the reference HSTU's are in docs/model.md) ---
+    attn_normaliser: str = "row"  # "row": row i / its key count; "constant": every row / max_seq_len
+    ln_eps: float = 1e-5  # epsilon of every layer norm, and the floor of the L2 norms
+    attn_scale: str = "rsqrt_dim"  # "rsqrt_dim": scores q·k/√head_dim; "one": q·k
+    position_buckets: str = "log"  # "log": exact below half the buckets, log-spaced above; "exact": one per distance
+    time_buckets: str = "sqrt2"  # "sqrt2": ⌊2·log2(Δt + 1)⌋, Δt < 0 → 0; "gr": ⌊ln(max(|Δt|, 1)) / 0.301⌋
+    query_time: str = "own"  # a history row's time for the time bias: its own, or the next token's ("next")
+    bias_needs_timestamps: bool = False  # True: tokens without timestamps get no relative bias at all
+    input_positions: bool = False  # add a learned absolute position embedding to every input token
+    min_item_id: int = 0  # item ids below this are refused (the reference's id 0 is padding)
+    scoring: str = "candidate_tokens"  # or "last_position": the last history row's embedding · item embeddings
+    output_norm: str = "layer"  # normalisation of the scoring row(s): "layer" or "l2"
+    item_l2_norm: bool = False  # L2-normalise item embeddings before scoring
+
+    def __post_init__(self) -> None:
+        for name, allowed in MODEL_OPTIONS.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        for name in ("num_items", "num_actions", "embed_dim", "num_layers", "num_heads", "head_dim",
+                     "num_position_buckets", "num_time_buckets", "max_seq_len", "block_rows"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
+        if not 0 <= self.min_item_id < self.num_items:
+            raise ValueError(f"min_item_id: must be in [0, num_items − 1 = {self.num_items - 1}], "
+                             f"got {self.min_item_id}")
+        if not 0 < self.ln_eps < 1:
+            raise ValueError(f"ln_eps: must be in (0, 1), got {self.ln_eps!r}")
 
     def fingerprint(self) -> ModelFingerprint:
         return ModelFingerprint(self.num_layers, self.num_heads, self.head_dim)
@@ -65,14 +125,30 @@ class ModelConfig:
     def attn_dim(self) -> int:
         return self.num_heads * self.head_dim
 
+    @property
+    def carries_tail(self) -> bool:
+        """Whether the prefix's last token is re-run with what follows it (``PrefixKV.tail``): its
+        state depends on the next token's timestamp, or its output is the scoring row."""
+        return self.query_time == "next" or self.scoring == "last_position"
+
     def version(self) -> str:
-        """Identity of the weights: same config and seed → same weights → same version."""
-        text = repr(sorted(self.__dict__.items()))
-        return "hstu-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+        """Identity of the weights: same config and seed → same weights → same version.
+
+        The semantics options enter only when they differ from their defaults, so the versions of
+        configurations that predate them (and the caches keyed by those) stay what they were.
+        """
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in _SEMANTICS}
+        items = [(k, v) for k, v in sorted(self.__dict__.items()) if k not in defaults or v != defaults[k]]
+        return "hstu-" + hashlib.sha256(repr(items).encode()).hexdigest()[:12]
 
     def kv_bytes_per_token(self, with_timestamps: bool = False) -> int:
         """Bytes of prefix cache per token: K and V (float32) in every layer, plus its timestamp."""
         return self.num_layers * 2 * self.num_heads * self.head_dim * 4 + (8 if with_timestamps else 0)
+
+
+_SEMANTICS = frozenset(("attn_normaliser", "ln_eps", "attn_scale", "position_buckets", "time_buckets",
+                        "query_time", "bias_needs_timestamps", "input_positions", "min_item_id", "scoring",
+                        "output_norm", "item_l2_norm"))
 
 
 @dataclass
@@ -85,6 +161,10 @@ class History:
 
     def __len__(self) -> int:
         return int(self.items.shape[0])
+
+    def __getitem__(self, index: slice) -> History:
+        ts = None if self.timestamps is None else self.timestamps[index]
+        return History(self.items[index], self.actions[index], ts)
 
     @classmethod
     def from_lists(cls, items: Sequence[int], actions: Sequence[int],
@@ -101,6 +181,18 @@ class History:
         ts = None if self.timestamps is None else torch.cat([self.timestamps, other.timestamps])
         return History(torch.cat([self.items, other.items]), torch.cat([self.actions, other.actions]), ts)
 
+    def to(self, device: torch.device, *, pin: bool = False, non_blocking: bool = False) -> History:
+        def move(t: torch.Tensor) -> torch.Tensor:
+            t = t.to(device, non_blocking=non_blocking)
+            return t.pin_memory() if pin else t
+
+        return History(move(self.items), move(self.actions), None if self.timestamps is None else move(self.timestamps))
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.items, self.actions) + (() if self.timestamps is None else (self.timestamps,))
+        return sum(t.numel() * t.element_size() for t in parts)
+
     def digest(self) -> str:
         """Content hash of the tokens: part of the cache key, so a changed prefix never hits."""
         h = hashlib.blake2b(digest_size=16)
@@ -116,7 +208,9 @@ class History:
 class PrefixKV:
     """Per-layer keys and values of a pre-inferred long-term prefix.
 
-    kv: [num_layers, 2, H, T, D] (index 0 = K, 1 = V); timestamps: [T] or None.
+    kv: [num_layers, 2, H, T, D] (index 0 = K, 1 = V) of the prefix's first T = ``settled`` tokens;
+    timestamps: [T] or None. ``tail``: the prefix's last token, kept as tokens rather than K/V when
+    its state depends on what follows it (``ModelConfig.carries_tail``); ``rank`` runs it again.
     """
 
     kv: torch.Tensor
@@ -124,11 +218,18 @@ class PrefixKV:
     length: int
     model_version: str
     edit_hash: str
+    tail: History | None = None
+
+    @property
+    def settled(self) -> int:
+        """Prefix tokens whose K/V this cache holds."""
+        return self.length - (0 if self.tail is None else len(self.tail))
 
     @property
     def nbytes(self) -> int:
         ts = 0 if self.timestamps is None else self.timestamps.numel() * self.timestamps.element_size()
-        return self.kv.numel() * self.kv.element_size() + ts
+        tail = 0 if self.tail is None else self.tail.nbytes
+        return self.kv.numel() * self.kv.element_size() + ts + tail
 
     @property
     def device(self) -> torch.device:
@@ -140,7 +241,8 @@ class PrefixKV:
         if pin:
             kv = kv.pin_memory()
             ts = None if ts is None else ts.pin_memory()
-        return PrefixKV(kv, ts, self.length, self.model_version, self.edit_hash)
+        tail = None if self.tail is None else self.tail.to(device, pin=pin, non_blocking=non_blocking)
+        return PrefixKV(kv, ts, self.length, self.model_version, self.edit_hash, tail)
 
 
 @dataclass(frozen=True)
@@ -176,6 +278,11 @@ class HSTULayer(nn.Module):
         self.time_bias = normal(c.num_heads, c.num_time_buckets, std=0.1)  # [H, num_time_buckets]
 
 
+# What a weights file says it is (``HSTUModel.save`` writes it, ``read_weights`` checks it).
+WEIGHTS_FORMAT = "relaygr-hstu-weights"
+WEIGHTS_FORMAT_VERSION = 1
+
+
 class HSTUModel(nn.Module):
     """The model's weights on one device and the three operations of relay-race inference.
 
@@ -193,6 +300,9 @@ class HSTUModel(nn.Module):
                                      requires_grad=False)  # [num_items, E]
         self.action_emb = nn.Parameter(torch.randn(c.num_actions, c.embed_dim, generator=g) * 0.5,
                                        requires_grad=False)  # [num_actions, E]
+        # Absolute positions 0…max_seq_len: the history's tokens, then the one the candidates share.
+        self.pos_emb = nn.Parameter(torch.randn(c.max_seq_len + 1, c.embed_dim, generator=g) * 0.1,
+                                    requires_grad=False) if c.input_positions else None  # [max_seq_len + 1, E]
         self.register_buffer("pos_bucket_of_diff", _position_buckets(c), persistent=False)
         self.version = c.version()
         self.to(device)
@@ -200,6 +310,50 @@ class HSTUModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.item_emb.device
+
+    # --- weights files -------------------------------------------------------------------------
+
+    @classmethod
+    def from_state_dict(cls, config: ModelConfig, state: Mapping[str, torch.Tensor],
+                        device: torch.device | str = "cpu") -> HSTUModel:
+        """A model with these weights (names and shapes as ``state_dict()`` has them). Raises
+        ValueError naming the first parameter missing, unexpected, mis-shaped or not finite. Its
+        ``version`` hashes the weights, so caches never mix two sets of them."""
+        model = cls(config)
+        own = model.state_dict()
+        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        if missing or unexpected:
+            what = f"missing parameter {missing[0]}" if missing else f"unexpected parameter {unexpected[0]}"
+            raise ValueError(f"{what} ({len(missing)} missing, {len(unexpected)} unexpected in all)")
+        for name, target in own.items():
+            source = state[name]
+            if not isinstance(source, torch.Tensor) or not source.is_floating_point():
+                raise ValueError(f"{name}: must be a floating-point tensor")
+            if tuple(source.shape) != tuple(target.shape):
+                raise ValueError(f"{name}: has shape {list(source.shape)}, the config needs {list(target.shape)}")
+            if not bool(torch.isfinite(source).all()):
+                raise ValueError(f"{name}: has NaN or infinite values")
+            with torch.no_grad():
+                target.copy_(source)
+        model.version = _weights_version(config, own)
+        return model.to(device)
+
+    @classmethod
+    def load(cls, path: str | Path, device: torch.device | str = "cpu") -> HSTUModel:
+        """The model a weights file holds (``save``, ``python -m relay_engine.import_gr``), on device.
+        Raises WeightsFileError naming the file and what is wrong with it."""
+        config, state = read_weights(path)
+        try:
+            return cls.from_state_dict(config, state, device)
+        except ValueError as exc:
+            raise WeightsFileError(path, f"state_dict: {exc}") from None
+
+    def save(self, path: str | Path, *, source: Mapping[str, object] | None = None) -> None:
+        """Write the config and the weights (and where they came from) as one file for ``load``."""
+        torch.save({"format": WEIGHTS_FORMAT, "format_version": WEIGHTS_FORMAT_VERSION,
+                    "config": dataclasses.asdict(self.config),
+                    "state_dict": {k: v.detach().to("cpu") for k, v in self.state_dict().items()},
+                    "source": dict(source or {})}, path)
 
     # --- editing hook point ------------------------------------------------------------------
 
@@ -218,6 +372,9 @@ class HSTUModel(nn.Module):
             )
         if editing.scope not in EDIT_SCOPES:
             raise ModelInputError("editing.scope", f"must be one of {EDIT_SCOPES}")
+        if editing.scope == "candidates" and c.scoring != "candidate_tokens":
+            raise ModelInputError("editing.scope", "this model scores by its last position and runs no candidate "
+                                                   "tokens; use 'all'")
         by_layer: list[torch.Tensor | None] = [None] * c.num_layers
         for e in editing.edits:
             if by_layer[e.layer] is None:
@@ -237,16 +394,25 @@ class HSTUModel(nn.Module):
 
     def prefix_nbytes(self, seq_len: int, with_timestamps: bool) -> int:
         """Exact size of the PrefixKV that ``prefill`` returns for seq_len tokens."""
-        return seq_len * self.config.kv_bytes_per_token(with_timestamps)
+        tail = 1 if self.config.carries_tail else 0
+        tail_bytes = tail * 8 * (3 if with_timestamps else 2)  # items, actions (and timestamps), int64
+        return (seq_len - tail) * self.config.kv_bytes_per_token(with_timestamps) + tail_bytes
 
     @torch.no_grad()
     def prefill(self, prefix: History, edit: HeadBias | None = None) -> PrefixKV:
         """Pre-infer a long-term prefix: its per-layer K/V, ready for ``rank``, under ``edit`` (none by default)."""
         edit = self._edit_or_none(edit)
         self.check_history(prefix, "prefix", allow_empty=False)
-        prefix = self._to_device(prefix)
-        kv, _ = self._forward(None, prefix, None, None, edit)
-        return PrefixKV(kv, prefix.timestamps, len(prefix), self.version, edit.content_hash)
+        prefix = prefix.to(self.device)
+        settled = len(prefix) - (1 if self.config.carries_tail else 0)
+        if settled:
+            # With query time "next" the last settled row queries at the tail's timestamp.
+            next_ts = None if prefix.timestamps is None or settled == len(prefix) else int(prefix.timestamps[settled])
+            kv, _ = self._forward(None, prefix[:settled], None, next_ts, edit)
+        else:
+            c = self.config
+            kv = torch.empty(c.num_layers, 2, c.num_heads, 0, c.head_dim, device=self.device)
+        return self._prefix_kv(prefix, kv, edit)
 
     @torch.no_grad()
     def rank(self, prefix_kv: PrefixKV, short_term: History, candidates: Sequence[int] | torch.Tensor,
@@ -267,7 +433,7 @@ class HSTUModel(nn.Module):
             raise ModelInputError("short_term", f"prefix + short-term is {prefix_kv.length + len(short_term)} "
                                                 f"tokens; the model takes at most {self.config.max_seq_len}")
         cands = self.check_candidates(candidates)
-        _, scores = self._forward(prefix_kv, self._to_device(short_term), cands, query_timestamp, edit)
+        _, scores = self._forward(prefix_kv, short_term.to(self.device), cands, query_timestamp, edit)
         return scores
 
     @torch.no_grad()
@@ -297,14 +463,24 @@ class HSTUModel(nn.Module):
         if len(history) == 0:
             raise ModelInputError("prefix", "prefix and short-term tokens are both empty; need at least one token")
         cands = self.check_candidates(candidates)
-        history = self._to_device(history)
+        history = history.to(self.device)
         kv, scores = self._forward(None, history, cands, query_timestamp, edit)
         if not keep_prefix:
             return scores, None
-        Tp = len(prefix)
-        ts = None if history.timestamps is None else history.timestamps[:Tp]
-        prefix_kv = PrefixKV(kv[:, :, :, :Tp].contiguous(), ts, Tp, self.version, edit.content_hash)
-        return scores, prefix_kv
+        return scores, self._prefix_kv(history[:len(prefix)], kv, edit)
+
+    def _prefix_kv(self, prefix: History, kv: torch.Tensor, edit: HeadBias) -> PrefixKV:
+        """The cache of a prefix, from the K/V of a history that starts with it (kv: [layers, 2, H, ≥T, D])."""
+        settled = len(prefix) - (1 if self.config.carries_tail else 0)
+        if kv.shape[3] != settled:
+            kv = kv[:, :, :, :settled].contiguous()
+        ts = None if prefix.timestamps is None else prefix.timestamps[:settled]
+        # The tail is copied out, so the cache never keeps the caller's whole token tensors alive.
+        tail = prefix[settled:].to(self.device) if self.config.carries_tail else None
+        if tail is not None:
+            tail = History(tail.items.clone(), tail.actions.clone(),
+                           None if tail.timestamps is None else tail.timestamps.clone())
+        return PrefixKV(kv, ts, len(prefix), self.version, edit.content_hash, tail)
 
     # --- input checks ------------------------------------------------------------------------
 
@@ -321,7 +497,7 @@ class HSTUModel(nn.Module):
         if len(h) > c.max_seq_len:
             raise ModelInputError(name, f"has {len(h)} tokens; the model takes at most {c.max_seq_len}")
         if len(h):
-            _check_range(h.items, f"{name}.items", 0, c.num_items - 1)
+            _check_range(h.items, f"{name}.items", c.min_item_id, c.num_items - 1)
             _check_range(h.actions, f"{name}.actions", 0, c.num_actions - 1)
             if h.timestamps is not None:
                 _check_range(h.timestamps, f"{name}.timestamps", 0, 2**62)
@@ -336,17 +512,16 @@ class HSTUModel(nn.Module):
         if cands.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8) or cands.dim() != 1:
             raise ModelInputError("candidates", f"must be a 1-D list of integer item ids, got {cands.dtype} "
                                                 f"with {cands.dim()} dims")
-        _check_range(cands, "candidates", 0, self.config.num_items - 1)
+        _check_range(cands, "candidates", self.config.min_item_id, self.config.num_items - 1)
         return cands.to(self.device, torch.int64)
-
-    def _to_device(self, h: History) -> History:
-        ts = None if h.timestamps is None else h.timestamps.to(self.device)
-        return History(h.items.to(self.device), h.actions.to(self.device), ts)
 
     # --- the shared forward ------------------------------------------------------------------
 
-    def embed(self, items: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        return (self.item_emb[items] + self.action_emb[actions]) * math.sqrt(self.config.embed_dim)  # [T, E]
+    def embed(self, items: torch.Tensor, actions: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Input embeddings [T, E] of tokens at absolute ``positions`` [T] (counted from the start of
+        the history; they matter only with ``ModelConfig.input_positions``)."""
+        x = (self.item_emb[items] + self.action_emb[actions]) * math.sqrt(self.config.embed_dim)  # [T, E]
+        return x if self.pos_emb is None else x + self.pos_emb[positions]
 
     def forward(self, history: History, candidates: torch.Tensor | None = None, *,
                 prefix_kv: PrefixKV | None = None, query_timestamp: int | None = None,
@@ -354,14 +529,15 @@ class HSTUModel(nn.Module):
                 head_capture: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The one forward behind every operation, for training, probing and evaluation.
 
-        Runs ``history`` (after ``prefix_kv`` when given) and the optional ``candidates`` [C] under
-        ``edit``; returns (K/V of the history tokens [layers, 2, H, T, D], scores [C] or None).
-        Gradients flow when the caller enables them. Inputs are moved to the model's device but not
-        checked: the serving entry points (``prefill``, ``rank``, ``rank_full``) check them.
-        ``head_capture``, when given, receives per layer the head outputs [rows, H, D] after the edit.
+        Runs ``history`` (after ``prefix_kv`` when given, and after its tail token, which runs
+        again) and the optional ``candidates`` [C] under ``edit``; returns (K/V of the tokens run
+        [layers, 2, H, T, D], scores [C] or None). Gradients flow when the caller enables them.
+        Inputs are moved to the model's device but not checked: the serving entry points
+        (``prefill``, ``rank``, ``rank_full``) check them. ``head_capture``, when given, receives
+        per layer the head outputs [rows, H, D] after the edit.
         """
         cands = None if candidates is None else torch.as_tensor(candidates).to(self.device, torch.int64)
-        return self._forward(prefix_kv, self._to_device(history), cands, query_timestamp,
+        return self._forward(prefix_kv, history.to(self.device), cands, query_timestamp,
                              self._edit_or_none(edit), head_capture)
 
     def _forward(self, cached: PrefixKV | None, history: History, candidates: torch.Tensor | None,
@@ -369,75 +545,85 @@ class HSTUModel(nn.Module):
                  head_capture: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run new history tokens (after an optional cached prefix) and optional candidates.
 
-        Returns (kv of the new history tokens [layers, 2, H, Tn, D], candidate scores [C] or None).
+        Returns (kv of the history tokens run [layers, 2, H, Tn, D], candidate scores [C] or None).
+        ``query_timestamp`` is when the ranking happens (default: the last history token's time).
         ``head_capture``, when given, receives per layer the head outputs [rows, H, D] after the
         edit (the probing point of the editing workflow).
         """
         c = self.config
-        H, D = c.num_heads, c.head_dim
-        Tp = cached.length if cached is not None else 0
+        H, D, E = c.num_heads, c.head_dim, c.embed_dim
+        if cached is not None and cached.tail is not None:
+            history = cached.tail.concat(history)  # the prefix's last token runs again, with what follows it
+        Tp = cached.settled if cached is not None else 0
         Tn = len(history)
         C = 0 if candidates is None else int(candidates.shape[0])
-        L = Tp + Tn  # history length; candidates sit at position L
+        cand_rows = C if c.scoring == "candidate_tokens" else 0  # candidates that run as tokens
+        L = Tp + Tn  # history length; candidate tokens sit at position L
+        if C and not cand_rows and not Tn:
+            raise ModelInputError("history", "is empty; scoring by the last position needs at least one token")
 
-        ts_hist = history.timestamps
+        ts_hist = history.timestamps  # [Tn]: the keys' times
         ts_prefix = cached.timestamps if cached is not None else None
         use_time = ts_hist is not None or ts_prefix is not None
+        ts_cand = ts_query = None
         if use_time:
             if query_timestamp is None:
                 last = ts_hist[-1] if Tn else ts_prefix[-1]
                 query_timestamp = int(last)
-            ts_cand = torch.full((C,), int(query_timestamp), dtype=torch.int64, device=self.device)
-            ts_rows = torch.cat([ts_hist, ts_cand]) if C else ts_hist  # [Tn + C]
-        else:
-            ts_rows = None
+            ts_cand = torch.full((1,), int(query_timestamp), dtype=torch.int64, device=self.device)  # [1]
+            # The time each history row queries at: its own, or the next token's (the last row: the query's).
+            ts_query = ts_hist if c.query_time == "own" else torch.cat([ts_hist, ts_cand])[1:]  # [Tn]
+        use_pos = use_time or not c.bias_needs_timestamps
 
-        x_hist = self.embed(history.items, history.actions)  # [Tn, E]
-        if C:
-            cand_actions = torch.zeros_like(candidates)
-            x = torch.cat([x_hist, self.embed(candidates, cand_actions)])  # [Tn + C, E]
-        else:
-            x = x_hist
-        rows = Tn + C
+        x = self.embed(history.items, history.actions, torch.arange(Tp, L, device=self.device))  # [Tn, E]
+        if cand_rows:
+            cand_pos = torch.full((C,), L, dtype=torch.int64, device=self.device)
+            x = torch.cat([x, self.embed(candidates, torch.zeros_like(candidates), cand_pos)])  # [Tn + C, E]
+        rows = Tn + cand_rows
         is_candidate = torch.arange(rows, device=self.device) >= Tn  # [rows]
-        # Keys each query row sees (its normaliser): history row at position p → p + 1; candidate → L + 1.
-        n_keys = torch.where(is_candidate, torch.full((rows,), float(L + 1), device=self.device),
-                             torch.arange(Tp + 1, Tp + rows + 1, device=self.device, dtype=torch.float32))
+        if c.attn_normaliser == "row":
+            # Keys each query row sees: history row at position p → p + 1; candidate → L + 1.
+            n_keys = torch.where(is_candidate, torch.full((rows,), float(L + 1), device=self.device),
+                                 torch.arange(Tp + 1, Tp + rows + 1, device=self.device, dtype=torch.float32))
+        else:
+            n_keys = torch.full((rows,), float(c.max_seq_len), device=self.device)
 
         new_kv = torch.empty(c.num_layers, 2, H, Tn, D, device=self.device)
-        scale = 1.0 / math.sqrt(D)
-        ts_cand = None if ts_rows is None else ts_rows[Tn:Tn + 1]  # [1]: one query timestamp for all
+        scale = 1.0 / math.sqrt(D) if c.attn_scale == "rsqrt_dim" else 1.0
         kp = cached.kv[:, 0] if cached is not None else None  # [layers, H, Tp, D]
         vp = cached.kv[:, 1] if cached is not None else None
         for li, layer in enumerate(self.layers):
-            normed = F.layer_norm(x, (c.embed_dim,))
+            normed = F.layer_norm(x, (E,), eps=c.ln_eps)
             uvqk = F.silu(torch.addmm(layer.uvqk_bias, normed, layer.uvqk_weight))  # [rows, 4·H·D]
             u, v, q, k = (t.reshape(rows, H, D).transpose(0, 1) for t in uvqk.split(c.attn_dim, dim=1))
-            # v, q, k: [H, rows, D], contiguous; the 1/√D score scale is folded into q once
+            # v, q, k: [H, rows, D], contiguous; the score scale is folded into q once
             q, k, v = q * scale, k.contiguous(), v.contiguous()
             new_kv[li, 0] = k[:, :Tn]
             new_kv[li, 1] = v[:, :Tn]
             parts = []  # A·V, before normalisation, of the history rows then the candidate rows
             if Tn:
-                hist = self._attend_causal(layer, q[:, :Tn], k[:, :Tn], v[:, :Tn], ts_hist)  # [H, Tn, D]
+                hist = self._attend_causal(layer, q[:, :Tn], k[:, :Tn], v[:, :Tn], ts_query, ts_hist, use_pos)
                 if Tp:
-                    hist += self._attend_visible(layer, q[:, :Tn], Tp, ts_hist, kp[li], vp[li], ts_prefix)
-                parts.append(hist)
-            if C:
+                    hist += self._attend_visible(layer, q[:, :Tn], Tp, ts_query, kp[li], vp[li], ts_prefix, use_pos)
+                parts.append(hist)  # [H, Tn, D]
+            if cand_rows:
                 qc = q[:, Tn:]  # [H, C, D]
                 cand = torch.zeros(H, C, D, device=self.device)  # every history key, ...
                 if Tp:
-                    cand += self._attend_visible(layer, qc, L, ts_cand, kp[li], vp[li], ts_prefix, one_position=True)
-                if Tn:
-                    cand += self._attend_visible(layer, qc, L - Tp, ts_cand, k[:, :Tn], v[:, :Tn], ts_hist,
+                    cand += self._attend_visible(layer, qc, L, ts_cand, kp[li], vp[li], ts_prefix, use_pos,
                                                  one_position=True)
-                # ... and itself: position difference 0, time difference 0 (bucket 0 of both biases)
-                s_self = (qc * k[:, Tn:]).sum(-1) + layer.pos_bias[:, self.pos_bucket_of_diff[0], None]  # [H, C]
-                if ts_rows is not None:
+                if Tn:
+                    cand += self._attend_visible(layer, qc, L - Tp, ts_cand, k[:, :Tn], v[:, :Tn], ts_hist, use_pos,
+                                                 one_position=True)
+                # ... and itself: distance 0, time difference 0 (bucket 0 under every bucket function)
+                s_self = (qc * k[:, Tn:]).sum(-1)  # [H, C]
+                if use_pos:
+                    s_self = s_self + layer.pos_bias[:, self.pos_bucket_of_diff[0], None]
+                if use_time:
                     s_self = s_self + layer.time_bias[:, 0:1]
                 parts.append(cand + F.silu(s_self)[..., None] * v[:, Tn:])
             attn = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)) / n_keys[None, :, None]
-            y = F.layer_norm(attn.transpose(0, 1).reshape(rows, c.attn_dim), (c.attn_dim,))
+            y = F.layer_norm(attn.transpose(0, 1).reshape(rows, c.attn_dim), (c.attn_dim,), eps=c.ln_eps)
             heads = (y * u.transpose(0, 1).reshape(rows, c.attn_dim)).reshape(rows, H, D)  # [rows, H, D]
             bias = edit.by_layer[li]
             if bias is not None:
@@ -450,19 +636,34 @@ class HSTUModel(nn.Module):
             x = x + torch.addmm(layer.out_bias, heads.reshape(rows, c.attn_dim), layer.out_weight)
 
         scores = None
-        if C:
-            h_c = F.layer_norm(x[Tn:], (c.embed_dim,))  # [C, E]
-            scores = (h_c * self.item_emb[candidates]).sum(-1) / math.sqrt(c.embed_dim)
+        if cand_rows:
+            scores = (self._output_norm(x[Tn:]) * self._item_vectors(candidates)).sum(-1) / math.sqrt(E)  # [C]
+        elif C:
+            scores = self._item_vectors(candidates) @ self._output_norm(x[Tn - 1])  # [C, E] @ [E] → [C]
         return new_kv, scores
 
+    def _output_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """The scoring rows [..., E], normalised as ``ModelConfig.output_norm`` says."""
+        if self.config.output_norm == "layer":
+            return F.layer_norm(h, (self.config.embed_dim,), eps=self.config.ln_eps)
+        return h / torch.linalg.vector_norm(h, dim=-1, keepdim=True).clamp(min=self.config.ln_eps)
+
+    def _item_vectors(self, items: torch.Tensor) -> torch.Tensor:
+        """[C, E]: the embeddings candidates are scored against (L2-normalised with ``item_l2_norm``)."""
+        e = self.item_emb[items]
+        if self.config.item_l2_norm:
+            e = e / torch.linalg.vector_norm(e, dim=-1, keepdim=True).clamp(min=self.config.ln_eps)
+        return e
+
     def _attend_causal(self, layer: HSTULayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       ts: torch.Tensor | None) -> torch.Tensor:
+                       ts_q: torch.Tensor | None, ts_k: torch.Tensor | None, use_pos: bool) -> torch.Tensor:
         """Un-normalised causal A·V of a run of tokens over its own keys: row i gets Σ_{j≤i} silu(s_ij)·v_j.
 
-        q (pre-scaled), k, v: [H, T, D] → [H, T, D]. Rows and keys are cut into b×b tiles. The
-        position bias of a tile pair depends only on how many tiles apart they are, so every pair on
-        one block diagonal shares one bias tile and they run as one batched matmul; tiles above the
-        diagonal are never computed, and only the diagonal tiles need the causal mask.
+        q (pre-scaled), k, v: [H, T, D] → [H, T, D]; ts_q, ts_k: [T] query and key times, or None.
+        Rows and keys are cut into b×b tiles. The position bias of a tile pair depends only on how
+        many tiles apart they are, so every pair on one block diagonal shares one bias tile and they
+        run as one batched matmul; tiles above the diagonal are never computed, and only the
+        diagonal tiles need the causal mask.
         """
         H, T, D = q.shape
         n_tiles = -(-T // min(self.config.block_rows, _CAUSAL_TILE_ROWS))
@@ -470,22 +671,23 @@ class HSTUModel(nn.Module):
         pad = n_tiles * b - T
         if pad:  # zero rows/keys at the end: their rows are dropped, their keys masked (after every row)
             q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-            ts = None if ts is None else F.pad(ts, (0, pad))
+            ts_q, ts_k = (None if t is None else F.pad(t, (0, pad)) for t in (ts_q, ts_k))
         # [tiles, H, b, D]: a run of consecutive tiles is one contiguous batch of (tile, head) matrices
         q_t, k_t, v_t = (t.reshape(H, n_tiles, b, D).transpose(0, 1).contiguous() for t in (q, k, v))
-        ts_t = None if ts is None else ts.reshape(n_tiles, b)
+        tq_t, tk_t = (None if t is None else t.reshape(n_tiles, b) for t in (ts_q, ts_k))
         causal = torch.ones(b, b, dtype=torch.bool, device=self.device).tril_()
         pairs_per_step = max(1, _SCORE_TILE_ELEMS // (H * b * b))
         acc = torch.zeros(n_tiles, H, b, D, device=self.device)
         for d in range(n_tiles):  # row tile i against key tile i − d
-            pos = self._pos_bias_tile(layer, d * b, b, b)  # [H, b, b]
+            pos = self._pos_bias_tile(layer, d * b, b, b) if use_pos else None  # [H, b, b]
             for i0 in range(d, n_tiles, pairs_per_step):
                 i1 = min(n_tiles, i0 + pairs_per_step)
                 m = i1 - i0
                 s = torch.matmul(q_t[i0:i1], k_t[i0 - d:i1 - d].transpose(-1, -2))  # [m, H, b, b]
-                s.add_(pos)
-                if ts_t is not None:
-                    dt = ts_t[i0:i1, :, None] - ts_t[i0 - d:i1 - d, None, :]  # [m, b, b]
+                if pos is not None:
+                    s.add_(pos)
+                if tq_t is not None:
+                    dt = tq_t[i0:i1, :, None] - tk_t[i0 - d:i1 - d, None, :]  # [m, b, b]
                     s.add_(self._time_bias(layer, dt).transpose(0, 1))
                 F.silu(s, inplace=True)
                 if d == 0:
@@ -494,7 +696,7 @@ class HSTUModel(nn.Module):
         return acc.transpose(0, 1).reshape(H, n_tiles * b, D)[:, :T]
 
     def _attend_visible(self, layer: HSTULayer, q: torch.Tensor, first_diff: int, ts_q: torch.Tensor | None,
-                        k: torch.Tensor, v: torch.Tensor, ts_k: torch.Tensor | None, *,
+                        k: torch.Tensor, v: torch.Tensor, ts_k: torch.Tensor | None, use_pos: bool, *,
                         one_position: bool = False) -> torch.Tensor:
         """Un-normalised A·V of rows over keys that every row sees whole.
 
@@ -510,10 +712,12 @@ class HSTUModel(nn.Module):
         chunk = max(1, _SCORE_TILE_ELEMS // (H * n))
         for j0 in range(0, T, chunk):
             j1 = min(T, j0 + chunk)
-            bias = self._pos_bias_tile(layer, first_diff - j0, bias_rows, j1 - j0)  # [H, n|1, w]
+            bias = self._pos_bias_tile(layer, first_diff - j0, bias_rows, j1 - j0) if use_pos else None  # [H, n|1, w]
             if ts_q is not None and ts_k is not None:
-                bias = bias + self._time_bias(layer, ts_q[:, None] - ts_k[None, j0:j1])
-            s = torch.baddbmm(bias.expand(H, n, j1 - j0), q, k[:, j0:j1].transpose(1, 2))  # [H, n, w]
+                time = self._time_bias(layer, ts_q[:, None] - ts_k[None, j0:j1])  # [H, n|1, w]
+                bias = time if bias is None else bias + time
+            k_t = k[:, j0:j1].transpose(1, 2)  # [H, D, w]
+            s = torch.bmm(q, k_t) if bias is None else torch.baddbmm(bias.expand(H, n, j1 - j0), q, k_t)
             out.baddbmm_(F.silu(s, inplace=True), v[:, j0:j1])
         return out
 
@@ -529,7 +733,7 @@ class HSTUModel(nn.Module):
 
     def _time_bias(self, layer: HSTULayer, dt: torch.Tensor) -> torch.Tensor:
         """[H, *dt.shape]: the time bias of each time difference (s) between a query and a key."""
-        buckets = _time_buckets(dt, self.config.num_time_buckets)
+        buckets = _time_buckets(dt, self.config.num_time_buckets, self.config.time_buckets)
         return layer.time_bias.index_select(1, buckets.reshape(-1)).view(-1, *dt.shape)
 
 
@@ -539,17 +743,62 @@ _SCORE_TILE_ELEMS = 1 << 20
 _CAUSAL_TILE_ROWS = 128
 
 
+def read_weights(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(config, state_dict) of a weights file written by ``HSTUModel.save``; WeightsFileError naming
+    the file and the problem otherwise. Loads tensors only (``weights_only``): no code runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsFileError(path, "no such file")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 — any unreadable file is the same answer to the user
+        raise WeightsFileError(path, f"not a RelayGR weights file ({type(exc).__name__}: "
+                                     f"{str(exc).splitlines()[0][:200] if str(exc) else 'unreadable'})") from None
+    if not isinstance(blob, dict) or blob.get("format") != WEIGHTS_FORMAT:
+        raise WeightsFileError(path, "not a RelayGR weights file (write one with `python -m relay_engine.import_gr`)")
+    if blob.get("format_version") != WEIGHTS_FORMAT_VERSION:
+        raise WeightsFileError(path, f"format version {blob.get('format_version')!r}; this build reads "
+                                     f"{WEIGHTS_FORMAT_VERSION}")
+    config, state = blob.get("config"), blob.get("state_dict")
+    if not isinstance(config, dict) or not isinstance(state, dict):
+        raise WeightsFileError(path, "has no config or no state_dict")
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise WeightsFileError(path, f"config: unknown field {unknown[0]!r} (written by a newer RelayGR?)")
+    try:
+        return ModelConfig(**config), state
+    except (TypeError, ValueError) as exc:
+        raise WeightsFileError(path, f"config.{exc}") from None
+
+
+def _weights_version(config: ModelConfig, state: Mapping[str, torch.Tensor]) -> str:
+    """A version that hashes the weights themselves, for weights not derived from a seed."""
+    h = hashlib.sha256(config.version().encode())
+    for name in sorted(state):
+        t = state[name].detach().to("cpu", torch.float32).contiguous()
+        h.update(f"{name}{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    return "hstu-w" + h.hexdigest()[:12]
+
+
 def _position_buckets(c: ModelConfig) -> torch.Tensor:
-    """Bucket of each position difference 0…max_seq_len: exact below half the buckets, log above."""
-    exact = c.num_position_buckets // 2
+    """Bucket of each position difference 0…max_seq_len + 1: one per difference ("exact", the last
+    bucket taking the rest), or exact below half the buckets and log-spaced above ("log")."""
     d = torch.arange(c.max_seq_len + 2, dtype=torch.float64)
+    if c.position_buckets == "exact":
+        return d.clamp(max=c.num_position_buckets - 1).long()
+    exact = c.num_position_buckets // 2
     log_part = exact + torch.log(d.clamp(min=exact) / exact) / math.log(max(c.max_seq_len, exact + 1) / exact) \
         * (c.num_position_buckets - exact - 1)
     return torch.where(d < exact, d, log_part.floor()).clamp(max=c.num_position_buckets - 1).long()
 
 
-def _time_buckets(dt: torch.Tensor, n: int) -> torch.Tensor:
-    """Bucket of a time difference (s): log2-spaced; negative differences fall in bucket 0."""
+def _time_buckets(dt: torch.Tensor, n: int, kind: str) -> torch.Tensor:
+    """Bucket of a time difference (s). "sqrt2": log2-spaced twice per octave, negative differences
+    in bucket 0; "gr": ⌊ln(max(|Δt|, 1)) / 0.301⌋ in float32, as the reference HSTU buckets."""
+    if kind == "gr":
+        return (torch.log(dt.abs().clamp_(min=1).float()) / 0.301).long().clamp_(0, n - 1)
     return torch.log2(dt.clamp(min=0).float() + 1.0).mul_(2.0).long().clamp_(0, n - 1)
 
 

@@ -34,6 +34,7 @@ COUNTERS: tuple[str, ...] = (
     "preinfer_signals",
     "preinfer_admitted",
     "preinfer_completed",
+    "preinfer_stale_edit",  # completed after the edit it ran under was replaced: its KV is not kept
     "hbm_hits",
     "dram_hits",
     "inflight_joins",

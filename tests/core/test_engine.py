@@ -17,7 +17,7 @@ from relay_engine.core.engine import (
     RankRequest,
     RelayEngine,
 )
-from relay_engine.core.model import History
+from relay_engine.core.model import History, HSTUModel
 from tests.models import SMALL, make_history
 
 from .test_model import TOLERANCE, random_edit, relative_error
@@ -201,3 +201,87 @@ def test_stats_count_requests_within_the_slo(slo_ms, within):
     assert stats.rank_latency.count == 3
     assert stats.counters["rank_within_slo"] == within
     assert stats.device == "cpu"
+
+
+# --- apply_policy against work in flight --------------------------------------------------------
+
+
+class GatedPrefill(HSTUModel):
+    """The real model, whose ``prefill`` waits at its start until the test lets it run."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def prefill(self, prefix, edit=None):
+        self.started.set()
+        assert self.release.wait(30), "the test never released the prefill"
+        return super().prefill(prefix, edit)
+
+
+def edited_policy(seed: int | None) -> dict:
+    return {"trigger": {"at_risk_seq_len": 10},
+            **({} if seed is None else {"editing": random_edit(SMALL, seed=seed, scope="all")})}
+
+
+@pytest.mark.parametrize(("switches", "kept"), [
+    ([1], False),  # still running when the edit changed: its entry could never be read
+    ([1, None], True),  # changed and changed back: its edit is in force again when it commits
+])
+def test_a_pre_inference_under_a_replaced_edit_leaves_nothing_pinned(switches, kept):
+    model = GatedPrefill(SMALL)
+    engine = RelayEngine(device="cpu", model=model, policy=parse_policy(edited_policy(None)))
+    prefix = make_history(200, SMALL, seed=9)
+    worker = threading.Thread(target=engine.pre_infer, args=(PreInferRequest("jo", prefix),))
+    worker.start()
+    assert model.started.wait(30)
+    for seed in switches:
+        engine.apply_policy(parse_policy(edited_policy(seed)))
+    model.release.set()
+    worker.join(30)
+    assert not worker.is_alive()
+
+    counters = engine.stats().counters
+    assert counters["preinfer_completed"] == 1
+    assert counters["preinfer_stale_edit"] == (0 if kept else 1)
+    if kept:
+        assert engine.hbm.pinned_bytes == engine.hbm.used_bytes == model.prefix_nbytes(200, False)
+        assert rank(engine, "jo", prefix).source == "hbm"
+    else:
+        assert engine.hbm.pinned_bytes == engine.hbm.used_bytes == 0 and len(engine.hbm) == 0
+        result = rank(engine, "jo", prefix)
+        assert result.source == "miss"
+        full = model.rank_full(prefix, SHORT, CANDS, edit=engine.edit)
+        assert relative_error(torch.tensor(result.scores), full) <= TOLERANCE
+
+
+def test_demoting_an_evicted_prefix_copies_it_off_the_ranking_thread():
+    per_prefix = SMALL.kv_bytes_per_token() * 200
+    engine = engine_with(cache={"hbm_budget_mb": 1.5 * per_prefix / 2**20})  # room for one
+    copy_threads, copying, release = [], threading.Event(), threading.Event()
+    real_copy = engine.dram.copy_to_host
+
+    def gated_copy(kv):
+        copy_threads.append(threading.get_ident())
+        copying.set()
+        assert release.wait(30), "the test never released the copy"
+        return real_copy(kv)
+
+    engine.dram.copy_to_host = gated_copy
+    a, b = make_history(200, SMALL, seed=1), make_history(200, SMALL, seed=2)
+    rank(engine, "a", a)
+    ranking = threading.Thread(target=rank, args=(engine, "b", b))  # its prefix evicts a's
+    ranking.start()
+    ranking.join(30)
+    assert not ranking.is_alive(), "ranking waited for the demotion's copy"
+    assert copying.wait(30) and ranking.ident not in copy_threads
+
+    # Still being copied, a's prefix is in the DRAM tier: it comes back, exact, without a copy.
+    result = rank(engine, "a", a)
+    assert result.source == "dram"
+    assert relative_error(torch.tensor(result.scores), engine.model.rank_full(a, SHORT, CANDS)) <= TOLERANCE
+    release.set()
+    assert engine.dram.flush(timeout_s=30)
+    key_a, key_b = engine.cache_key("a", a), engine.cache_key("b", b)
+    assert key_a in engine.hbm and key_a not in engine.dram  # the late copy did not bring it back
+    assert key_b in engine.dram and key_b not in engine.hbm

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relay_engine.core.expander import MemoryAwareExpander, SingleFlight
-from relay_engine.core.kvcache import CacheKey, HBMCache
+from relay_engine.core.kvcache import CacheEntry, CacheKey, EntryState, HBMCache
 from relay_engine.core.model import PrefixKV
 
 
@@ -95,7 +95,9 @@ def test_n_threads_promoting_one_entry_reload_it_once():
             time.sleep(0.2)  # a reload that takes long enough for everyone to pile up
         return original_to(self, device, **kw)
 
-    dram._store(key(7), kv_of(400), stored_at=time.monotonic())
+    now = time.monotonic()
+    dram.demote(CacheEntry(key(7), 400, EntryState.CONSUMED, now, now, kv_of(400)))
+    assert dram.flush(timeout_s=30)  # in host memory: a promotion copies it back
     PrefixKV.to = slow_to
     try:
         results = []

@@ -1,8 +1,8 @@
 """A real pool for the tests: worker processes on a real Redis, each test module with its own prefix.
 
-Nothing here fakes Redis or Celery: instances are ``python -m workers.instance`` processes (small
-model, one torch thread), revisions are published the way the control plane does (desired JSON +
-poke), and the client is ``workers.client.RelayClient``.
+Nothing here fakes Redis or Celery: instances are ``python -m workers.instance`` processes (the
+small model unless told otherwise, one torch thread), revisions are published the way the control
+plane does (desired JSON + poke), and the client is ``workers.client.RelayClient``.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, interval_s: float =
 
 
 class Fleet:
-    def __init__(self, redis_url: str, logdir: Path, *, pool: str = "test", size: int = 2, rank_threads: int = 2):
+    def __init__(self, redis_url: str, logdir: Path, *, pool: str = "test", size: int = 2, rank_threads: int = 2,
+                 model: str = "small"):
         self.settings = Settings.from_env(
             {}, redis_url=redis_url, key_prefix=f"test-{uuid.uuid4().hex[:10]}", pool=pool, pool_size=size,
-            device="cpu", model="small", rank_threads=rank_threads, torch_threads=1,
+            device="cpu", model=model, rank_threads=rank_threads, torch_threads=1,
         )
         self.keys = self.settings.keys
         self.logdir = logdir
