@@ -7,7 +7,7 @@ import torch
 
 from relay_engine.core.config import parse_policy
 from relay_engine.core.model import History, HSTUModel, ModelConfig, ModelInputError
-from tests.models import SMALL, make_history
+from tests.models import SMALL, make_history, random_lowrank
 
 TOLERANCE = 1e-5  # max abs error relative to the scores' max abs value, float32
 
@@ -169,3 +169,74 @@ def test_a_full_rank_can_keep_the_prefix_kv_it_computed():
     assert kv.length == 300 and kv.nbytes == reference.nbytes
     assert torch.allclose(kv.kv, reference.kv, atol=1e-5, rtol=1e-5)
     assert relative_error(model.rank(kv, short, [4, 5]), model.rank_full(prefix, short, [4, 5])) <= TOLERANCE
+
+
+# --- input-dependent (low-rank) edits ------------------------------------------------------------
+
+
+def lowrank_edit(model: HSTUModel, *, seed: int, scope: str, alpha: float = 1.0):
+    section = random_lowrank(model.config.fingerprint(), seed=seed, scope=scope, alpha=alpha)
+    return model.edit_from(parse_policy({"editing": section}).editing)
+
+
+@pytest.mark.parametrize("scope", ["all", "candidates"])
+def test_cached_rank_equals_full_recompute_under_a_lowrank_edit(scope):
+    model = HSTUModel(SMALL)
+    edit = lowrank_edit(model, seed=1, scope=scope)
+    prefix = make_history(300, SMALL, seed=1, timestamps=True)
+    short = make_history(20, SMALL, seed=2, timestamps=True, t0=10**9)
+    candidates = torch.arange(50)
+    full = model.rank_full(prefix, short, candidates, edit=edit)
+    assert relative_error(model.rank(model.prefill(prefix, edit), short, candidates, edit=edit), full) <= TOLERANCE
+    assert relative_error(full, model.rank_full(prefix, short, candidates)) > 1e-3, "the edit changes the scores"
+
+
+def test_a_lowrank_edit_adds_alpha_R_transposed_times_W_h_plus_b_minus_R_h_to_the_heads():
+    model = HSTUModel(SMALL)
+    section = random_lowrank(SMALL.fingerprint(), seed=3, scope="all", alpha=0.7, layers=(1,))
+    edit = model.edit_from(parse_policy({"editing": section}).editing)
+    history = make_history(30, SMALL, seed=1)
+    plain, edited = [], []
+    model.forward(history, torch.arange(5), head_capture=plain)
+    model.forward(history, torch.arange(5), edit=edit, head_capture=edited)
+    assert torch.equal(edited[0], plain[0]), "layer 0 carries no map"
+    m = section["lowrank"][0]
+    r, w, b = (torch.tensor(m[k]) for k in ("rotation", "source_weight", "source_bias"))
+    # layer 1 reads layer 0's output, which the edit left alone, so its unedited heads are plain[1]
+    h = plain[1].reshape(plain[1].shape[0], -1)  # [rows, H·D]
+    expected = h + 0.7 * (h @ w.T + b - h @ r.T) @ r
+    assert torch.allclose(edited[1].reshape_as(h), expected, atol=1e-5)
+
+
+def test_a_lowrank_map_whose_source_is_its_rotation_changes_nothing():
+    model = HSTUModel(SMALL)
+    section = random_lowrank(SMALL.fingerprint(), seed=4, scope="all")
+    for m in section["lowrank"]:
+        m["source_weight"], m["source_bias"] = m["rotation"], [0.0] * len(m["source_bias"])
+    edit = model.edit_from(parse_policy({"editing": section}).editing)
+    prefix, short = make_history(40, SMALL, seed=1), make_history(4, SMALL, seed=2)
+    assert relative_error(model.rank_full(prefix, short, [1, 2, 3], edit=edit),
+                          model.rank_full(prefix, short, [1, 2, 3])) <= TOLERANCE
+
+
+def test_a_candidates_scope_lowrank_edit_leaves_the_prefix_kv_as_it_was():
+    model = HSTUModel(SMALL)
+    prefix = make_history(100, SMALL, seed=1, timestamps=True)
+    edited = model.prefill(prefix, lowrank_edit(model, seed=5, scope="candidates"))
+    assert torch.equal(edited.kv, model.prefill(prefix).kv)
+    assert edited.edit_hash != "none"
+
+
+def test_bias_and_lowrank_edits_of_one_layer_both_read_its_unedited_outputs():
+    model = HSTUModel(SMALL)
+    section = random_lowrank(SMALL.fingerprint(), seed=6, scope="all", layers=(0,))
+    bias = {"layer": 0, "head": 1, "alpha": 2.0, "direction": [0.5] * SMALL.head_dim}
+    both = model.edit_from(parse_policy({"editing": {**section, "edits": [bias]}}).editing)
+    only_map = model.edit_from(parse_policy({"editing": section}).editing)
+    history = make_history(20, SMALL, seed=1)
+    with_both, with_map = [], []
+    model.forward(history, torch.arange(3), edit=both, head_capture=with_both)
+    model.forward(history, torch.arange(3), edit=only_map, head_capture=with_map)
+    difference = with_both[0] - with_map[0]  # [rows, H, D]
+    assert torch.allclose(difference[:, 1], torch.full_like(difference[:, 1], 1.0), atol=1e-5)
+    assert torch.equal(difference[:, 0], torch.zeros_like(difference[:, 0]))
