@@ -18,32 +18,14 @@ from relay_engine.lab.editing.directions import build_editing, directions
 from relay_engine.lab.editing.fitting import fit_head_biases
 from relay_engine.lab.editing.gr_eval import SweepRow, best_row, gr_probe_data
 from relay_engine.lab.editing.probes import HeadProbe, locate_heads, probe_provenance, split_by_group
-from relay_engine.lab.synthetic import REWRITES, SyntheticWorld, train
+from relay_engine.lab.synthetic import REWRITES, train
 from tests.lab.editing_helpers import (
     TINY_EVAL,
-    TINY_WORLD,
     assert_written_edit_matches_the_choice,
     kl_between_writings,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one thread is fastest, and on a shared CPU far faster than a contended pool."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def world() -> SyntheticWorld:
-    return SyntheticWorld(TINY_WORLD)
-
-
-@pytest.fixture(scope="module")
-def model(world) -> HSTUModel:
-    return HSTUModel(world.model_config(embed_dim=16, num_layers=2, num_heads=2, head_dim=4))
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def planted(n: int = 400, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,36 +10,18 @@ import pytest
 import torch
 
 from relay_engine.core.features import AliasMap
-from relay_engine.core.model import HSTUModel
 from relay_engine.lab import consistency as cons
 from relay_engine.lab.editing.cli import main as editing_main
 from relay_engine.lab.editing.directions import build_editing
 from relay_engine.lab.editing.fitting import cutoff_loss, fit_lowrank_maps
-from relay_engine.lab.synthetic import INFORMATION_PRESERVING, REWRITES, SyntheticWorld
+from relay_engine.lab.synthetic import INFORMATION_PRESERVING, REWRITES
 from tests.lab.editing_helpers import (
     TINY_EVAL,
-    TINY_WORLD,
     assert_written_edit_matches_the_choice,
     kl_between_writings,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def world() -> SyntheticWorld:
-    return SyntheticWorld(TINY_WORLD)
-
-
-@pytest.fixture(scope="module")
-def model(world) -> HSTUModel:
-    return HSTUModel(world.model_config(embed_dim=16, num_layers=2, num_heads=2, head_dim=4))
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- rank-aware consistency --------------------------------------------------------------------------

@@ -472,7 +472,7 @@ def eval_llm(args: argparse.Namespace, log: Callable[[str], None] = print) -> di
     log(f"{'K':>3} {'alpha':>6}   {'acc mean':>8} {'acc std':>8}   {'acc mean':>8} {'acc std':>8} {'agree':>6}  choice")
     for s in settings:
         held = {name: score_answers(held_grids[s][ins], held_labels).to_dict() for name, ins in groups.items()}
-        rows.append({"k": s[0], "alpha": s[1], "select": why[s]["score"], "selection": why[s], "held_out": held})
+        rows.append({"k": s[0], "alpha": s[1], "selection": why[s], "held_out": held})
         sel, h = why[s]["score"], held["all"]
         log(f"{s[0]:>3} {s[1]:>6.2f}   {sel['mean']:>8.3f} {sel['std']:>8.3f}   {h['mean']:>8.3f} {h['std']:>8.3f} "
             f"{h['agreement']:>6.3f}  {'CHOSEN' if s == chosen else why[s]['reason']}")
