@@ -188,9 +188,9 @@ class EditTensors:
         """Layer ``layer``'s head outputs [rows, H, D] under this edit: every row for scope "all", the
         rows from ``first_candidate_row`` on for "candidates" (the others are returned untouched)."""
         bias, maps = self.bias_by_layer[layer], self.maps_by_layer[layer]
-        if bias is None and not maps:
-            return heads
         start = 0 if self.scope == "all" else first_candidate_row
+        if (bias is None and not maps) or start >= heads.shape[0]:
+            return heads
         part = heads[start:]  # [rows', H, D]
         edited = part if bias is None else part + bias
         for m in maps:
