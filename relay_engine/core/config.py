@@ -28,6 +28,11 @@ MAX_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_ALPHA = 1000.0
 MAX_EDITS = 4096
 EDIT_SCOPES = ("all", "candidates")
+MAX_LOWRANK_RANK = 64
+MAX_LOWRANK_VALUES = 1 << 20  # numbers in all low-rank maps of a section together (R, W and b)
+# Dataclass field metadata: leave the field out of the plain form while it is empty, so a field added
+# to the schema later does not change the spec (or content) hash of a section that does not use it.
+OMIT_WHEN_EMPTY = "omit_when_empty"
 
 
 class PolicyError(ValueError):
@@ -123,13 +128,38 @@ class HeadEdit:
 
 
 @dataclass(frozen=True)
+class LowRankEdit:
+    """An input-dependent edit of some heads' outputs in one layer, in the LoReFT form
+    ``h ← h + α·Rᵀ(W·h + b − R·h)``: h is the concatenation of those heads' outputs
+    [len(heads)·head_dim]; R and W are [rank, len(heads)·head_dim], b is [rank]. With orthonormal rows
+    in R (as the lab fits it) the edit replaces h's coordinates in R's subspace by ``W·h + b``."""
+
+    layer: int
+    heads: tuple[int, ...]
+    rotation: tuple[tuple[float, ...], ...]  # R
+    source_weight: tuple[tuple[float, ...], ...]  # W
+    source_bias: tuple[float, ...]  # b
+    alpha: float = 1.0
+
+    @property
+    def rank(self) -> int:
+        return len(self.rotation)
+
+
+@dataclass(frozen=True)
 class EditingConfig:
     fingerprint: ModelFingerprint
-    edits: tuple[HeadEdit, ...] = ()
-    # "all": every position gets the bias (the prefix KV changes too); "candidates": only the
-    # candidate rows, so history KV is untouched. Cache keys carry the hash either way.
-    scope: str = "all"
+    edits: tuple[HeadEdit, ...] = ()  # constant: α·direction added to one head's output
+    # "all": every position is edited (the prefix KV changes too); "candidates": only the candidate
+    # rows, so history KV is untouched. Cache keys carry the hash either way.
+    scope: str = "candidates"
     provenance: dict[str, Any] = field(default_factory=dict)
+    # input-dependent: low-rank maps of head outputs; every edit of a layer reads its unedited outputs
+    lowrank: tuple[LowRankEdit, ...] = field(default=(), metadata={OMIT_WHEN_EMPTY: True})
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.edits and not self.lowrank
 
     def content_hash(self) -> str:
         return sha256_of(to_plain(self))
@@ -153,7 +183,7 @@ class PolicySpec:
         return sha256_of(self.to_dict())
 
     def edit_hash(self) -> str:
-        return self.editing.content_hash() if self.editing is not None and self.editing.edits else "none"
+        return self.editing.content_hash() if self.editing is not None and not self.editing.is_empty else "none"
 
 
 def default_policy() -> PolicySpec:
@@ -183,7 +213,8 @@ def slo_of(spec: dict[str, Any] | None) -> SloTarget:
 def to_plain(value: Any) -> Any:
     """Dataclasses → dicts, tuples → lists, recursively (JSON-ready)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if getattr(value, f.name) or not f.metadata.get(OMIT_WHEN_EMPTY)}
     if isinstance(value, (list, tuple)):
         return [to_plain(v) for v in value]
     if isinstance(value, dict):
@@ -333,7 +364,7 @@ def _provenance(data: Any, path: str, errs: FieldErrors, depth: int = 0) -> Any:
 def _editing(data: Any, path: str, errs: FieldErrors) -> EditingConfig | None:
     if data is None:
         return None
-    obj = _obj(data, path, {"fingerprint", "edits", "scope", "provenance"}, errs)
+    obj = _obj(data, path, {"fingerprint", "edits", "scope", "provenance", "lowrank"}, errs)
     if obj is None:
         return None
     fp_path = join(path, "fingerprint")
@@ -351,7 +382,7 @@ def _editing(data: Any, path: str, errs: FieldErrors) -> EditingConfig | None:
         if all(v is not None for v in values.values()):
             fingerprint = ModelFingerprint(**values)
 
-    scope = obj.get("scope", "all")
+    scope = obj.get("scope", "candidates")
     if scope not in EDIT_SCOPES:
         errs.add(join(path, "scope"), f"must be one of {', '.join(EDIT_SCOPES)}, got {scope!r}")
 
@@ -387,13 +418,120 @@ def _editing(data: Any, path: str, errs: FieldErrors) -> EditingConfig | None:
         if None not in (layer, head, alpha, direction):
             edits.append(HeadEdit(layer=layer, head=head, direction=direction, alpha=alpha))
 
+    lowrank = _lowrank(obj.get("lowrank", []), join(path, "lowrank"), fingerprint, errs)
     provenance = _provenance(obj.get("provenance", {}), join(path, "provenance"), errs)
     if not isinstance(provenance, dict):
         errs.add(join(path, "provenance"), "must be an object")
         provenance = {}
     if fingerprint is None:
         return None
-    return EditingConfig(fingerprint=fingerprint, edits=tuple(edits), scope=scope, provenance=provenance)
+    return EditingConfig(fingerprint=fingerprint, edits=tuple(edits), scope=scope, provenance=provenance,
+                         lowrank=tuple(lowrank))
+
+
+_LOWRANK_KEYS = ("layer", "heads", "rotation", "source_weight", "source_bias", "alpha")
+
+
+def _lowrank(raw_maps: Any, path: str, fingerprint: ModelFingerprint | None, errs: FieldErrors) -> list[LowRankEdit]:
+    """The low-rank maps: indices in range, a head in at most one map per layer, R/W/b of matching
+    shapes (rank 1…min(MAX_LOWRANK_RANK, width)), all finite, at most MAX_LOWRANK_VALUES numbers."""
+    if not isinstance(raw_maps, list):
+        errs.add(path, f"must be a list, got {type(raw_maps).__name__}")
+        return []
+    if len(raw_maps) > MAX_EDITS:
+        errs.add(path, f"has {len(raw_maps)} maps; at most {MAX_EDITS}")
+        return []
+    # counted from list lengths alone, before any number is read
+    n_values = sum(_listed_values(m.get(key)) for m in raw_maps if isinstance(m, dict)
+                   for key in ("rotation", "source_weight", "source_bias"))
+    if n_values > MAX_LOWRANK_VALUES:
+        errs.add(path, f"holds {n_values} numbers; at most {MAX_LOWRANK_VALUES} in all maps together")
+        return []
+    n_layers = fingerprint.num_layers if fingerprint else 65_536
+    n_heads = fingerprint.num_heads if fingerprint else 65_536
+    owner: dict[tuple[int, int], int] = {}
+    maps: list[LowRankEdit] = []
+    for i, raw in enumerate(raw_maps):
+        mp = join(path, i)
+        m = _obj(raw, mp, set(_LOWRANK_KEYS), errs)
+        if m is None:
+            continue
+        for key in _LOWRANK_KEYS[:-1]:
+            if key not in m:
+                errs.add(join(mp, key), "is required")
+        layer = _int(m, "layer", mp, 0, n_layers - 1, None, errs)
+        heads = _heads(m.get("heads"), join(mp, "heads"), n_heads, errs) if "heads" in m else None
+        alpha = _float(m, "alpha", mp, -MAX_ALPHA, MAX_ALPHA, 1.0, errs)
+        width = len(heads) * fingerprint.head_dim if heads is not None and fingerprint is not None else None
+        rotation = _matrix(m.get("rotation"), join(mp, "rotation"), None, width, errs) if "rotation" in m else None
+        rank = None if rotation is None else len(rotation)
+        if rank is not None and width is not None and rank > min(MAX_LOWRANK_RANK, width):
+            errs.add(join(mp, "rotation"), f"has rank {rank}; at most {min(MAX_LOWRANK_RANK, width)} "
+                                           f"(the lesser of {MAX_LOWRANK_RANK} and len(heads)·head_dim = {width})")
+            rotation = None
+        source_weight = _matrix(m.get("source_weight"), join(mp, "source_weight"), rank, width, errs) \
+            if "source_weight" in m else None
+        source_bias = _vector(m.get("source_bias"), join(mp, "source_bias"), rank, errs) \
+            if "source_bias" in m else None
+        if layer is not None and heads is not None:
+            for h in heads:
+                if (layer, h) in owner:
+                    errs.add(join(mp, "heads"), f"head {h} of layer {layer} is already edited by "
+                                                f"{join(path, owner[(layer, h)])}; a head takes one map")
+                owner.setdefault((layer, h), i)
+        if None not in (layer, heads, rotation, source_weight, source_bias, alpha):
+            maps.append(LowRankEdit(layer=layer, heads=heads, rotation=rotation, source_weight=source_weight,
+                                    source_bias=source_bias, alpha=alpha))
+    return maps
+
+
+def _listed_values(raw: Any) -> int:
+    """How many entries a list (or a list of lists) holds, counted without reading them."""
+    if not isinstance(raw, list):
+        return 0
+    return sum(len(row) if isinstance(row, list) else 1 for row in raw)
+
+
+def _heads(raw: Any, path: str, n_heads: int, errs: FieldErrors) -> tuple[int, ...] | None:
+    try:
+        heads = fields.int_list(raw, min(n_heads, MAX_EDITS), 0, n_heads - 1)
+    except fields.FieldValueError as exc:
+        errs.add(path, str(exc))
+        return None
+    if not heads:
+        errs.add(path, "is empty; list the heads (of this layer) whose outputs the map edits")
+        return None
+    if len(set(heads)) != len(heads):
+        errs.add(path, f"lists a head twice: {heads}")
+        return None
+    return tuple(heads)
+
+
+def _vector(raw: Any, path: str, length: int | None, errs: FieldErrors) -> tuple[float, ...] | None:
+    try:
+        return tuple(fields.finite_list(raw, length))
+    except fields.FieldValueError as exc:
+        errs.add(path, str(exc).replace("expected", "the rotation's rank is"))
+        return None
+
+
+def _matrix(raw: Any, path: str, n_rows: int | None, width: int | None,
+            errs: FieldErrors) -> tuple[tuple[float, ...], ...] | None:
+    """A non-empty list of rows, each ``width`` finite numbers (``n_rows`` rows when given)."""
+    if not isinstance(raw, list) or not raw:
+        errs.add(path, f"must be a non-empty list of rows (lists of numbers), got {fields.show(raw)}")
+        return None
+    if n_rows is not None and len(raw) != n_rows:
+        errs.add(path, f"has {len(raw)} rows; the rotation's rank is {n_rows}")
+        return None
+    rows = []
+    for r, row in enumerate(raw):
+        try:
+            rows.append(tuple(fields.finite_list(row, width)))
+        except fields.FieldValueError as exc:
+            errs.add(join(path, r), str(exc).replace("expected", "len(heads)·head_dim is"))
+            return None
+    return tuple(rows)
 
 
 def _direction(raw: Any, path: str, fingerprint: ModelFingerprint | None, errs: FieldErrors) -> tuple | None:

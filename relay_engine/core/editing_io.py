@@ -11,9 +11,13 @@ Two file formats (``np.load`` with ``allow_pickle=False``: no object arrays, not
   defaults to the array's second dimension) and the scope.
 * ``.npz``: arrays ``layers`` [n], ``heads`` [n], ``alphas`` [n] (or one scalar ``alpha``),
   ``directions`` [n, head_dim]; optionally ``fingerprint`` [3] (num_layers, num_heads, head_dim),
-  ``scope`` (a string) and ``provenance`` (a JSON string). ``write_editing_npz``
-  writes this form, so the eval's ``gr_editing.npz`` uploads to the same content hash as its
-  ``gr_editing.json``. Form values, when given, win over the file's.
+  ``scope`` (a string) and ``provenance`` (a JSON string). Low-rank maps (``h + α·Rᵀ(W·h + b − R·h)``
+  on some heads of a layer) come as ``lowrank_layers`` [m], ``lowrank_heads`` [m, n],
+  ``lowrank_rotation`` and ``lowrank_source_weight`` [m, rank, n·head_dim], ``lowrank_source_bias``
+  [m, rank] and ``lowrank_alphas`` [m] — every map of one file has the same number of heads and
+  rank (the JSON form has no such limit); with them, ``directions`` and its columns may be left
+  out. ``write_editing_npz`` writes this form, so the eval's ``gr_editing.npz`` uploads to the same
+  content hash as its ``gr_editing.json``. Form values, when given, win over the file's.
 
 The section is then judged by the schema (``relay_engine.core.config.validate_policy``), exactly as a
 JSON upload or an API call would be, so its errors carry the schema's paths
@@ -41,7 +45,10 @@ from relay_engine.core.fields import FieldErrors, text_number
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
 MAX_ARRAY_BYTES = 16 * 1024 * 1024  # uncompressed, per array: far above any real edit set
-NPZ_ARRAYS = {"layers", "heads", "alphas", "alpha", "directions", "fingerprint", "scope", "provenance"}
+LOWRANK_ARRAYS = ("lowrank_layers", "lowrank_heads", "lowrank_rotation", "lowrank_source_weight",
+                  "lowrank_source_bias", "lowrank_alphas")
+NPZ_ARRAYS = {"layers", "heads", "alphas", "alpha", "directions", "fingerprint", "scope", "provenance",
+              *LOWRANK_ARRAYS}
 FINGERPRINT_KEYS = ("num_layers", "num_heads", "head_dim")
 
 
@@ -85,7 +92,12 @@ def parse_upload(name: str, data: bytes, *, rows: str = "", fingerprint: dict[st
         out.add("rows", "an .npz file carries its own layers, heads and alphas; leave the rows empty")
         return out
 
+    lowrank = _npz_lowrank(arrays, out) if is_npz else []
+    if out.errors:
+        return out
     directions = arrays.get("directions")
+    if directions is None and lowrank:
+        directions = np.zeros((0, 0))  # a file of low-rank maps only
     if directions is None or directions.ndim != 2:
         shape = "missing" if directions is None else f"shape {list(directions.shape)}"
         out.add("file", f"directions must be a 2-D array [n_edits, head_dim], got {shape}")
@@ -98,13 +110,16 @@ def parse_upload(name: str, data: bytes, *, rows: str = "", fingerprint: dict[st
         out.add("file", f"has {n} directions; at most {MAX_EDITS}")
         return out
 
-    if is_npz:
+    if is_npz and "directions" not in arrays:
+        layers, heads, alphas = [], [], []
+    elif is_npz:
         layers, heads, alphas = _npz_rows(arrays, n, out)
     else:
         layers, heads, alphas = _form_rows(rows, n, out)
 
     fp: dict[str, Any] = dict(default_fingerprint or {})
-    fp.setdefault("head_dim", int(directions.shape[1]))
+    if n:
+        fp.setdefault("head_dim", int(directions.shape[1]))
     if "fingerprint" in arrays:
         raw = arrays["fingerprint"]
         if raw.shape != (3,) or raw.dtype.kind not in "iu":
@@ -147,6 +162,8 @@ def parse_upload(name: str, data: bytes, *, rows: str = "", fingerprint: dict[st
                   for i in range(n)],
         "provenance": prov,
     }
+    if lowrank:
+        section["lowrank"] = lowrank
     spec, errors = validate_policy({"editing": section})
     if errors:
         out.errors.update(errors)
@@ -228,6 +245,35 @@ def _npz_rows(arrays: dict[str, np.ndarray], n: int, out: UploadResult) -> tuple
     return layers, heads, alphas
 
 
+def _npz_lowrank(arrays: dict[str, np.ndarray], out: UploadResult) -> list[dict[str, Any]]:
+    """The low-rank maps of an ``.npz`` as the schema's plain form ([] when the file has none); shapes
+    checked here, values by the schema."""
+    present = [key for key in LOWRANK_ARRAYS if key in arrays]
+    if not present:
+        return []
+    missing = [key for key in LOWRANK_ARRAYS if key not in arrays]
+    if missing:
+        out.add("file", f"low-rank maps need {', '.join(LOWRANK_ARRAYS)}; missing {', '.join(missing)}")
+        return []
+    a = {key.removeprefix("lowrank_"): arrays[key] for key in LOWRANK_ARRAYS}
+    m = a["layers"].shape[0] if a["layers"].ndim == 1 else -1
+    rank = a["source_bias"].shape[1] if a["source_bias"].ndim == 2 else -1
+    width = a["rotation"].shape[2] if a["rotation"].ndim == 3 else -1
+    n_heads = a["heads"].shape[1] if a["heads"].ndim == 2 else -1
+    expected = {"layers": (m,), "heads": (m, n_heads), "rotation": (m, rank, width),
+                "source_weight": (m, rank, width), "source_bias": (m, rank), "alphas": (m,)}
+    for key, shape in expected.items():
+        kinds = "iu" if key in ("layers", "heads") else "iuf"
+        if -1 in shape or a[key].shape != shape or a[key].dtype.kind not in kinds:
+            out.add("file", f"array lowrank_{key} must be {'integers' if kinds == 'iu' else 'real numbers'} of "
+                            f"shape [maps, …] consistent with the others ([m], [m, heads], [m, rank, width], "
+                            f"[m, rank]), got shape {list(a[key].shape)} of {a[key].dtype}")
+            return []
+    return [{"layer": int(a["layers"][i]), "heads": a["heads"][i].tolist(), "alpha": float(a["alphas"][i]),
+             "rotation": a["rotation"][i].tolist(), "source_weight": a["source_weight"][i].tolist(),
+             "source_bias": a["source_bias"][i].tolist()} for i in range(m)]
+
+
 def _npz_string(arrays: dict[str, np.ndarray], key: str, out: UploadResult) -> str | None:
     a = arrays.get(key)
     if a is None:
@@ -248,16 +294,29 @@ def editing_json(editing: EditingConfig) -> dict[str, Any]:
 
 def write_editing_npz(editing: EditingConfig, path: Path) -> Path:
     """The section as NumPy arrays (the editor's ``.npz`` upload): ``layers``, ``heads``, ``alphas`` [n],
-    ``directions`` [n, head_dim], ``fingerprint`` [3], ``scope`` and ``provenance`` (JSON) as strings.
-    Uploaded, it validates to the same section and content hash as ``editing_json``."""
-    edits = editing.edits
+    ``directions`` [n, head_dim], ``fingerprint`` [3], ``scope`` and ``provenance`` (JSON) as strings,
+    and the ``lowrank_*`` arrays when the section has low-rank maps (all of one shape: else ValueError,
+    use ``editing_json``). Uploaded, it validates to the same section and content hash as ``editing_json``."""
+    edits, maps = editing.edits, editing.lowrank
     fp = editing.fingerprint
+    arrays: dict[str, np.ndarray] = {}
+    if edits or not maps:
+        arrays.update(layers=np.array([e.layer for e in edits], dtype=np.int64),
+                      heads=np.array([e.head for e in edits], dtype=np.int64),
+                      alphas=np.array([e.alpha for e in edits], dtype=np.float64),
+                      directions=np.array([e.direction for e in edits], dtype=np.float64).reshape(len(edits),
+                                                                                                  fp.head_dim))
+    if maps:
+        if len({(len(m.heads), m.rank) for m in maps}) > 1:
+            raise ValueError("lowrank: maps of different head counts or ranks do not fit one .npz; write the JSON")
+        arrays.update(lowrank_layers=np.array([m.layer for m in maps], dtype=np.int64),
+                      lowrank_heads=np.array([m.heads for m in maps], dtype=np.int64),
+                      lowrank_rotation=np.array([m.rotation for m in maps], dtype=np.float64),
+                      lowrank_source_weight=np.array([m.source_weight for m in maps], dtype=np.float64),
+                      lowrank_source_bias=np.array([m.source_bias for m in maps], dtype=np.float64),
+                      lowrank_alphas=np.array([m.alpha for m in maps], dtype=np.float64))
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
-        np.savez(f, layers=np.array([e.layer for e in edits], dtype=np.int64),
-                 heads=np.array([e.head for e in edits], dtype=np.int64),
-                 alphas=np.array([e.alpha for e in edits], dtype=np.float64),
-                 directions=np.array([e.direction for e in edits], dtype=np.float64).reshape(len(edits), fp.head_dim),
-                 fingerprint=np.array([fp.num_layers, fp.num_heads, fp.head_dim], dtype=np.int64),
+        np.savez(f, **arrays, fingerprint=np.array([fp.num_layers, fp.num_heads, fp.head_dim], dtype=np.int64),
                  scope=np.array(editing.scope), provenance=np.array(json.dumps(editing.provenance)))
     return path

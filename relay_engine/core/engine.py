@@ -27,7 +27,7 @@ from relay_engine.core import devices
 from relay_engine.core.config import PolicySpec, default_policy
 from relay_engine.core.expander import MemoryAwareExpander, SingleFlight
 from relay_engine.core.kvcache import CacheKey, HBMCache
-from relay_engine.core.model import HeadBias, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
+from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
 from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, LatencyHistogram
 from relay_engine.core.trigger import CACHE_BUDGET, CacheFootprint, SequenceAwareTrigger
 
@@ -103,7 +103,7 @@ class EngineStats:
 @dataclass(frozen=True)
 class _State:
     policy: PolicySpec
-    edit: HeadBias
+    edit: EditTensors
     slo_ms: float
 
 
@@ -144,7 +144,7 @@ class RelayEngine:
         return self._state.policy
 
     @property
-    def edit(self) -> HeadBias:
+    def edit(self) -> EditTensors:
         """The edit in force (the engine is its one owner; the model holds none)."""
         return self._state.edit
 
@@ -179,7 +179,7 @@ class RelayEngine:
 
     # --- requests ----------------------------------------------------------------------------
 
-    def cache_key(self, user_id: str, prefix: History, edit: HeadBias | None = None) -> CacheKey:
+    def cache_key(self, user_id: str, prefix: History, edit: EditTensors | None = None) -> CacheKey:
         edit = edit or self._state.edit
         return CacheKey(str(user_id), prefix.digest(), self.model.version, edit.content_hash)
 

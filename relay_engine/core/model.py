@@ -246,16 +246,58 @@ class PrefixKV:
 
 
 @dataclass(frozen=True)
-class HeadBias:
-    """Edits in tensor form: per layer a [H, D] bias added to the head outputs, or None."""
+class LowRankMap:
+    """A low-rank edit in tensor form: on the outputs of ``heads`` (concatenated, h [rows, n·D]) it adds
+    ``(h·down + down_bias)·up``, which is ``α·Rᵀ(W·h + b − R·h)`` with down = (W − R)ᵀ, down_bias = b, up = α·R."""
 
-    by_layer: tuple[torch.Tensor | None, ...]
-    scope: str = "all"
+    heads: torch.Tensor  # [n] int64
+    down: torch.Tensor  # [n·D, r]
+    down_bias: torch.Tensor  # [r]
+    up: torch.Tensor  # [r, n·D]
+
+    @classmethod
+    def from_parts(cls, heads: torch.Tensor, rotation: torch.Tensor, source_weight: torch.Tensor,
+                   source_bias: torch.Tensor, alpha: float = 1.0) -> LowRankMap:
+        """From R, W [r, n·D] and b [r]; differentiable in them (the lab fits them through this)."""
+        return cls(heads, (source_weight - rotation).T, source_bias, alpha * rotation)
+
+    def delta(self, heads: torch.Tensor) -> torch.Tensor:
+        """The change to the edited heads' outputs: heads [rows, H, D] → [rows, n, D]."""
+        rows, n, d = heads.shape[0], self.heads.numel(), heads.shape[2]
+        h = heads.index_select(1, self.heads).reshape(rows, n * d)  # [rows, n·D]
+        return (torch.addmm(self.down_bias, h, self.down) @ self.up).view(rows, n, d)
+
+
+@dataclass(frozen=True)
+class EditTensors:
+    """An edit in tensor form, per layer: a [H, D] bias added to the head outputs (or None) and
+    low-rank maps of them. Every edit of a layer reads the unedited outputs; their changes add."""
+
+    bias_by_layer: tuple[torch.Tensor | None, ...]
+    maps_by_layer: tuple[tuple[LowRankMap, ...], ...]
+    scope: str = "candidates"
     content_hash: str = "none"
 
     @classmethod
-    def none(cls, num_layers: int) -> HeadBias:
-        return cls((None,) * num_layers)
+    def none(cls, num_layers: int) -> EditTensors:
+        return cls((None,) * num_layers, ((),) * num_layers)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.bias_by_layer)
+
+    def apply(self, layer: int, heads: torch.Tensor, first_candidate_row: int) -> torch.Tensor:
+        """Layer ``layer``'s head outputs [rows, H, D] under this edit: every row for scope "all", the
+        rows from ``first_candidate_row`` on for "candidates" (the others are returned untouched)."""
+        bias, maps = self.bias_by_layer[layer], self.maps_by_layer[layer]
+        start = 0 if self.scope == "all" else first_candidate_row
+        if (bias is None and not maps) or start >= heads.shape[0]:
+            return heads
+        part = heads[start:]  # [rows', H, D]
+        edited = part if bias is None else part + bias
+        for m in maps:
+            edited = edited.index_add(1, m.heads, m.delta(part))
+        return edited if start == 0 else torch.cat([heads[:start], edited])
 
 
 class HSTULayer(nn.Module):
@@ -288,7 +330,7 @@ class HSTUModel(nn.Module):
 
     Parameters are created with ``requires_grad=False`` (serving never needs gradients); training
     code switches them on for its own run. The edit in force is never stored here: every operation
-    takes the ``HeadBias`` it runs under (the engine owns the one in force).
+    takes the ``EditTensors`` it runs under (the engine owns the one in force).
     """
 
     def __init__(self, config: ModelConfig | None = None, device: torch.device | str = "cpu"):
@@ -357,13 +399,13 @@ class HSTUModel(nn.Module):
 
     # --- editing hook point ------------------------------------------------------------------
 
-    def no_edit(self) -> HeadBias:
-        return HeadBias.none(self.config.num_layers)
+    def no_edit(self) -> EditTensors:
+        return EditTensors.none(self.config.num_layers)
 
-    def edit_from(self, editing: EditingConfig | None) -> HeadBias:
-        """Turn an editing configuration into per-layer [H, D] biases, checking it fits this model."""
+    def edit_from(self, editing: EditingConfig | None) -> EditTensors:
+        """Turn an editing configuration into per-layer biases and low-rank maps, checking it fits this model."""
         c = self.config
-        if editing is None or not editing.edits:
+        if editing is None or editing.is_empty:
             return self.no_edit()
         if editing.fingerprint != c.fingerprint():
             raise ModelInputError(
@@ -375,19 +417,29 @@ class HSTUModel(nn.Module):
         if editing.scope == "candidates" and c.scoring != "candidate_tokens":
             raise ModelInputError("editing.scope", "this model scores by its last position and runs no candidate "
                                                    "tokens; use 'all'")
-        by_layer: list[torch.Tensor | None] = [None] * c.num_layers
+        bias_by_layer: list[torch.Tensor | None] = [None] * c.num_layers
         for e in editing.edits:
-            if by_layer[e.layer] is None:
-                by_layer[e.layer] = torch.zeros(c.num_heads, c.head_dim, device=self.device)
-            by_layer[e.layer][e.head] += e.alpha * torch.tensor(e.direction, dtype=torch.float32,
-                                                                device=self.device)
-        return HeadBias(tuple(by_layer), editing.scope, editing.content_hash())
+            if bias_by_layer[e.layer] is None:
+                bias_by_layer[e.layer] = torch.zeros(c.num_heads, c.head_dim, device=self.device)
+            bias_by_layer[e.layer][e.head] += e.alpha * torch.tensor(e.direction, dtype=torch.float32,
+                                                                     device=self.device)
+        maps_by_layer: list[list[LowRankMap]] = [[] for _ in range(c.num_layers)]
 
-    def _edit_or_none(self, edit: HeadBias | None) -> HeadBias:
+        def tensor(values: tuple) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=self.device)
+
+        for m in editing.lowrank:
+            maps_by_layer[m.layer].append(LowRankMap.from_parts(
+                torch.tensor(m.heads, dtype=torch.int64, device=self.device), tensor(m.rotation),
+                tensor(m.source_weight), tensor(m.source_bias), m.alpha))
+        return EditTensors(tuple(bias_by_layer), tuple(tuple(maps) for maps in maps_by_layer), editing.scope,
+                           editing.content_hash())
+
+    def _edit_or_none(self, edit: EditTensors | None) -> EditTensors:
         if edit is None:
             return self.no_edit()
-        if len(edit.by_layer) != self.config.num_layers:
-            raise ModelInputError("edit", f"has {len(edit.by_layer)} layers, model has {self.config.num_layers}")
+        if edit.num_layers != self.config.num_layers:
+            raise ModelInputError("edit", f"has {edit.num_layers} layers, model has {self.config.num_layers}")
         return edit
 
     # --- the three operations ----------------------------------------------------------------
@@ -399,7 +451,7 @@ class HSTUModel(nn.Module):
         return (seq_len - tail) * self.config.kv_bytes_per_token(with_timestamps) + tail_bytes
 
     @torch.no_grad()
-    def prefill(self, prefix: History, edit: HeadBias | None = None) -> PrefixKV:
+    def prefill(self, prefix: History, edit: EditTensors | None = None) -> PrefixKV:
         """Pre-infer a long-term prefix: its per-layer K/V, ready for ``rank``, under ``edit`` (none by default)."""
         edit = self._edit_or_none(edit)
         self.check_history(prefix, "prefix", allow_empty=False)
@@ -416,7 +468,7 @@ class HSTUModel(nn.Module):
 
     @torch.no_grad()
     def rank(self, prefix_kv: PrefixKV, short_term: History, candidates: Sequence[int] | torch.Tensor,
-             query_timestamp: int | None = None, edit: HeadBias | None = None) -> torch.Tensor:
+             query_timestamp: int | None = None, edit: EditTensors | None = None) -> torch.Tensor:
         """Score candidates against a cached prefix plus fresh short-term tokens. Returns [C] scores."""
         edit = self._edit_or_none(edit)
         if prefix_kv.model_version != self.version:
@@ -438,7 +490,7 @@ class HSTUModel(nn.Module):
 
     @torch.no_grad()
     def rank_full(self, prefix: History, short_term: History, candidates: Sequence[int] | torch.Tensor,
-                  query_timestamp: int | None = None, edit: HeadBias | None = None) -> torch.Tensor:
+                  query_timestamp: int | None = None, edit: EditTensors | None = None) -> torch.Tensor:
         """The baseline: recompute the whole history and the candidates. Returns [C] scores."""
         scores, _ = self._rank_full(prefix, short_term, candidates, query_timestamp, edit, keep_prefix=False)
         return scores
@@ -446,7 +498,7 @@ class HSTUModel(nn.Module):
     @torch.no_grad()
     def rank_full_keeping_prefix(self, prefix: History, short_term: History,
                                  candidates: Sequence[int] | torch.Tensor, query_timestamp: int | None = None,
-                                 edit: HeadBias | None = None) -> tuple[torch.Tensor, PrefixKV]:
+                                 edit: EditTensors | None = None) -> tuple[torch.Tensor, PrefixKV]:
         """``rank_full`` that also returns the prefix's KV, which its history pass computes anyway:
         a cache miss then costs one forward, not a prefill followed by a cached rank."""
         scores, kv = self._rank_full(prefix, short_term, candidates, query_timestamp, edit, keep_prefix=True)
@@ -454,7 +506,7 @@ class HSTUModel(nn.Module):
         return scores, kv
 
     def _rank_full(self, prefix: History, short_term: History, candidates: Sequence[int] | torch.Tensor,
-                   query_timestamp: int | None, edit: HeadBias | None, *,
+                   query_timestamp: int | None, edit: EditTensors | None, *,
                    keep_prefix: bool) -> tuple[torch.Tensor, PrefixKV | None]:
         edit = self._edit_or_none(edit)
         self.check_history(prefix, "prefix", allow_empty=not keep_prefix)
@@ -469,7 +521,7 @@ class HSTUModel(nn.Module):
             return scores, None
         return scores, self._prefix_kv(history[:len(prefix)], kv, edit)
 
-    def _prefix_kv(self, prefix: History, kv: torch.Tensor, edit: HeadBias) -> PrefixKV:
+    def _prefix_kv(self, prefix: History, kv: torch.Tensor, edit: EditTensors) -> PrefixKV:
         """The cache of a prefix, from the K/V of a history that starts with it (kv: [layers, 2, H, ≥T, D])."""
         settled = len(prefix) - (1 if self.config.carries_tail else 0)
         if kv.shape[3] != settled:
@@ -525,7 +577,7 @@ class HSTUModel(nn.Module):
 
     def forward(self, history: History, candidates: torch.Tensor | None = None, *,
                 prefix_kv: PrefixKV | None = None, query_timestamp: int | None = None,
-                edit: HeadBias | None = None,
+                edit: EditTensors | None = None,
                 head_capture: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The one forward behind every operation, for training, probing and evaluation.
 
@@ -541,7 +593,7 @@ class HSTUModel(nn.Module):
                              self._edit_or_none(edit), head_capture)
 
     def _forward(self, cached: PrefixKV | None, history: History, candidates: torch.Tensor | None,
-                 query_timestamp: int | None, edit: HeadBias,
+                 query_timestamp: int | None, edit: EditTensors,
                  head_capture: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run new history tokens (after an optional cached prefix) and optional candidates.
 
@@ -625,12 +677,7 @@ class HSTUModel(nn.Module):
             attn = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)) / n_keys[None, :, None]
             y = F.layer_norm(attn.transpose(0, 1).reshape(rows, c.attn_dim), (c.attn_dim,), eps=c.ln_eps)
             heads = (y * u.transpose(0, 1).reshape(rows, c.attn_dim)).reshape(rows, H, D)  # [rows, H, D]
-            bias = edit.by_layer[li]
-            if bias is not None:
-                if edit.scope == "all":
-                    heads = heads + bias
-                else:  # "candidates"
-                    heads = heads + bias * is_candidate[:, None, None]
+            heads = edit.apply(li, heads, first_candidate_row=Tn)
             if head_capture is not None:
                 head_capture.append(heads)
             x = x + torch.addmm(layer.out_bias, heads.reshape(rows, c.attn_dim), layer.out_weight)

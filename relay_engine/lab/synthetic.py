@@ -28,6 +28,10 @@ import torch.nn.functional as F
 from relay_engine.core.model import History, HSTUModel, ModelConfig
 
 REWRITES = ("reorder", "duplicate", "time_shift", "alias")
+# Rewrites that keep every token's id: the model has seen each of these tokens as itself. An alias id
+# is another token, which the model knows only as well as the log's alias rate let it learn; making
+# the two writings agree is id canonicalisation (``relay_engine.core.features.AliasMap``), not a head edit.
+INFORMATION_PRESERVING = ("reorder", "duplicate", "time_shift")
 _SECONDS_PER_DAY = 86_400
 
 

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from controlplane.policies.models import AuditEntry, ConfigRevision, Pool
-from relay_engine.core.config import default_policy
+from relay_engine.core.config import ModelFingerprint, default_policy, parse_policy
+from tests.models import random_lowrank
 
 POOL = "ranking-a"
 REVISIONS = f"/api/v1/pools/{POOL}/revisions/"
@@ -51,6 +52,16 @@ def test_revision_on_the_latest_parent_is_the_next_generation(operator, pool):
     assert len(body["sha256"]) == 64
     # Creating does not publish.
     assert operator.get(f"/api/v1/pools/{POOL}/").json()["desired_generation"] == 1
+
+
+def test_a_lowrank_edit_is_part_of_the_spec_a_revision_stores(operator, pool):
+    section = random_lowrank(ModelFingerprint(2, 4, 3), seed=0, rank=2)
+    response = operator.post(REVISIONS, {"parent_generation": 1, "spec": {"editing": section}}, format="json")
+    assert response.status_code == 201, response.content
+    stored = response.json()["spec"]["editing"]
+    assert [(m["layer"], m["heads"]) for m in stored["lowrank"]] == [(0, [0, 1, 2, 3]), (1, [0, 1, 2, 3])]
+    assert stored["scope"] == "candidates"
+    assert response.json()["sha256"] == parse_policy({"editing": section}).sha256()
 
 
 def test_stale_parent_is_409_and_writes_nothing(operator, pool):
@@ -111,6 +122,9 @@ BAD_BODIES = [
     ({"parent_generation": 1, "spec": {"editing": {**EDITING, "edits": [
         {"layer": 0, "head": 0, "direction": [1, 0], "alpha": 1}]}}}, "spec.editing.edits[0].direction",
      "head_dim is 3"),
+    ({"parent_generation": 1, "spec": {"editing": {**EDITING, "lowrank": [
+        {"layer": 0, "heads": [0], "rotation": [[1, 0]], "source_weight": [[0, 0, 0]], "source_bias": [0]}]}}},
+     "spec.editing.lowrank[0].rotation[0]", "len(heads)·head_dim is 3"),
     ({"parent_generation": 1, "spec": {}, "comment": 5}, "comment", "valid string"),
 ]
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from relay_engine.core.config import PolicyError, default_policy, parse_policy, validate_policy
+from relay_engine.core.config import PolicyError, default_policy, parse_policy, sha256_of, validate_policy
 
 FP = {"num_layers": 2, "num_heads": 4, "head_dim": 3}
 
@@ -93,3 +93,70 @@ def test_hash_is_canonical_and_edit_hash_follows_the_edits():
     other = parse_policy({"editing": {"fingerprint": FP, "edits": [
         {"layer": 0, "head": 0, "direction": [1, 2, 3], "alpha": 2}]}})
     assert edited.edit_hash() != other.edit_hash() != "none"
+
+
+# --- low-rank (input-dependent) edits --------------------------------------------------------------
+
+R2 = [[1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0]]  # rank 2 over heads [0, 1] (2 × head_dim 3 = 6 wide)
+
+
+def lowrank_map(**changes) -> dict:
+    return {"layer": 1, "heads": [0, 1], "rotation": R2, "source_weight": [[0.5] * 6, [0.1] * 6],
+            "source_bias": [0.0, 1.0], "alpha": 1.0, **changes}
+
+
+def test_a_lowrank_map_parses_with_its_shapes_and_defaults():
+    without_alpha = {k: v for k, v in lowrank_map().items() if k != "alpha"}
+    spec = parse_policy({"editing": {"fingerprint": FP, "lowrank": [without_alpha]}})
+    (m,) = spec.editing.lowrank
+    assert (m.layer, m.heads, m.rank, m.alpha) == (1, (0, 1), 2, 1.0)
+    assert spec.editing.scope == "candidates", "an edit leaves the prefix alone unless asked"
+    assert parse_policy(spec.to_dict()) == spec and spec.edit_hash() != "none"
+
+
+@pytest.mark.parametrize(("changes", "path", "fragment"), [
+    ({"layer": 2}, "editing.lowrank[0].layer", "[0, 1]"),
+    ({"heads": [0, 4]}, "editing.lowrank[0].heads", "[0, 3]"),
+    ({"heads": []}, "editing.lowrank[0].heads", "empty"),
+    ({"heads": [1, 1]}, "editing.lowrank[0].heads", "twice"),
+    ({"heads": [0]}, "editing.lowrank[0].rotation[0]", "len(heads)·head_dim is 3"),
+    ({"rotation": []}, "editing.lowrank[0].rotation", "non-empty"),
+    ({"rotation": [[1, 0, 0, 0, 0, math.nan], [0] * 6]}, "editing.lowrank[0].rotation[0]", "finite"),
+    ({"rotation": [[0] * 6] * 7}, "editing.lowrank[0].rotation", "at most 6"),
+    ({"source_weight": [[0] * 6]}, "editing.lowrank[0].source_weight", "rank is 2"),
+    ({"source_bias": [0, 0, 0]}, "editing.lowrank[0].source_bias", "rank is 2"),
+    ({"alpha": math.inf}, "editing.lowrank[0].alpha", "finite"),
+    ({"gamma": 1}, "editing.lowrank[0].gamma", "unknown"),
+])
+def test_lowrank_errors_name_the_map_and_field(changes, path, fragment):
+    errors = errors_of({"editing": {"fingerprint": FP, "lowrank": [lowrank_map(**changes)]}})
+    assert path in errors and any(fragment in m for m in errors[path]), errors
+
+
+def test_a_lowrank_map_needs_its_parts():
+    errors = errors_of({"editing": {"fingerprint": FP, "lowrank": [{"layer": 0}]}})
+    assert {f"editing.lowrank[0].{k}" for k in ("heads", "rotation", "source_weight", "source_bias")} <= set(errors)
+
+
+def test_a_head_takes_one_lowrank_map_per_layer():
+    errors = errors_of({"editing": {"fingerprint": FP, "lowrank": [lowrank_map(), lowrank_map(heads=[1, 2])]}})
+    assert "already edited by editing.lowrank[0]" in errors["editing.lowrank[1].heads"][0]
+    other_layer = parse_policy({"editing": {"fingerprint": FP, "lowrank": [lowrank_map(), lowrank_map(layer=0)]}})
+    assert len(other_layer.editing.lowrank) == 2
+
+
+def test_lowrank_maps_are_size_limited_before_their_numbers_are_read():
+    wide = {"num_layers": 1, "num_heads": 64, "head_dim": 4096}
+    row = [0.0] * (64 * 4096)
+    errors = errors_of({"editing": {"fingerprint": wide, "lowrank": [
+        {"layer": 0, "heads": list(range(64)), "rotation": [row] * 64, "source_weight": [row] * 64,
+         "source_bias": [0.0] * 64}]}})
+    assert "at most 1048576" in errors["editing.lowrank"][0]
+
+
+def test_a_section_without_lowrank_maps_keeps_the_plain_form_and_hash_it_had():
+    section = {"fingerprint": FP, "scope": "all", "provenance": {},
+               "edits": [{"layer": 0, "head": 0, "direction": [1.0, 2.0, 3.0], "alpha": 1.0}]}
+    spec = parse_policy({"editing": section})
+    assert spec.to_dict()["editing"] == section
+    assert spec.editing.content_hash() == sha256_of(section)

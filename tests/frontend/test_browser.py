@@ -15,6 +15,10 @@ import time
 import numpy as np
 import pytest
 
+from relay_engine.core.config import ModelFingerprint, parse_policy
+from relay_engine.core.editing_io import write_editing_npz
+from tests.models import random_lowrank
+
 from .conftest import Session, login
 from .stack import POOL
 
@@ -218,6 +222,25 @@ def test_the_editing_section_can_be_replaced_from_numpy_directions(sre, screensh
     cells = sre.locator('[data-role="editing"] tbody td').all_inner_texts()
     assert cells[:4] == ["0", "1", "2", "2.000"]  # layer, head, α, ‖direction‖ = 0.5·√16
     screenshot(sre, "10b-config-editing-npy-upload")
+    sre.click('[data-role="reset"]')
+    sre.locator('[data-role="diff-status"]', has_text="No changes").wait_for()
+
+
+def test_lowrank_maps_upload_from_the_evals_npz_and_show_as_a_table(sre, screenshot, tmp_path):
+    section = random_lowrank(ModelFingerprint(2, 2, 16), seed=5, rank=4, alpha=1.5)  # the small model
+    path = write_editing_npz(parse_policy({"editing": section}).editing, tmp_path / "gr_editing.npz")
+    sre.goto(CONFIG)
+    sre.click('[data-role="editing-npy"] summary')
+    sre.set_input_files('[data-role="editing-npy-file"]', files=[
+        {"name": "gr_editing.npz", "mimeType": "application/octet-stream", "buffer": path.read_bytes()}])
+    sre.click('[data-role="editing-npy-apply"]')
+    sre.locator('[data-role="diff"] tr[data-change="editing.lowrank[1].rotation"]').wait_for()
+    assert sre.locator('[data-role="editing-npy-errors"] li').count() == 0
+    rows = sre.locator('[data-role="editing-lowrank"] tbody tr')
+    assert rows.count() == 2
+    assert rows.nth(1).locator("td").all_inner_texts()[:4] == ["1", "0, 1", "4", "1.5"]  # layer, heads, rank, α
+    assert "null" not in sre.locator('[data-role="editing"]').inner_text(), "absent parts are left out"
+    screenshot(sre, "10c-config-editing-lowrank-upload")
     sre.click('[data-role="reset"]')
     sre.locator('[data-role="diff-status"]', has_text="No changes").wait_for()
 

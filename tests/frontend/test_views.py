@@ -19,9 +19,10 @@ from django.test import Client
 from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
 from controlplane.policies import services as policy_services
-from relay_engine.core.config import ModelFingerprint, validate_policy
+from relay_engine.core.config import ModelFingerprint, parse_policy, validate_policy
 from relay_engine.core.editing_io import editing_json, write_editing_npz
 from relay_engine.lab.editing.directions import build_editing
+from tests.models import random_lowrank
 
 POOL = "ranking-a"
 PASSWORD = "correct horse battery staple"
@@ -203,6 +204,56 @@ def test_the_evals_npz_uploads_to_the_same_content_hash_as_its_json(pool, operat
     assert body["valid"] is True
     assert body["content_hash"] == editing_json(cfg)["content_hash"]
     assert body["editing"] == json.loads(json.dumps(editing_json(cfg)["editing"]))
+
+
+def lowrank_editing(fp: ModelFingerprint, *, alpha: float = 1.5, with_bias: bool = False):
+    section = random_lowrank(fp, seed=3, rank=4, alpha=alpha)
+    if with_bias:
+        section["edits"] = [{"layer": 1, "head": 0, "alpha": 2.0, "direction": [0.25] * fp.head_dim}]
+    return parse_policy({"editing": {**section, "provenance": {"method": "lowrank"}}}).editing
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_an_npz_of_lowrank_maps_uploads_to_the_same_content_hash_as_its_json(pool, operator, tmp_path, with_bias):
+    cfg = lowrank_editing(ModelFingerprint(3, 4, 8), with_bias=with_bias)
+    path = write_editing_npz(cfg, tmp_path / "gr_editing.npz")
+    body = _upload(operator, SimpleUploadedFile("gr_editing.npz", path.read_bytes())).json()
+    assert body["valid"] is True, body["errors"]
+    assert body["content_hash"] == editing_json(cfg)["content_hash"]
+    assert body["editing"] == json.loads(json.dumps(editing_json(cfg)["editing"]))
+    assert len(body["editing"]["lowrank"]) == 3 and len(body["editing"]["edits"]) == int(with_bias)
+
+
+def test_lowrank_arrays_of_inconsistent_shapes_are_a_file_error(pool, operator, tmp_path):
+    path = write_editing_npz(lowrank_editing(ModelFingerprint(3, 4, 8)), tmp_path / "maps.npz")
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {key: npz[key] for key in npz.files}
+    arrays["lowrank_source_bias"] = arrays["lowrank_source_bias"][:, :2]  # rank 2 against rotations of rank 4
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    body = _upload(operator, SimpleUploadedFile("maps.npz", buffer.getvalue())).json()
+    assert body["valid"] is False and list(body["errors"]) == ["file"]
+    assert "lowrank_rotation" in body["errors"]["file"][0]
+    del arrays["lowrank_alphas"]
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    body = _upload(operator, SimpleUploadedFile("maps.npz", buffer.getvalue())).json()
+    assert body["errors"] == {"file": ["low-rank maps need lowrank_layers, lowrank_heads, lowrank_rotation, "
+                                       "lowrank_source_weight, lowrank_source_bias, lowrank_alphas; "
+                                       "missing lowrank_alphas"]}
+
+
+def test_lowrank_values_the_schema_refuses_are_reported_at_their_paths(pool, operator, tmp_path):
+    path = write_editing_npz(lowrank_editing(ModelFingerprint(3, 4, 8)), tmp_path / "maps.npz")
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {key: npz[key] for key in npz.files}
+    arrays["lowrank_layers"][2] = 7
+    arrays["lowrank_rotation"][0, 1, 5] = np.inf
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    body = _upload(operator, SimpleUploadedFile("maps.npz", buffer.getvalue())).json()
+    assert body["errors"] == {"editing.lowrank[2].layer": ["must be in [0, 2], got 7"],
+                              "editing.lowrank[0].rotation[1]": ["must hold finite numbers; bad values at indices [5]"]}
 
 
 def test_upload_errors_are_reported_by_field(pool, operator):

@@ -13,34 +13,19 @@ from relay_engine.core.editing_io import editing_json
 from relay_engine.core.engine import PreInferRequest, RankRequest, RelayEngine
 from relay_engine.core.model import History, HSTUModel
 from relay_engine.lab import consistency as cons
-from relay_engine.lab.editing import llm as editing_llm
 from relay_engine.lab.editing.cli import main as editing_main
 from relay_engine.lab.editing.directions import build_editing, directions
 from relay_engine.lab.editing.fitting import fit_head_biases
-from relay_engine.lab.editing.gr_eval import gr_probe_data
+from relay_engine.lab.editing.gr_eval import SweepRow, best_row, gr_probe_data
 from relay_engine.lab.editing.probes import HeadProbe, locate_heads, probe_provenance, split_by_group
-from relay_engine.lab.synthetic import REWRITES, SyntheticWorld, WorldConfig, train
+from relay_engine.lab.synthetic import REWRITES, train
+from tests.lab.editing_helpers import (
+    TINY_EVAL,
+    assert_written_edit_matches_the_choice,
+    kl_between_writings,
+)
 
-TINY_WORLD = WorldConfig(num_topics=4, items_per_topic=8, num_aliased=8, min_sessions=2, max_sessions=3)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one thread is fastest, and on a shared CPU far faster than a contended pool."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def world() -> SyntheticWorld:
-    return SyntheticWorld(TINY_WORLD)
-
-
-@pytest.fixture(scope="module")
-def model(world) -> HSTUModel:
-    return HSTUModel(world.model_config(embed_dim=16, num_layers=2, num_heads=2, head_dim=4))
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def planted(n: int = 400, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,29 +208,32 @@ def test_each_probe_sample_is_labelled_by_its_pairs_top10_agreement(model, world
     assert gr_probe_data(model, world, users).dataset_hash == data.dataset_hash
 
 
-def test_eval_command_prints_the_table_and_writes_plot_and_a_valid_config(tmp_path, capsys):
-    code = editing_main(["eval", "--out", str(tmp_path), "--train-users", "40", "--train-seconds", "1",
-                         "--probe-users", "20", "--eval-users", "6", "--test-users", "5", "--quality-users", "10",
-                         "--ks", "1,2", "--alphas", "2"])
+def test_eval_command_prints_the_table_and_writes_plot_and_its_choice(tmp_path, capsys):
+    code = editing_main(["eval", "--method", "iti", "--out", str(tmp_path), *TINY_EVAL, "--ks", "1,2",
+                         "--alphas", "2"])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "top10_same" in printed and "NDCG@10" in printed and "test (new users)" in printed
+    assert "non-alias" in printed and "NDCG@10" in printed and "test (new users, 1 seed(s))" in printed
     assert (tmp_path / "gr_alpha_sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    doc = json.loads((tmp_path / "gr_editing.json").read_text())
-    assert validate_policy({"editing": doc["editing"]})[1] == {}
     sweep = json.loads((tmp_path / "gr_sweep.json").read_text())
-    assert [(r["k"], r["alpha"]) for r in sweep["validation"]["rows"]] == [(0, 0.0), (1, 2.0), (2, 2.0)]
+    (val,) = sweep["validation"]["by_seed"]
+    assert [(r["k"], r["alpha"]) for r in val["rows"]] == [(0, 0.0), (1, 2.0), (2, 2.0)]
     # the reported figures come from the test users, measured with the setting validation chose
-    best, test = sweep["validation"]["best"], sweep["test"]
-    assert (test["edited"]["k"], test["edited"]["alpha"]) == (best["k"], best["alpha"])
+    test = sweep["test"]
+    assert (test["edited"]["k"], test["edited"]["alpha"]) == (val["best"]["k"], val["best"]["alpha"])
     assert test["pairs"] == 5 * len(REWRITES) and test["quality_queries"] == 10 * 3
     assert sweep["consistency_gain_points"] == round(
         100 * (test["edited"]["top10_same"] - test["baseline"]["top10_same"]), 2)
-    with np.load(tmp_path / "gr_editing.npz", allow_pickle=False) as npz:
-        edits = doc["editing"]["edits"]
-        assert npz["layers"].tolist() == [e["layer"] for e in edits]
-        assert np.allclose(npz["directions"], [e["direction"] for e in edits])
-        assert json.loads(str(npz["provenance"])) == doc["editing"]["provenance"]
+    assert_written_edit_matches_the_choice(tmp_path, sweep)
+
+
+def test_best_row_is_the_most_consistent_without_aliases_within_1_percent_ndcg_or_the_baseline():
+    def row(k: int, non_alias: float, ndcg: float) -> SweepRow:
+        return SweepRow(k, 1.0, non_alias, 0.9, 0.9, ndcg, 0.5, non_alias_top10_same=non_alias)
+
+    base = row(0, 0.70, 0.300)
+    assert best_row([base, row(1, 0.80, 0.2985), row(2, 0.90, 0.290), row(3, 0.75, 0.31)]).k == 1
+    assert best_row([base, row(1, 0.65, 0.31), row(2, 0.95, 0.25)]) is base
 
 
 def test_fitted_head_vectors_bring_equivalent_inputs_closer_on_the_fitting_users(model, world):
@@ -254,100 +242,19 @@ def test_fitted_head_vectors_bring_equivalent_inputs_closer_on_the_fitting_users
     c = model.config
     assert sorted(dirs) == [(li, hi) for li in range(c.num_layers) for hi in range(c.num_heads)]
     cfg = build_editing(c.fingerprint(), dirs, 1.0, scope="candidates")
-
-    def gap(edit) -> float:
-        total = 0.0
-        for p in cons.equivalent_pairs(world, users):
-            a = torch.log_softmax(cons.score(model, p.original, world.candidates(), edit), -1)
-            b = torch.log_softmax(cons.score(model, p.rewritten, world.candidates(), edit), -1)
-            total += float(torch.nn.functional.kl_div(b, a, log_target=True, reduction="sum"))
-        return total
-
-    assert gap(model.edit_from(cfg)) < gap(model.edit_from(None))
+    assert kl_between_writings(model, world, users, model.edit_from(cfg)) < kl_between_writings(model, world, users)
     assert all(not p.requires_grad for p in model.parameters())
 
 
 def test_eval_command_fits_head_vectors_with_the_fit_method(tmp_path, capsys):
-    code = editing_main(["eval", "--out", str(tmp_path), "--method", "fit", "--train-users", "40",
-                         "--train-seconds", "1", "--probe-users", "10", "--fit-users", "6", "--fit-epochs", "1",
-                         "--eval-users", "4", "--test-users", "3", "--quality-users", "6", "--alphas", "1"])
+    code = editing_main(["eval", "--out", str(tmp_path), "--method", "fit", *TINY_EVAL, "--fit-users", "6",
+                         "--fit-epochs", "1", "--alphas", "1"])
     assert code == 0
     assert "fit epoch 1/1" in capsys.readouterr().out
     sweep = json.loads((tmp_path / "gr_sweep.json").read_text())
-    assert [(r["k"], r["alpha"]) for r in sweep["validation"]["rows"]] == [(0, 0.0), (12, 1.0)]  # every head of the default model
-    doc = json.loads((tmp_path / "gr_editing.json").read_text())
-    assert doc["editing"]["provenance"]["method"] == "fit" and doc["editing"]["provenance"]["fit"]["users"] == 6
-
-
-# --- the real pretrained LLM (optional extra) ------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_llm_head_edits_change_the_answer_logits_and_come_off_cleanly():
-
-    missing = editing_llm.missing_requirements()
-    if missing:
-        pytest.skip(f"the editing-llm extra is not installed (missing {', '.join(missing)}): "
-                    f"{editing_llm.EXTRA_HINT}")
-    llm = editing_llm.load_llm()
-    data = editing_llm.PromptSet.load()
-    hooks = editing_llm.HeadEditHooks(llm)
-    prompts = [editing_llm.prompt_text(llm, data.instructions[0], t) for t in data.texts[:2]]
-    batch = llm.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    with torch.no_grad(), hooks.capturing() as layers:
-        before = llm.model(**batch).logits[:, -1]
-    fp = llm.fingerprint
-    assert len(layers) == fp.num_layers and layers[0].shape == (2, fp.num_heads, fp.head_dim)
-    dirs = {(fp.num_layers - 1, 0): torch.ones(fp.head_dim)}
-    cfg = build_editing(fp, dirs, 5.0, provenance={"dataset_hash": data.raw_hash})
-    assert validate_policy({"editing": to_plain(cfg)})[1] == {}
-    hooks.set_edit(cfg)
-    with torch.no_grad():
-        edited = llm.model(**batch).logits[:, -1]
-    hooks.set_edit(None)
-    with torch.no_grad():
-        after = llm.model(**batch).logits[:, -1]
-    assert not torch.allclose(edited, before)
-    assert torch.equal(after, before)
-
-    # calibrated answers: each instruction's option probabilities divided by its content-free ones
-    items = np.array([0, 1])
-    option_ids = editing_llm.option_token_ids(llm, data.options)
-    raw, _ = editing_llm.ask(llm, hooks, data, items, option_ids, "raw")
-    calibrated, _ = editing_llm.ask(llm, hooks, data, items, option_ids, "calibrated")
-    prompts = [editing_llm.prompt_text(llm, ins, data.texts[i]) for ins in data.instructions for i in items]
-    free = [editing_llm.prompt_text(llm, ins, t) for ins in data.instructions for t in editing_llm.CONTENT_FREE]
-    item_lp = editing_llm.option_scores(llm, hooks, prompts, option_ids)[0].reshape(len(data.instructions), 2, -1)
-    free_p = torch.softmax(torch.from_numpy(editing_llm.option_scores(llm, hooks, free, option_ids)[0]), -1)
-    free_p = free_p.reshape(len(data.instructions), len(editing_llm.CONTENT_FREE), -1).mean(1).numpy()
-    item_p = torch.softmax(torch.from_numpy(item_lp), -1).numpy()
-    assert np.array_equal(raw, item_lp.argmax(-1))
-    assert np.array_equal(calibrated, (item_p / free_p[:, None, :]).argmax(-1))
-    shared = editing_llm.content_free_probabilities(llm, hooks, data, option_ids)
-    assert np.allclose(shared, free_p)
-    assert np.array_equal(editing_llm.ask(llm, hooks, data, items, option_ids, free_p=shared)[0], calibrated)
-    with pytest.raises(ValueError, match="scoring 'loud'"):
-        editing_llm.ask(llm, hooks, data, items, option_ids, "loud")
-    hooks.close()
-
-
-def test_llm_scores_and_paired_bootstrap_work_on_choice_grids():
-
-    labels = np.array([0, 1] * 20)
-    right = np.tile(labels, (4, 1))  # 4 instructions, every answer right
-    wrong_half = right.copy()
-    wrong_half[:2] = 1 - wrong_half[:2]  # two instructions get every item wrong
-    s = editing_llm.score_answers(wrong_half, labels)
-    assert s.accuracy_by_instruction == [0.0, 0.0, 1.0, 1.0] and s.mean == 0.5 and s.std == 0.5
-    assert s.agreement == 0.0 and editing_llm.score_answers(right, labels).agreement == 1.0
-
-    same = editing_llm.paired_bootstrap(wrong_half, wrong_half, labels, samples=200)
-    assert same == {"mean_change_95": [0.0, 0.0], "std_change_95": [0.0, 0.0]}
-    fixed = editing_llm.paired_bootstrap(wrong_half, right, labels, samples=200)
-    assert fixed["mean_change_95"] == [0.5, 0.5] and fixed["std_change_95"] == [-0.5, -0.5]
-    noisy = np.where(np.random.default_rng(1).random(right.shape) < 0.3, 1 - right, right)
-    lo, hi = editing_llm.paired_bootstrap(noisy, right, labels, samples=500)["mean_change_95"]
-    assert 0 < lo < hi <= 0.5
+    rows = sweep["validation"]["by_seed"][0]["rows"]
+    assert [(r["k"], r["weight"], r["alpha"]) for r in rows] == [(0, 0.0, 0.0), (12, 5.0, 1.0)]  # every head
+    assert_written_edit_matches_the_choice(tmp_path, sweep)
 
 
 def test_user_bootstrap_intervals_cover_the_measured_change_and_pair_the_draws(model, world):
@@ -356,15 +263,22 @@ def test_user_bootstrap_intervals_cover_the_measured_change_and_pair_the_draws(m
     before_c, before_q = cons.consistency(model, world, pairs), cons.quality(model, world, q_users)
     assert len(before_c.same_by_pair) == len(pairs) and len(before_q.ndcg_by_query) == before_q.queries
     assert np.mean(before_c.same_by_pair) == before_c.top10_same
-    same = cons.paired_user_bootstrap(before_c, before_c, before_q, before_q, pair_users=len(users),
-                                      query_users=len(q_users), samples=100)
-    assert same == {"gain_points_95": [0.0, 0.0], "ndcg10_change_95": [0.0, 0.0]}  # paired: no spread at all
+    unchanged = cons.PairedRun(before_c, before_c, before_q, before_q)
+    same = cons.paired_user_bootstrap([unchanged], pair_users=len(users), query_users=len(q_users), samples=100)
+    assert same["gain_points_95"] == same["non_alias_gain_points_95"] == same["ndcg10_change_95"] == [0.0, 0.0]
+    assert same["gain_by_rewrite_95"] == {k: [0.0, 0.0] for k in REWRITES}  # paired: no spread at all
     edit = model.edit_from(build_editing(
         model.config.fingerprint(), {(0, 0): torch.ones(model.config.head_dim)}, 3.0))
     after_c, after_q = cons.consistency(model, world, pairs, edit), cons.quality(model, world, q_users, edit)
-    iv = cons.paired_user_bootstrap(before_c, after_c, before_q, after_q, pair_users=len(users),
+    iv = cons.paired_user_bootstrap([cons.PairedRun(before_c, after_c, before_q, after_q)], pair_users=len(users),
                                     query_users=len(q_users), samples=500)
     gain = 100 * (after_c.top10_same - before_c.top10_same)
     assert iv["gain_points_95"][0] <= gain <= iv["gain_points_95"][1]
+    na_gain = 100 * (after_c.same_share() - before_c.same_share())
+    assert iv["non_alias_gain_points_95"][0] <= na_gain <= iv["non_alias_gain_points_95"][1]
     change = after_q.ndcg10 / before_q.ndcg10 - 1
     assert iv["ndcg10_change_95"][0] <= change <= iv["ndcg10_change_95"][1]
+    two_seeds = cons.paired_user_bootstrap([cons.PairedRun(before_c, after_c, before_q, after_q), unchanged],
+                                           pair_users=len(users), query_users=len(q_users), samples=500)
+    assert two_seeds["gain_points_95"] == pytest.approx([v / 2 for v in iv["gain_points_95"]]), \
+        "seeds are averaged on the same draw of users"

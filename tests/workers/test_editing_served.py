@@ -19,6 +19,7 @@ from relay_engine.core.editing_io import editing_json
 from relay_engine.core.features import SyntheticFeatures
 from relay_engine.core.model import HSTUModel
 from relay_engine.lab.editing.directions import build_editing
+from tests.models import random_lowrank
 from tests.workers.fleet import wait_for
 from workers.settings import MODELS
 
@@ -36,6 +37,12 @@ def edit_spec(alpha: float, scope: str, seed: int) -> dict:
     dirs = {(0, 1): torch.randn(fp.head_dim, generator=g), (1, 0): torch.randn(fp.head_dim, generator=g)}
     cfg = build_editing(fp, dirs, alpha, scope=scope, provenance={"dataset_hash": f"test-{seed}"})
     return {"trigger": {"at_risk_seq_len": 1}, "editing": editing_json(cfg)["editing"]}
+
+
+def lowrank_spec(alpha: float, seed: int) -> dict:
+    """A policy whose editing section maps every head of every layer of the small model (rank 4), candidates only."""
+    section = random_lowrank(MODELS["small"].fingerprint(), seed=seed, rank=4, alpha=alpha)
+    return {"trigger": {"at_risk_seq_len": 1}, "editing": {**section, "provenance": {"dataset_hash": f"lr-{seed}"}}}
 
 
 def acked(fleet, generation: int) -> bool:
@@ -112,4 +119,28 @@ def test_a_published_edit_is_acked_invalidates_old_prefixes_and_scores_like_the_
     finally:
         torch.set_num_threads(threads)
         restore = fleet.publish({})  # the package's other tests expect an unedited pool
+        wait_for(lambda: acked(fleet, restore), CONVERGE_S, what="ACK of the unedited revision")
+
+
+def test_a_published_lowrank_edit_misses_once_then_hits_and_scores_like_the_local_model(fleet):
+    users = users_on_every_instance(fleet)
+    spec = lowrank_spec(alpha=1.0, seed=7)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        generation = fleet.publish(spec)
+        wait_for(lambda: acked(fleet, generation), CONVERGE_S, what=f"ACK of generation {generation} (low-rank edit)")
+        for user in users:
+            first = rank(fleet, user, 5)
+            assert first.source == "miss", "the edit is new: nothing is cached under its hash"
+            second = rank(fleet, user, 6)
+            assert second.source == "hbm" and second.instance == first.instance
+            for reply, query_index in ((first, 5), (second, 6)):
+                assert_close(reply.scores, local_scores(spec, user, query_index))
+            unedited = local_scores({}, user, 6)
+            assert not torch.allclose(torch.tensor(second.scores), unedited, rtol=1e-3, atol=1e-4), \
+                "the low-rank edit changes the scores"
+    finally:
+        torch.set_num_threads(threads)
+        restore = fleet.publish({})
         wait_for(lambda: acked(fleet, restore), CONVERGE_S, what="ACK of the unedited revision")

@@ -161,16 +161,20 @@
     if (!editing) {
       box.replaceChildren(el("p", { class: "muted small" },
         "No model edits: the model runs unedited. Edits (a bias on chosen attention heads along a consistency "
-        + "direction, scaled by α) are produced by the editing workflow."));
+        + "direction, scaled by α, or an input-dependent low-rank map of their outputs) are produced by the "
+        + "editing workflow."));
       return;
     }
     const fp = editing.fingerprint || {};
     const norm = (d) => Math.sqrt((d || []).reduce((a, v) => a + (typeof v === "number" ? v * v : 0), 0));
     const edits = editing.edits || [];
-    box.replaceChildren(
+    const maps = editing.lowrank || [];
+    const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+    box.replaceChildren(...[  // replaceChildren writes a null as the text "null": leave the absent parts out
       el("p", { class: "small" }, `Model: ${fp.num_layers} layers × ${fp.num_heads} heads × head_dim ${fp.head_dim}; `
-        + `scope: ${editing.scope || "all"}; ${edits.length} edited head${edits.length === 1 ? "" : "s"}.`),
-      edits.length ? el("table", { class: "data compact" },
+        + `scope: ${editing.scope || "candidates"}; ${plural(edits.length, "biased head")}, `
+        + `${plural(maps.length, "low-rank map")}.`),
+      edits.length ? el("table", { class: "data compact", dataset: { role: "editing-biases" } },
         el("thead", {}, el("tr", {}, el("th", {}, "Layer"), el("th", {}, "Head"), el("th", { class: "num" }, "α"),
                            el("th", { class: "num" }, "‖direction‖"), el("th", {}, "direction (first values)"))),
         el("tbody", {}, edits.map((e) => el("tr", {},
@@ -178,9 +182,19 @@
           el("td", { class: "num" }, norm(e.direction).toFixed(3)),
           el("td", { class: "small" }, Array.isArray(e.direction)
             ? `${e.direction.slice(0, 4).map((v) => (typeof v === "number" ? v.toFixed(3) : String(v))).join(", ")}${e.direction.length > 4 ? ", …" : ""}` : "?"))))) : null,
+      maps.length ? el("table", { class: "data compact", dataset: { role: "editing-lowrank" } },
+        el("caption", { class: "small" }, "Low-rank maps: h + α·Rᵀ(W·h + b − R·h) on the listed heads' outputs"),
+        el("thead", {}, el("tr", {}, el("th", {}, "Layer"), el("th", {}, "Heads"), el("th", { class: "num" }, "Rank"),
+                           el("th", { class: "num" }, "α"), el("th", { class: "num" }, "‖b‖"))),
+        el("tbody", {}, maps.map((m) => el("tr", {},
+          el("td", {}, m.layer), el("td", {}, Array.isArray(m.heads) ? m.heads.join(", ") : "?"),
+          el("td", { class: "num" }, Array.isArray(m.rotation) ? m.rotation.length : "?"),
+          el("td", { class: "num" }, m.alpha === undefined ? 1 : m.alpha),
+          el("td", { class: "num" }, norm(m.source_bias).toFixed(3)))))) : null,
       editing.provenance && Object.keys(editing.provenance).length
         ? el("details", {}, el("summary", { class: "small" }, "Provenance"), el("pre", {}, JSON.stringify(editing.provenance, null, 2)))
-        : null);
+        : null,
+    ].filter(Boolean));
   }
 
   function onEditingFile(event) {

