@@ -179,7 +179,7 @@ def test_a_revision_the_devices_cannot_hold_is_nacked_and_the_last_good_keeps_se
         sre_page.locator('[data-role="summary"]', has_text="refused it (NACK)").wait_for()
         assert "cache.hbm_budget_mb" in sre_page.locator('[data-role="instances"]').inner_text()
 
-    status, rollback = stack.api("POST", f"/api/v1/pools/{POOL}/rollback/", {"to_generation": good})
+    status, rollback = stack.api("POST", f"/api/v1/pools/{POOL}/rollback/", {"to_generation": good, "parent_generation": bad})
     assert status == 201, rollback
     stack.wait_converged(rollback["generation"], 3, CONVERGE_S)
     fault.survived()
