@@ -27,6 +27,8 @@ class Figures:
     requests_lost: int = 0
     rank_outcomes: dict[str, int] = field(default_factory=dict)
     load_seconds: float = 0.0
+    # database vendor → operation → HTTP status → count, from tests/controlplane/test_concurrency.py
+    concurrent_writes_by_db: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def fault(self, name: str) -> FaultRecord:
@@ -37,6 +39,12 @@ class Figures:
     def hostile(self, family: str, count: int = 1) -> None:
         with self._lock:
             self.hostile_inputs[family] = self.hostile_inputs.get(family, 0) + count
+
+    def concurrent_writes(self, vendor: str, operation: str, statuses: dict[int, int]) -> None:
+        with self._lock:
+            counts = self.concurrent_writes_by_db.setdefault(vendor, {}).setdefault(operation, {})
+            for status, count in statuses.items():
+                counts[status] = counts.get(status, 0) + count
 
     def load(self, *, outcomes: dict[str, int], lost: int, seconds: float) -> None:
         """Ranking requests replayed during the faults, by outcome (``harness.Outcome.kind``)."""
@@ -67,6 +75,9 @@ class Figures:
             f"({', '.join(self.faults_survived) or '-'})",
             f"hostile inputs tried: {d['hostile_inputs_total']} {dict(sorted(self.hostile_inputs.items()))}",
             f"requests lost: {self.requests_lost}",
+            *(f"concurrent writes on {vendor}: {operation}: {dict(sorted(counts.items()))}"
+              for vendor, operations in sorted(self.concurrent_writes_by_db.items())
+              for operation, counts in operations.items()),
         ]
 
     def write(self) -> None:
