@@ -42,7 +42,7 @@ class Fleet:
     def __init__(self, redis_url: str, logdir: Path, *, pool: str = "test", size: int = 2, rank_threads: int = 2):
         self.settings = Settings.from_env(
             {}, redis_url=redis_url, key_prefix=f"test-{uuid.uuid4().hex[:10]}", pool=pool, pool_size=size,
-            device="cpu", model="small", rank_threads=rank_threads, torch_threads=1,
+            device="cpu", model="small", rank_threads=rank_threads, torch_threads=1, data_dir=str(logdir / "state"),
         )
         self.keys = self.settings.keys
         self.logdir = logdir
