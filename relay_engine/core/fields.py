@@ -139,13 +139,14 @@ def finite_list(value: Any, length: int | None = None) -> list[float]:
         raise FieldValueError(f"must be a list of numbers, got {type(value).__name__}")
     if length is not None and len(value) != length:
         raise FieldValueError(f"has {len(value)} values; expected {length}")
-    bad = [i for i, v in enumerate(value) if not is_number(v) or not _finite(v)]
+    bad = [i for i, v in enumerate(value) if not is_number(v) or not is_finite(v)]
     if bad:
         raise FieldValueError(f"must hold finite numbers; bad values at indices {bad[:10]}")
     return [float(v) for v in value]
 
 
-def _finite(v: int | float) -> bool:
+def is_finite(v: int | float) -> bool:
+    """A number usable as a float: finite, and an integer only within float's range (no OverflowError)."""
     if isinstance(v, int):
         return -1e308 < v < 1e308  # an int beyond float's range cannot be used as a float
     return math.isfinite(v)
