@@ -22,8 +22,9 @@ from axes.handlers.cache import AxesCacheHandler
 from axes.handlers.proxy import AxesProxyHandler
 from django.conf import settings
 from django.contrib.auth.signals import user_login_failed
+from django.core.cache import caches
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.template.response import TemplateResponse
+from django.shortcuts import render
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,7 @@ def lockout_response(request: HttpRequest, original_response: HttpResponse | Non
     if request.path.startswith("/api/") and not request.path.startswith("/api/auth/"):
         response = JsonResponse({"detail": lockout_message()}, status=429)
     else:
-        response = TemplateResponse(request, "frontend/login.html", {"lockout": lockout_message(), "next": ""},
-                                    status=429)
+        response = render(request, "frontend/login.html", {"lockout": lockout_message(), "next": ""}, status=429)
     response["Retry-After"] = str(retry_after_s())
     return response
 
@@ -80,6 +80,16 @@ def token_failed(request: HttpRequest) -> None:
 
 class LockoutHandler(AxesCacheHandler):
     """Axes' cache handler (atomic add/incr in Redis), letting attempts through while Redis is down."""
+
+    @property
+    def cache(self):
+        # Looked up at each use, not kept from start-up: Django's cache handles are per thread, and
+        # settings.CACHES may change (tests point it at their own Redis prefix).
+        return caches[getattr(settings, "AXES_CACHE", "default")]
+
+    @cache.setter
+    def cache(self, _value) -> None:  # AxesCacheHandler.__init__ assigns one
+        pass
 
     def get_failures(self, request, credentials: dict | None = None) -> int:
         try:

@@ -167,11 +167,11 @@ def _read_arrays(name: str, data: bytes, out: UploadResult) -> dict[str, np.ndar
     """The file's arrays, each checked by its header before a byte of it is allocated."""
     try:
         if data.startswith(NPY_MAGIC):
-            return {"directions": _read_npy(io.BytesIO(data), len(data), "the file")}
+            return {"directions": _read_npy(io.BytesIO(data), len(data), name)}
         if data.startswith(ZIP_MAGIC):
-            return _read_npz(data)
+            return _read_npz(name, data)
     except UploadRefused as exc:
-        out.add("file", f"{name}: {exc}")
+        out.add("file", str(exc))
         return None
     out.add("file", f"{name} is neither a .npy nor an .npz file (NumPy's formats; for JSON use the JSON upload)")
     return None
@@ -181,7 +181,7 @@ class UploadRefused(ValueError):
     """An upload that is unreadable, or declares more data than an edit set can need."""
 
 
-def _read_npy(stream: Any, size: int, what: str) -> np.ndarray:
+def _read_npy(stream: io.BytesIO, size: int, what: str) -> np.ndarray:
     """One ``.npy`` of ``size`` bytes: its header's shape and dtype are judged first (a 200-byte file
     may declare 10^10 elements), and the data must be exactly what the header declares."""
     try:
@@ -191,7 +191,8 @@ def _read_npy(stream: Any, size: int, what: str) -> np.ndarray:
     except (ValueError, OSError, EOFError, SyntaxError) as exc:
         raise UploadRefused(f"{what} is not a readable .npy array: {exc}") from None
     if dtype.hasobject:
-        raise UploadRefused(f"{what} holds Python objects (dtype {dtype}); only numbers and text are read")
+        raise UploadRefused(f"{what} holds Python objects (dtype {dtype}): pickles are never loaded; "
+                            "only numbers and text are read")
     declared = math.prod(shape) * dtype.itemsize  # Python integers: no overflow, however large the shape
     if declared > MAX_ARRAY_BYTES:
         raise UploadRefused(f"{what} declares shape {list(shape)} of {dtype}: {declared} bytes; "
@@ -200,6 +201,7 @@ def _read_npy(stream: Any, size: int, what: str) -> np.ndarray:
     if left != declared:
         raise UploadRefused(f"{what} declares {declared} bytes of data (shape {list(shape)} of {dtype}) "
                             f"but holds {left}")
+    stream.seek(0)  # read_array reads the header again, now known to be sound
     try:
         array = np.lib.format.read_array(stream, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
@@ -207,7 +209,7 @@ def _read_npy(stream: Any, size: int, what: str) -> np.ndarray:
     return array
 
 
-def _read_npz(data: bytes) -> dict[str, np.ndarray]:
+def _read_npz(name: str, data: bytes) -> dict[str, np.ndarray]:
     """An ``.npz`` (a zip of ``.npy``): members named, counted and sized from the zip's directory
     before any is inflated; a zip stops inflating a member at its declared size, so the total of
     declared sizes bounds what decompression can produce."""
@@ -219,18 +221,18 @@ def _read_npz(data: bytes) -> dict[str, np.ndarray]:
             if unknown:
                 raise UploadRefused(f"unknown arrays {', '.join(unknown)}; allowed: {', '.join(sorted(NPZ_ARRAYS))}")
             if len(set(names)) != len(names):
-                raise UploadRefused("names an array twice")
+                raise UploadRefused(f"{name} names an array twice")
             total = sum(info.file_size for info in members)
             if total > MAX_UPLOAD_BYTES:
-                raise UploadRefused(f"expands to {total} bytes; at most {MAX_UPLOAD_BYTES} in all")
+                raise UploadRefused(f"{name} expands to {total} bytes; at most {MAX_UPLOAD_BYTES} in all")
             arrays = {}
             for info, key in zip(members, names, strict=True):
                 with z.open(info) as stream:
                     arrays[key] = _read_npy(io.BytesIO(stream.read(info.file_size + 1)), info.file_size,
-                                            f"array {key}")
+                                            f"{name}: array {key}")
             return arrays
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError, EOFError) as exc:
-        raise UploadRefused(f"is not a readable .npz file: {exc}") from None
+        raise UploadRefused(f"{name} is not a readable .npz file: {exc}") from None
 
 
 def _form_rows(rows: str, n: int, out: UploadResult) -> tuple[list, list, list]:
