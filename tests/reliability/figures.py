@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import threading
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -96,3 +97,8 @@ class FaultRecord:
 
 
 FIGURES = Figures()
+
+
+def scaled(examples: int) -> int:
+    """A fuzz test's example count times ``RELAYGR_FUZZ_SCALE`` (1 in the suite; larger for a long run)."""
+    return max(1, round(examples * float(os.environ.get("RELAYGR_FUZZ_SCALE", "1"))))

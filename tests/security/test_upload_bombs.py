@@ -133,3 +133,18 @@ def test_a_real_upload_still_reads_exactly(descr):
     result = parse_upload("ok.npy", buffer.getvalue(), rows="0 0 1\n1 1 2", fingerprint=FORM)
     assert result.valid and [e["direction"][:3] for e in result.editing["edits"]] == [[0.0, 1.0, 2.0],
                                                                                       [16.0, 17.0, 18.0]]
+
+
+NUMBER_TEXT = st.one_of(st.sampled_from(["1e400", "-1e400", "9" * 400, "9" * 5000, "nan", "inf", "-0", "0x10", "1_0",
+                                         "", " ", "١", "1e-400"]), st.integers().map(str), st.floats().map(repr))
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.lists(NUMBER_TEXT, min_size=1, max_size=4).map(" ".join), max_size=3).map("\n".join),
+       fingerprint=st.dictionaries(st.sampled_from(["num_layers", "num_heads", "head_dim"]), NUMBER_TEXT))
+def test_the_uploads_form_numbers_are_judged_by_field_whatever_they_hold(rows, fingerprint):
+    FIGURES.hostile("upload form numbers (hypothesis)")
+    buffer = io.BytesIO()
+    np.save(buffer, np.ones((2, 4)))
+    result = parse_upload("d.npy", buffer.getvalue(), rows=rows, fingerprint=fingerprint)
+    assert result.valid or all(path.startswith(("rows", "fingerprint", "editing")) for path in result.errors)
