@@ -28,6 +28,8 @@ class Figures:
     requests_lost: int = 0
     rank_outcomes: dict[str, int] = field(default_factory=dict)
     load_seconds: float = 0.0
+    # fault → ranking requests sent during its test: sent, answered, failed_clearly, lost
+    fault_load: dict[str, dict[str, int]] = field(default_factory=dict)
     # database vendor → operation → HTTP status → count, from tests/controlplane/test_concurrency.py
     concurrent_writes_by_db: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -40,6 +42,13 @@ class Figures:
     def hostile(self, family: str, count: int = 1) -> None:
         with self._lock:
             self.hostile_inputs[family] = self.hostile_inputs.get(family, 0) + count
+
+    def fault_requests(self, fault: str, *, outcomes: dict[str, int], lost: int) -> None:
+        """The ranking requests replayed while ``fault`` was injected, by outcome."""
+        sent = sum(outcomes.values())
+        with self._lock:
+            self.fault_load[fault] = {"sent": sent, "answered": outcomes.get("ok", 0),
+                                      "failed_clearly": sent - outcomes.get("ok", 0) - lost, "lost": lost}
 
     def concurrent_writes(self, vendor: str, operation: str, statuses: dict[int, int]) -> None:
         with self._lock:
@@ -76,6 +85,7 @@ class Figures:
             f"({', '.join(self.faults_survived) or '-'})",
             f"hostile inputs tried: {d['hostile_inputs_total']} {dict(sorted(self.hostile_inputs.items()))}",
             f"requests lost: {self.requests_lost}",
+            *(f"fault: {name}: {counts}" for name, counts in self.fault_load.items()),
             *(f"concurrent writes on {vendor}: {operation}: {dict(sorted(counts.items()))}"
               for vendor, operations in sorted(self.concurrent_writes_by_db.items())
               for operation, counts in operations.items()),
