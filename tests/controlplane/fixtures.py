@@ -7,7 +7,7 @@ from __future__ import annotations
 import secrets
 
 import pytest
-from django.core.cache import cache
+from django.core.cache import caches
 from django.core.cache.backends.locmem import LocMemCache
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
@@ -34,15 +34,15 @@ PROD_ENV = {
 def _fresh_caches():
     # Throttle counters live in the cache and user ids repeat across rolled-back tests. Only the
     # process's own memory cache is cleared: clearing a Redis cache would flush the whole database.
-    _clear_local(cache)
+    _clear_local()
     history_cache.clear()
     yield
-    _clear_local(cache)
+    _clear_local()
 
 
-def _clear_local(which) -> None:
-    if isinstance(which, LocMemCache):
-        which.clear()
+def _clear_local() -> None:
+    if isinstance(caches["default"], LocMemCache):
+        caches["default"].clear()
 
 
 @pytest.fixture

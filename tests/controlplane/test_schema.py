@@ -37,6 +37,7 @@ def test_schema_and_docs_are_served_without_a_cdn(viewer):
 def test_generated_requests_never_cause_a_server_error(admin_key, redis_on, settings, keep_test_connection):
     # schemathesis' lazy pytest loader does not support this pytest; drive hypothesis per operation.
     settings.RELAYGR_WRITE_THROTTLE_RATE = "100000/min"
+    settings.AXES_FAILURE_LIMIT = 1_000_000  # generated bad tokens must not lock the fuzzer out (tested apart)
     policy_services.pool_create(name=EXISTING_POOL, actor="fixture")
     headers = {"Authorization": f"Token {admin_key}"}
     schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application, headers=headers)
@@ -60,7 +61,7 @@ def test_generated_requests_never_cause_a_server_error(admin_key, redis_on, sett
             tried += 1
 
         check()
-    FIGURES.hostile("generated API requests (schemathesis, admin)", tried)
+    FIGURES.hostile("schemathesis: no server error (admin)", tried)
     assert {200, 201, 400, 404} <= statuses  # the fuzzing got past authentication and validation
 
 
