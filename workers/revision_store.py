@@ -27,8 +27,8 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 
 class RevisionStore:
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
 
     def load(self) -> DesiredRevision | None:
         """The stored record, or None when there is none or it cannot be read (logged)."""

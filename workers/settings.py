@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from relay_engine.core import fields, wire
 from relay_engine.core.model import ModelConfig
@@ -54,7 +53,7 @@ class Settings:
     rank_threads: int = 4
     torch_threads: int | None = None
     heartbeat_interval_s: float = wire.HEARTBEAT_INTERVAL_S
-    data_dir: str = field(default_factory=lambda: default_data_dir(os.environ))
+    data_dir: str = ""  # empty: default_data_dir()
 
     @property
     def heartbeat_timeout_s(self) -> float:
@@ -64,9 +63,9 @@ class Settings:
     def keys(self) -> wire.PoolKeys:
         return wire.PoolKeys(self.pool, prefix=self.key_prefix)
 
-    def revision_path(self, instance: str) -> Path:
+    def revision_path(self, instance: str) -> str:
         """Where ``instance`` keeps its last applied revision (per key prefix: deployments may share a disk)."""
-        return Path(self.data_dir) / self.key_prefix / f"{instance}.json"
+        return os.path.join(self.data_dir or default_data_dir(os.environ), self.key_prefix, f"{instance}.json")
 
     @property
     def model_config(self) -> ModelConfig:
@@ -88,7 +87,7 @@ class Settings:
             torch_threads=_int(env, "RELAYGR_TORCH_THREADS", None, 1, 1024),
             heartbeat_interval_s=_float(env, "RELAYGR_HEARTBEAT_INTERVAL_S", d.heartbeat_interval_s,
                                         0.05, wire.HEARTBEAT_TIMEOUT_S / 2),
-            data_dir=env.get("RELAYGR_DATA_DIR") or default_data_dir(env),
+            data_dir=env.get("RELAYGR_DATA_DIR") or d.data_dir,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)

@@ -7,6 +7,7 @@ poke), and the client is ``workers.client.RelayClient``.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import time
@@ -42,8 +43,10 @@ class Fleet:
     def __init__(self, redis_url: str, logdir: Path, *, pool: str = "test", size: int = 2, rank_threads: int = 2):
         self.settings = Settings.from_env(
             {}, redis_url=redis_url, key_prefix=f"test-{uuid.uuid4().hex[:10]}", pool=pool, pool_size=size,
-            device="cpu", model="small", rank_threads=rank_threads, torch_threads=1, data_dir=str(logdir / "state"),
+            device="cpu", model="small", rank_threads=rank_threads, torch_threads=1,
         )
+        # Each instance's last applied revision goes to this test's folder, not the user's.
+        self.settings = dataclasses.replace(self.settings, data_dir=str(logdir / "state"))
         self.keys = self.settings.keys
         self.logdir = logdir
         self.redis: redis.Redis = redis_client(self.settings)
