@@ -28,7 +28,6 @@ MAX_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_ALPHA = 1000.0
 MAX_EDITS = 4096
 EDIT_SCOPES = ("all", "candidates")
-MAX_PROVENANCE_INT = 2**63
 
 
 class PolicyError(ValueError):
@@ -306,6 +305,9 @@ def _slo(data: Any, path: str, errs: FieldErrors) -> SLO:
     return SLO(
         target_ratio=_float(obj, "target_ratio", path, 0.0, 1.0, d.target_ratio, errs, lo_open=True),
     )
+
+
+MAX_PROVENANCE_INT = 2**63  # provenance integers beyond this are refused (they could not round-trip)
 
 
 def _provenance(data: Any, path: str, errs: FieldErrors, depth: int = 0) -> Any:

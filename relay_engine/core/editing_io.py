@@ -44,11 +44,12 @@ from relay_engine.core.fields import FieldErrors, text_number
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
-# Far above any real edit set (MAX_EDITS × a head_dim of 128 in float64 is 4 MiB), far below harm.
-MAX_ARRAY_BYTES = 16 * 1024 * 1024  # uncompressed, per array, as its header declares
-MAX_UPLOAD_BYTES = 2 * MAX_ARRAY_BYTES  # uncompressed, all the arrays of an .npz together
+MAX_ARRAY_BYTES = 16 * 1024 * 1024  # uncompressed, per array: far above any real edit set
 NPZ_ARRAYS = {"layers", "heads", "alphas", "alpha", "directions", "fingerprint", "scope", "provenance"}
 FINGERPRINT_KEYS = ("num_layers", "num_heads", "head_dim")
+# An .npz's arrays together, uncompressed, as the zip declares them (MAX_EDITS × a head_dim of 128 in
+# float64 is 4 MiB): far above any real edit set, far below harm.
+MAX_UPLOAD_BYTES = 2 * MAX_ARRAY_BYTES
 
 
 @dataclass

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from controlplane.policies.models import AuditEntry, ConfigRevision, Pool
-from relay_engine.core.config import default_policy, parse_policy
+from relay_engine.core.config import default_policy
 
 POOL = "ranking-a"
 REVISIONS = f"/api/v1/pools/{POOL}/revisions/"
@@ -202,6 +202,8 @@ def test_revisions_stored_before_canonical_hashing_verify_after_the_migration(po
     """A spec stored with -0.0 was hashed as written; the migration rewrites it in canonical form with
     the sha256 a worker recomputes, and leaves revisions already canonical as they were."""
     from django.apps import apps
+
+    from relay_engine.core.config import parse_policy
 
     canonical_specs = importlib.import_module("controlplane.policies.migrations.0002_canonical_specs")
     legacy = default_policy().to_dict()
