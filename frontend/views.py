@@ -6,6 +6,7 @@ directions are the JSON endpoints of its own (both write nothing)."""
 from __future__ import annotations
 
 import json
+import math
 
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.paginator import Paginator
@@ -17,6 +18,7 @@ from django.views.generic import TemplateView
 from controlplane.accounts.roles import Role, role_of
 from controlplane.common.errors import NotFound
 from controlplane.common.parsers import loads_bounded
+from controlplane.common.throttling import UploadRateThrottle
 from controlplane.policies import checks
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.api.serializers import AuditQuerySerializer
@@ -192,6 +194,11 @@ class EditingUploadView(View):
             pool_obj = policy_selectors.pool_get(name=pool)
         except NotFound as exc:
             return JsonResponse({"detail": exc.detail}, status=404)
+        throttle = UploadRateThrottle()
+        if not throttle.allow_request(request, self):
+            wait_s = math.ceil(throttle.wait() or 1)
+            return JsonResponse({"detail": f"Too many uploads (at most {throttle.rate}); try again in {wait_s} s."},
+                                status=429, headers={"Retry-After": str(wait_s)})
         upload = request.FILES.get("file")
         if upload is None:
             return JsonResponse({"valid": False, "errors": {"file": ["is required: an .npy or .npz file"]},

@@ -40,7 +40,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
     """The figures the reliability and security tests gathered (tests/reliability/figures.py), if any."""
     from tests.reliability.figures import FIGURES
 
-    if FIGURES.faults_injected or FIGURES.hostile_inputs:
+    if FIGURES.faults_injected or FIGURES.hostile_inputs or FIGURES.concurrent_writes_by_db:
         terminalreporter.section("reliability figures")
         for line in FIGURES.lines():
             terminalreporter.write_line(line)

@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         redis_url = os.environ.get("REDIS_URL") or \
             stack.enter_context(EmbeddedRedis(tempfile.mkdtemp(prefix="relaygr-bench-"))).url
         settings = Settings.from_env(redis_url=redis_url, key_prefix=f"bench-{uuid.uuid4().hex[:8]}",
-                                     pool="bench", model=os.environ.get("RELAYGR_MODEL", "small"), torch_threads=1)
+                                     pool="bench", model=os.environ.get("RELAYGR_MODEL", "small"), torch_threads=1,
+                                     data_dir=tempfile.mkdtemp(prefix="relaygr-bench-"))
         name = instance_name(settings.pool, 0)
         log_path = os.path.join(tempfile.mkdtemp(prefix="relaygr-bench-"), f"{name}.log")
         proc = spawn_instance(settings, 0, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))  # noqa: SIM115

@@ -32,6 +32,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError as KombuOperationalError
 
+from relay_engine.core import fields
 from relay_engine.core.engine import DeadlineExceeded
 from relay_engine.core.router import AffinityRouter
 from workers.app import PRE_INFER_TASK, RANK_TASK, make_app, redis_client
@@ -165,36 +166,56 @@ class RelayClient:
         self.epsilon = epsilon
         self._router: AffinityRouter | None = None
         self._refreshed_at = -math.inf
-        self._refresh_lock = threading.Lock()
+        self._refresh_lock = threading.Lock()  # held while a member read is under way
+        self._first_read = threading.Event()  # set when the first member read ended, either way
+        self._read_error: str | None = None
 
     # --- membership and routing --------------------------------------------------------------
 
-    def live_instances(self) -> tuple[str, ...]:
-        """The pool's live members, re-read from Redis at most every ``refresh_s``."""
+    def live_instances(self, *, deadline_s: float | None = None) -> tuple[str, ...]:
+        """The pool's live members, re-read from Redis at most every ``refresh_s``.
+
+        One background read at a time; callers route on the list they have meanwhile. Before any
+        list is in, a caller waits for the read, never past ``deadline_s`` (default
+        ``DEFAULT_RANK_TIMEOUT_S`` from now): then, or when the read failed, ``NoLiveInstances``."""
         if time.monotonic() - self._refreshed_at >= self.refresh_s and self._refresh_lock.acquire(blocking=False):
-            try:
-                members = live_members(self.redis, self.keys)
-                # A new router object, swapped in whole: routing threads never see a half update.
-                self._router = AffinityRouter(members, self.epsilon)
-                self._refreshed_at = time.monotonic()
-            except redis.RedisError as exc:
-                if self._router is None:
-                    raise NoLiveInstances(f"cannot read pool {self.keys.pool!r}'s members from Redis: {exc}") from exc
-            finally:
-                self._refresh_lock.release()
-        while self._router is None:  # another thread is loading the first member list
-            time.sleep(0.001)
-        return self._router.instances
+            threading.Thread(target=self._read_members, name="relaygr-members", daemon=True).start()
+        router = self._router
+        if router is None:
+            deadline_s = time.time() + DEFAULT_RANK_TIMEOUT_S if deadline_s is None else deadline_s
+            self._first_read.wait(max(0.0, deadline_s - time.time()))
+            router = self._router
+            if router is None:
+                raise NoLiveInstances(f"no member list of pool {self.keys.pool!r} by the deadline: "
+                                      f"{self._read_error or 'Redis has not answered yet'}")
+        return router.instances
+
+    def _read_members(self) -> None:
+        """Read the live members (holding the refresh lock, taken by the caller) and swap in a new router."""
+        try:
+            # A new router object, swapped in whole: routing threads never see a half update.
+            self._router = AffinityRouter(live_members(self.redis, self.keys), self.epsilon)
+            self._read_error = None
+        except Exception as exc:  # noqa: BLE001 — Redis down, or the client closed under the read: callers hear why
+            self._read_error = f"cannot read the members from Redis ({type(exc).__name__}: {exc})"
+        finally:
+            self._refreshed_at = time.monotonic()  # failed or not: the next read is refresh_s away
+            self._refresh_lock.release()
+            self._first_read.set()
 
     def refresh(self) -> tuple[str, ...]:
-        self._refreshed_at = -math.inf
-        return self.live_instances()
+        """Re-read the members now and wait for them (tests, tools; routing uses ``live_instances``)."""
+        self._refresh_lock.acquire()
+        self._read_members()
+        if self._router is None:
+            raise NoLiveInstances(f"pool {self.keys.pool!r}: {self._read_error}")
+        return self._router.instances
 
-    def route(self, user_id: str) -> str:
+    def route(self, user_id: str, *, deadline_s: float | None = None) -> str:
         """The instance for user_id: rendezvous hashing over the live members. The bounded-load
         fallback is not used: a per-client load is not the pool's, and a route that flips between a
         user's pre-infer signal and ranking request would lose the cache it exists to reuse."""
-        self.live_instances()
+        self.live_instances(deadline_s=deadline_s)
         assert self._router is not None
         try:
             return self._router.route(str(user_id))
@@ -218,10 +239,10 @@ class RelayClient:
         validates it); its ``deadline_s`` sets the wait, else ``DEFAULT_RANK_TIMEOUT_S``."""
         data = payload.to_dict() if isinstance(payload, RankPayload) else payload
         deadline_s = data.get("deadline_s") if isinstance(data, dict) else None
-        if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not math.isfinite(deadline_s):
+        if not fields.is_number(deadline_s) or not fields.is_finite(deadline_s):
             deadline_s = time.time() + DEFAULT_RANK_TIMEOUT_S
         user_id = data.get("user_id") if isinstance(data, dict) else None
-        instance = instance or self.route(str(user_id))
+        instance = instance or self.route(str(user_id), deadline_s=deadline_s)
         if time.time() >= deadline_s:
             raise RankDeadlineExceeded(f"the deadline passed {(time.time() - deadline_s) * 1000:.1f} ms before "
                                        f"the request could be sent", instance=instance)

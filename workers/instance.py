@@ -32,6 +32,7 @@ from workers.app import make_app, redis_client
 from workers.membership import IndexClaim, StatusBoard
 from workers.periodic import Periodic
 from workers.reconciler import Reconciler
+from workers.revision_store import RevisionStore
 from workers.settings import MODELS, Settings
 from workers.tasks import InstanceRuntime, register_tasks
 from workers.telemetry_publisher import TelemetryPublisher, WorkerCounts
@@ -83,7 +84,7 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     app = make_app(settings)
     register_tasks(app, runtime)
 
-    reconciler = Reconciler(engine, client, keys, board)
+    reconciler = Reconciler(engine, client, keys, board, RevisionStore(settings.revision_path(name)))
     publisher = TelemetryPublisher(engine, client, keys, board, counts, started_at)
     telemetry = Periodic("telemetry", TELEMETRY_CHECK_S, publisher.publish)
     heartbeat = Periodic("heartbeat", settings.heartbeat_interval_s, board.heartbeat)
@@ -103,7 +104,11 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
             log.warning("could not leave the live set: %s", exc)
 
     runtime.runner.start()
-    reconciler.start()  # applies the desired revision before the first request is consumed
+    reconciler.start()  # applies the desired revision (or the last applied one) before anything is consumed
+    # Nothing known yet (no revision on disk, none in Redis): join no live set, serve no schema defaults.
+    reconciler.wait_until_known(on_wait=lambda: log.warning(
+        "%s: no revision known (none at %s, none in Redis at %s): waiting before serving", name,
+        settings.revision_path(name), keys.desired))
     telemetry.start()
     try:
         return app.worker_main(celery_argv(settings, name, loglevel)) or 0

@@ -11,6 +11,7 @@
 | ``RELAYGR_RANK_THREADS`` | ``4`` | Celery threads per instance (ranking runs on them) |
 | ``RELAYGR_TORCH_THREADS`` | torch's default | intra-op threads per instance (CPU) |
 | ``RELAYGR_HEARTBEAT_INTERVAL_S`` | ``wire.HEARTBEAT_INTERVAL_S`` | status + membership refresh |
+| ``RELAYGR_DATA_DIR`` | ``$XDG_STATE_HOME/relaygr`` (``~/.local/state/relaygr``) | local state: each instance's last applied revision (``workers.revision_store``) |
 
 The heartbeat *timeout* is ``wire.HEARTBEAT_TIMEOUT_S`` and not a setting: the control plane judges
 liveness with the same constant, and the two sides must agree on who is alive.
@@ -55,6 +56,7 @@ class Settings:
     rank_threads: int = 4
     torch_threads: int | None = None
     heartbeat_interval_s: float = wire.HEARTBEAT_INTERVAL_S
+    data_dir: str = ""  # empty: default_data_dir()
 
     @property
     def heartbeat_timeout_s(self) -> float:
@@ -63,6 +65,10 @@ class Settings:
     @property
     def keys(self) -> wire.PoolKeys:
         return wire.PoolKeys(self.pool, prefix=self.key_prefix)
+
+    def revision_path(self, instance: str) -> str:
+        """Where ``instance`` keeps its last applied revision (per key prefix: deployments may share a disk)."""
+        return os.path.join(self.data_dir or default_data_dir(os.environ), self.key_prefix, f"{instance}.json")
 
     @property
     def model_config(self) -> ModelConfig:
@@ -99,6 +105,7 @@ class Settings:
             torch_threads=_int(env, "RELAYGR_TORCH_THREADS", None, 1, 1024),
             heartbeat_interval_s=_float(env, "RELAYGR_HEARTBEAT_INTERVAL_S", d.heartbeat_interval_s,
                                         0.05, wire.HEARTBEAT_TIMEOUT_S / 2),
+            data_dir=env.get("RELAYGR_DATA_DIR") or d.data_dir,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
@@ -121,10 +128,17 @@ class Settings:
             "RELAYGR_POOL_SIZE": str(self.pool_size), "RELAYGR_DEVICE": self.device,
             "RELAYGR_MODEL": self.model, "RELAYGR_RANK_THREADS": str(self.rank_threads),
             "RELAYGR_HEARTBEAT_INTERVAL_S": repr(self.heartbeat_interval_s),
+            "RELAYGR_DATA_DIR": self.data_dir,
         }
         if self.torch_threads is not None:
             env["RELAYGR_TORCH_THREADS"] = str(self.torch_threads)
         return env
+
+
+def default_data_dir(env: Mapping[str, str]) -> str:
+    """The XDG state folder of the user running the worker (a container's home, a service account's)."""
+    state_home = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state_home, "relaygr")
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None, lo: int, hi: int) -> int | None:

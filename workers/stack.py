@@ -199,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         "PYTHONUNBUFFERED": "1",
     }
     env.setdefault("DATABASE_URL", f"sqlite:///{data_dir / 'relaygr.sqlite3'}")
+    env.setdefault("RELAYGR_DATA_DIR", str(data_dir / "workers"))  # each instance's last applied revision
     # On the CPU the instances share the cores; one intra-op thread each keeps them from fighting.
     if args.device in ("auto", "cpu"):
         env.setdefault("RELAYGR_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // args.instances)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import authentication, exceptions
 
+from . import lockout
 from .models import ApiToken, token_digest
 
 KEYWORDS = ("token", "bearer")
@@ -18,17 +19,22 @@ class TokenAuthentication(authentication.BaseAuthentication):
             return None
         if len(header) != 2:
             raise exceptions.AuthenticationFailed("Authorization header must be 'Token <key>'.")
+        # An address that keeps presenting bad tokens is refused before any lookup (lockout.py).
+        if not lockout.token_check_allowed(request._request):
+            raise exceptions.Throttled(wait=lockout.retry_after_s(), detail=lockout.lockout_message())
         try:
             key = header[1].decode("ascii")
         except UnicodeDecodeError:
-            raise exceptions.AuthenticationFailed("Token key must be ASCII.") from None
-        token = (
+            key = None
+        token = None if key is None else (
             ApiToken.objects.select_related("user")
             .filter(key_digest=token_digest(key), revoked_at__isnull=True)
             .first()
         )
         if token is None or not token.user.is_active:
-            raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+            lockout.token_failed(request._request)
+            raise exceptions.AuthenticationFailed(
+                "Token key must be ASCII." if key is None else "Invalid or revoked token.")
         return token.user, token
 
     def authenticate_header(self, request) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -75,6 +76,12 @@ def exception_handler(exc, context):
         if isinstance(exc, Unavailable):
             logger.warning("service unavailable: %s", exc.detail)
         return Response(body, status=exc.status_code)
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        # Busy past the lock timeout, or unreachable: the request's transaction rolled back.
+        logger.warning("database unavailable: %s", exc)
+        return Response({"detail": f"The database could not complete the request ({type(exc).__name__}: {exc}); "
+                                   "retry it."}, status=status.HTTP_503_SERVICE_UNAVAILABLE,
+                        headers={"Retry-After": "1"})
     if isinstance(exc, RequestDataTooBig):
         return Response({"detail": "Request body is too large."}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, exceptions.ValidationError):

@@ -70,6 +70,8 @@ def _instance_view(pool: str, name: str, heartbeat_ts: float, raw: str | None, d
         return InstanceView(InstanceStatus.unknown(name, pool), live, age)
     try:
         status = InstanceStatus.from_json(raw)
+        if (status.instance, status.pool) != (name, pool):  # filed under one name, claiming another
+            raise WireError(f"status names instance {status.instance[:80]!r} of pool {status.pool[:80]!r}")
     except WireError as exc:
         # A worker wrote something off-contract: show the instance, say what, never fail the page.
         return InstanceView(InstanceStatus.unknown(name, pool), live, age, problem=f"unreadable status in Redis: {exc}")

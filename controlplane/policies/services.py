@@ -143,19 +143,41 @@ def revision_publish(*, pool: Pool, generation: int, actor: str) -> PublishResul
     return _pushed(result)
 
 
-def pool_rollback(*, pool: Pool, to_generation: int, actor: str, comment: str = "") -> PublishResult:
-    """Publish the spec of ``to_generation`` again, as a new generation on top of the latest."""
+def pool_rollback(*, pool: Pool, to_generation: int, parent_generation: int, actor: str,
+                  comment: str = "") -> PublishResult:
+    """Publish the spec of ``to_generation`` again, as a new generation on top of ``parent_generation``.
+
+    ``parent_generation`` is the pool's latest generation as the caller saw it, as for a create: when
+    another revision came first it is stale, and the rollback a 409 that writes nothing. The same
+    request again — same pool, ``parent_generation`` and ``to_generation`` — is answered with the
+    revision it created (``changed`` false) instead of a second one, so a caller that lost the answer
+    may retry safely.
+    """
     with transaction.atomic():
-        source = selectors.revision_get(pool=pool, generation=to_generation)
-        revision = revision_create(
-            pool=pool, spec=source.spec, parent_generation=selectors.revision_latest_generation(pool=pool),
-            author=actor, comment=comment or f"rollback to generation {to_generation}", restored_from=to_generation,
-        )
-        audit_record(actor=actor, action=AuditEntry.Action.POOL_ROLLBACK, object_type="pool", object_id=pool.name,
-                     pool=pool.name, before={"desired_generation": pool.desired_generation},
-                     after={"to_generation": to_generation, "new_generation": revision.generation})
-        result = _desired_set(pool=pool, generation=revision.generation, actor=actor)
+        locked = Pool.objects.select_for_update().get(pk=pool.pk)
+        done = _rollback_done(pool=locked, to_generation=to_generation, parent_generation=parent_generation)
+        if done is not None:
+            result = PublishResult(pool=locked, revision=done, changed=False)
+        else:
+            source = selectors.revision_get(pool=locked, generation=to_generation)
+            revision = revision_create(
+                pool=locked, spec=source.spec, parent_generation=parent_generation, author=actor,
+                comment=comment or f"rollback to generation {to_generation}", restored_from=to_generation,
+            )
+            audit_record(actor=actor, action=AuditEntry.Action.POOL_ROLLBACK, object_type="pool",
+                         object_id=pool.name, pool=pool.name,
+                         before={"desired_generation": locked.desired_generation},
+                         after={"to_generation": to_generation, "new_generation": revision.generation})
+            result = _desired_set(pool=locked, generation=revision.generation, actor=actor)
+    if not result.changed and result.revision.generation != result.pool.desired_generation:
+        return result  # a repeated rollback that was since superseded: nothing to write to Redis
     return _pushed(result)
+
+
+def _rollback_done(*, pool: Pool, to_generation: int, parent_generation: int) -> ConfigRevision | None:
+    """The revision an identical rollback already created, if any (it is the one right above its parent)."""
+    return ConfigRevision.objects.filter(pool=pool, generation=parent_generation + 1,
+                                         parent_generation=parent_generation, restored_from=to_generation).first()
 
 
 def _desired_set(*, pool: Pool, generation: int, actor: str) -> PublishResult:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+
+from relay_engine.core import wire
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -21,6 +24,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",
     "controlplane.accounts",
     "controlplane.policies",
     "controlplane.fleet",
@@ -39,6 +43,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a lock-out into its 429 answer
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -66,6 +71,18 @@ DATABASES = {
         default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=60, conn_health_checks=True
     )
 }
+# SQLite, the embedded default, made safe for concurrent writers (select_for_update does nothing on
+# it): WAL lets readers run beside the one writer; IMMEDIATE makes every transaction take the write
+# lock when it begins, so concurrent writers queue for up to SQLITE_BUSY_TIMEOUT_S instead of failing
+# with "database is locked" when a reader upgrades; the loser of a race then reads the winner's
+# commit and answers 409. PostgreSQL needs none of this (row locks do the same).
+SQLITE_BUSY_TIMEOUT_S = 20
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": SQLITE_BUSY_TIMEOUT_S,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -101,8 +118,43 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = RELAYGR_MAX_BODY_BYTES
 # naming the setting. The key prefix comes from RELAYGR_KEY_PREFIX via relay_engine.core.wire.
 REDIS_URL = os.environ.get("REDIS_URL") or None
 
-# Writes (POST/PUT/PATCH/DELETE) per authenticated user.
+# Writes (POST/PUT/PATCH/DELETE) per authenticated user; uploads to the editor per user.
 RELAYGR_WRITE_THROTTLE_RATE = os.environ.get("RELAYGR_WRITE_THROTTLE_RATE", "120/min")
+RELAYGR_UPLOAD_THROTTLE_RATE = os.environ.get("RELAYGR_UPLOAD_THROTTLE_RATE", "30/min")
+
+# The shared cache: throttle and log-in lock-out counters (and any read-side cache) live in Redis,
+# so limits hold across gunicorn processes and machines. Keys carry the deployment's key prefix, as
+# every key of the fleet does. Short socket timeouts: a Redis outage must not hold requests. Without
+# Redis (a bare development set-up) a per-process memory cache stands in.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": f"{wire.key_prefix()}:django",
+        "OPTIONS": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0},
+    } if REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+}
+
+# Brute-force protection of every password log-in (the site's, the browsable API's) and of token
+# authentication (django-axes, its counters in the cache above): after AXES_FAILURE_LIMIT failures
+# from one address, or for one user name, further attempts are refused with 429 for AXES_COOLOFF_TIME.
+# Bad tokens count against their address only (controlplane.accounts.lockout).
+AXES_HANDLER = "controlplane.accounts.lockout.LockoutHandler"
+AXES_FAILURE_LIMIT = int(os.environ.get("RELAYGR_LOGIN_FAILURE_LIMIT", 10))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("RELAYGR_LOGIN_COOLOFF_MIN", 15)))
+AXES_LOCKOUT_PARAMETERS = "controlplane.accounts.lockout.lockout_parameters"
+AXES_LOCKOUT_CALLABLE = "controlplane.accounts.lockout.lockout_response"
+AXES_RESET_ON_SUCCESS = False  # a known account must not reset an address's count of failures
+AXES_DISABLE_ACCESS_LOG = True
+AXES_VERBOSE = False
+AXES_ENABLE_ADMIN = False
+AXES_CLIENT_IP_CALLABLE = "controlplane.accounts.lockout.client_address"
+# Reverse proxies in front of the web server: 0 trusts no X-Forwarded-For (the peer is the client).
+RELAYGR_PROXY_COUNT = 0
+AUTHENTICATION_BACKENDS = [
+    "controlplane.accounts.lockout.LockoutBackend",  # first: refuses a locked-out address or user
+    "django.contrib.auth.backends.ModelBackend",
+]
 
 REST_FRAMEWORK = {
     # Token first: its WWW-Authenticate header makes an anonymous request a 401, not a 403.
@@ -138,6 +190,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.common.schema.document_rate_limits",
+    ],
 }
 
 LOGGING = {

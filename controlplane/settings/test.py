@@ -1,4 +1,7 @@
-"""pytest-django: SQLite (in memory) unless DATABASE_URL names another database; fast hashing."""
+"""pytest-django: SQLite unless DATABASE_URL names another database; fast hashing; a private cache."""
+
+import os
+import tempfile
 
 from .base import *  # noqa: F403
 
@@ -9,3 +12,13 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False, "root": {"level": "WARNING"}}
 # Whitenoise serves from the finders; no collectstatic output exists (or is needed) under test.
 STATIC_ROOT = None
+
+# The test database of SQLite is a file, not shared memory, so that tests with threads meet the real
+# thing: WAL, IMMEDIATE transactions and the busy timeout of base (shared memory locks tables instead).
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
+    DATABASES["default"]["TEST"] = {  # noqa: F405
+        "NAME": os.path.join(tempfile.gettempdir(), f"relaygr-test-{os.getpid()}.sqlite3")}
+
+# Each test process has its own cache; tests of the Redis cache point it at the test Redis under
+# their own key prefix (tests/controlplane/fixtures.py: redis_cache), so tests never share counters.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

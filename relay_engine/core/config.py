@@ -223,6 +223,10 @@ def to_plain(value: Any) -> Any:
 
 
 def canonical_json(data: Any) -> str:
+    """The text a sha256 is taken of: keys sorted, no spaces, UTF-8, no NaN. Of a validated spec
+    (``PolicySpec.to_dict``) it is canonical: the schema already gave every number one spelling per
+    value (``fields``: ints where integers are asked for, floats with -0.0 as 0.0, whole floats in
+    provenance as ints), so policies equal by value have one text and one sha256."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
@@ -334,6 +338,9 @@ def _slo(data: Any, path: str, errs: FieldErrors) -> SLO:
     )
 
 
+MAX_PROVENANCE_INT = 2**63  # provenance integers beyond this are refused (they could not round-trip)
+
+
 def _provenance(data: Any, path: str, errs: FieldErrors, depth: int = 0) -> Any:
     """Free-form JSON metadata (dataset hash, K, probe accuracies), bounded in depth and finite."""
     if depth > 6:
@@ -349,8 +356,14 @@ def _provenance(data: Any, path: str, errs: FieldErrors, depth: int = 0) -> Any:
             errs.add(path, "has more than 4096 items")
             return None
         return [_provenance(v, join(path, i), errs, depth + 1) for i, v in enumerate(data)]
-    if isinstance(data, float) and not math.isfinite(data):
-        errs.add(path, f"must be finite, got {data}")
+    if isinstance(data, float):
+        if not math.isfinite(data):
+            errs.add(path, f"must be finite, got {data}")
+            return None
+        # One spelling per number, as in the typed fields: 1.0 is 1, -0.0 is 0.
+        return int(data) if data.is_integer() and abs(data) <= MAX_PROVENANCE_INT else fields.canonical_float(data)
+    if isinstance(data, int) and not isinstance(data, bool) and abs(data) > MAX_PROVENANCE_INT:
+        errs.add(path, f"must be within ±2^63, got {fields.show(data)}")
         return None
     if isinstance(data, str) and len(data) > 10_000:
         errs.add(path, "is longer than 10000 characters")

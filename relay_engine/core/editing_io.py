@@ -4,7 +4,10 @@ One place for both directions, so a file the lab writes is exactly what an uploa
 ``editing_json`` / ``write_editing_npz`` write; ``parse_upload`` reads an uploaded file (plus the
 editor's form) into the validated ``editing`` section or errors by field.
 
-Two file formats (``np.load`` with ``allow_pickle=False``: no object arrays, nothing executed):
+Two file formats, read with NumPy's format helpers and ``allow_pickle=False`` (no object arrays,
+nothing executed). Sizes are judged before anything is allocated: each array's header (its declared
+shape and dtype) against ``MAX_ARRAY_BYTES`` and against the bytes actually there, an ``.npz``'s
+declared uncompressed sizes against ``MAX_UPLOAD_BYTES`` (a small file must not expand into a big one):
 
 * ``.npy``: directions, shape ``[n_edits, head_dim]``, with a form listing one ``layer head alpha``
   line per row (commas or spaces), the fingerprint (``num_layers``, ``num_heads``; ``head_dim``
@@ -31,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -50,6 +54,9 @@ LOWRANK_ARRAYS = ("lowrank_layers", "lowrank_heads", "lowrank_rotation", "lowran
 NPZ_ARRAYS = {"layers", "heads", "alphas", "alpha", "directions", "fingerprint", "scope", "provenance",
               *LOWRANK_ARRAYS}
 FINGERPRINT_KEYS = ("num_layers", "num_heads", "head_dim")
+# An .npz's arrays together, uncompressed, as the zip declares them (MAX_EDITS × a head_dim of 128 in
+# float64 is 4 MiB): far above any real edit set, far below harm.
+MAX_UPLOAD_BYTES = 2 * MAX_ARRAY_BYTES
 
 
 @dataclass
@@ -175,36 +182,75 @@ def parse_upload(name: str, data: bytes, *, rows: str = "", fingerprint: dict[st
 
 
 def _read_arrays(name: str, data: bytes, out: UploadResult) -> dict[str, np.ndarray] | None:
-    if data.startswith(NPY_MAGIC):
-        try:
-            array = np.load(io.BytesIO(data), allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            out.add("file", f"{name} is not a readable .npy file: {exc}")
-            return None
-        return {"directions": array}
-    if data.startswith(ZIP_MAGIC):
-        try:
-            with zipfile.ZipFile(io.BytesIO(data)) as z:
-                members = {info.filename: info.file_size for info in z.infolist()}
-        except zipfile.BadZipFile as exc:
-            out.add("file", f"{name} is not a readable .npz file: {exc}")
-            return None
-        for member, size in members.items():
-            if size > MAX_ARRAY_BYTES:
-                out.add("file", f"array {member} is {size} bytes uncompressed; at most {MAX_ARRAY_BYTES}")
-                return None
-        unknown = sorted(m.removesuffix(".npy") for m in members if m.removesuffix(".npy") not in NPZ_ARRAYS)
-        if unknown:
-            out.add("file", f"unknown arrays {', '.join(unknown)}; allowed: {', '.join(sorted(NPZ_ARRAYS))}")
-            return None
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                return {key: npz[key] for key in npz.files}
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-            out.add("file", f"{name} is not a readable .npz file: {exc}")
-            return None
+    """The file's arrays, each checked by its header before a byte of it is allocated."""
+    try:
+        if data.startswith(NPY_MAGIC):
+            return {"directions": _read_npy(io.BytesIO(data), len(data), name)}
+        if data.startswith(ZIP_MAGIC):
+            return _read_npz(name, data)
+    except UploadRefused as exc:
+        out.add("file", str(exc))
+        return None
     out.add("file", f"{name} is neither a .npy nor an .npz file (NumPy's formats; for JSON use the JSON upload)")
     return None
+
+
+class UploadRefused(ValueError):
+    """An upload that is unreadable, or declares more data than an edit set can need."""
+
+
+def _read_npy(stream: io.BytesIO, size: int, what: str) -> np.ndarray:
+    """One ``.npy`` of ``size`` bytes: its header's shape and dtype are judged first (a 200-byte file
+    may declare 10^10 elements), and the data must be exactly what the header declares."""
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = read_header(stream)
+    except (ValueError, OSError, EOFError, SyntaxError) as exc:
+        raise UploadRefused(f"{what} is not a readable .npy array: {exc}") from None
+    if dtype.hasobject:
+        raise UploadRefused(f"{what} holds Python objects (dtype {dtype}): pickles are never loaded; "
+                            "only numbers and text are read")
+    declared = math.prod(shape) * dtype.itemsize  # Python integers: no overflow, however large the shape
+    if declared > MAX_ARRAY_BYTES:
+        raise UploadRefused(f"{what} declares shape {list(shape)} of {dtype}: {declared} bytes; "
+                            f"at most {MAX_ARRAY_BYTES} per array")
+    left = size - stream.tell()
+    if left != declared:
+        raise UploadRefused(f"{what} declares {declared} bytes of data (shape {list(shape)} of {dtype}) "
+                            f"but holds {left}")
+    stream.seek(0)  # read_array reads the header again, now known to be sound
+    try:
+        array = np.lib.format.read_array(stream, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise UploadRefused(f"{what} is not a readable .npy array: {exc}") from None
+    return array
+
+
+def _read_npz(name: str, data: bytes) -> dict[str, np.ndarray]:
+    """An ``.npz`` (a zip of ``.npy``): members named, counted and sized from the zip's directory
+    before any is inflated; a zip stops inflating a member at its declared size, so the total of
+    declared sizes bounds what decompression can produce."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            members = z.infolist()
+            names = [info.filename.removesuffix(".npy") for info in members]
+            unknown = sorted({n for n in names if n not in NPZ_ARRAYS})
+            if unknown:
+                raise UploadRefused(f"unknown arrays {', '.join(unknown)}; allowed: {', '.join(sorted(NPZ_ARRAYS))}")
+            if len(set(names)) != len(names):
+                raise UploadRefused(f"{name} names an array twice")
+            total = sum(info.file_size for info in members)
+            if total > MAX_UPLOAD_BYTES:
+                raise UploadRefused(f"{name} expands to {total} bytes; at most {MAX_UPLOAD_BYTES} in all")
+            arrays = {}
+            for info, key in zip(members, names, strict=True):
+                with z.open(info) as stream:
+                    arrays[key] = _read_npy(io.BytesIO(stream.read(info.file_size + 1)), info.file_size,
+                                            f"{name}: array {key}")
+            return arrays
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError, EOFError) as exc:
+        raise UploadRefused(f"{name} is not a readable .npz file: {exc}") from None
 
 
 def _form_rows(rows: str, n: int, out: UploadResult) -> tuple[list, list, list]:

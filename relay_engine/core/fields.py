@@ -2,7 +2,9 @@
 
 One rule for numbers everywhere: booleans are not numbers; integers are compared exactly (a
 400-digit integer is out of range, never an ``OverflowError``); floats must be finite; a float
-that is a whole number is accepted where an integer is asked for. Each check returns the value or
+that is a whole number is accepted where an integer is asked for. Values come back in one canonical
+form per value (an int where an integer is asked for, a float with -0.0 as 0.0 where a number is),
+so two inputs equal by value hash equal. Each check returns the value or
 raises ``FieldValueError`` whose message says what is allowed, and ``FieldErrors`` collects such
 messages by field path so a caller can report every bad field at once.
 """
@@ -78,7 +80,12 @@ def number(value: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
     # int against float compares exactly in Python, so a huge int is simply out of range here
     if value < lo or value > hi or (lo_open and value == lo):
         raise FieldValueError(f"must be in {_bounds(lo, hi, lo_open)}, got {show(value)}")
-    return float(value)
+    return canonical_float(value)
+
+
+def canonical_float(value: int | float) -> float:
+    """A float with one spelling per value: -0.0 is 0.0 (so equal policies hash equal)."""
+    return float(value) + 0.0
 
 
 def integer(value: Any, lo: int, hi: int) -> int:
@@ -139,13 +146,14 @@ def finite_list(value: Any, length: int | None = None) -> list[float]:
         raise FieldValueError(f"must be a list of numbers, got {type(value).__name__}")
     if length is not None and len(value) != length:
         raise FieldValueError(f"has {len(value)} values; expected {length}")
-    bad = [i for i, v in enumerate(value) if not is_number(v) or not _finite(v)]
+    bad = [i for i, v in enumerate(value) if not is_number(v) or not is_finite(v)]
     if bad:
         raise FieldValueError(f"must hold finite numbers; bad values at indices {bad[:10]}")
-    return [float(v) for v in value]
+    return [canonical_float(v) for v in value]
 
 
-def _finite(v: int | float) -> bool:
+def is_finite(v: int | float) -> bool:
+    """A number usable as a float: finite, and an integer only within float's range (no OverflowError)."""
     if isinstance(v, int):
         return -1e308 < v < 1e308  # an int beyond float's range cannot be used as a float
     return math.isfinite(v)

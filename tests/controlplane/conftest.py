@@ -8,6 +8,7 @@ from tests.controlplane.fixtures import (  # noqa: F401 - fixtures are found by 
     no_redis,
     operator,
     pool,
+    redis_cache,
     redis_client,
     redis_on,
     viewer,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import secrets
 
 import pytest
-from django.core.cache import cache
+from django.core.cache import caches
+from django.core.cache.backends.locmem import LocMemCache
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from rest_framework.test import APIClient
@@ -31,11 +32,27 @@ PROD_ENV = {
 
 @pytest.fixture(autouse=True)
 def _fresh_caches():
-    # Throttle counters live in the cache and user ids repeat across rolled-back tests.
-    cache.clear()
+    # Throttle counters live in the cache and user ids repeat across rolled-back tests. Only the
+    # process's own memory cache is cleared: clearing a Redis cache would flush the whole database.
+    _clear_local()
     history_cache.clear()
     yield
-    cache.clear()
+    _clear_local()
+
+
+def _clear_local() -> None:
+    if isinstance(caches["default"], LocMemCache):
+        caches["default"].clear()
+
+
+@pytest.fixture
+def redis_cache(settings, redis_url, key_prefix):
+    """Django's cache on the test Redis (Django's own Redis backend, as deployed), under this test's
+    own key prefix: throttle and lock-out counters shared with any other process using that prefix."""
+    settings.CACHES = {"default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_url,
+        "KEY_PREFIX": f"{key_prefix}:django", "OPTIONS": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}}}
+    return f"{key_prefix}:django"
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ ENDPOINTS = [
     ("get", f"/api/v1/pools/{POOL}/revisions/1/", None, "viewer", 200),
     ("get", f"/api/v1/pools/{POOL}/revisions/1/diff/", None, "viewer", 200),
     ("post", f"/api/v1/pools/{POOL}/revisions/1/publish/", None, "operator", 200),
-    ("post", f"/api/v1/pools/{POOL}/rollback/", {"to_generation": 1}, "operator", 201),
+    ("post", f"/api/v1/pools/{POOL}/rollback/", {"to_generation": 1, "parent_generation": 1}, "operator", 201),
     ("get", f"/api/v1/pools/{POOL}/status/", None, "viewer", 200),
     ("get", f"/api/v1/pools/{POOL}/metrics/?window=5m", None, "viewer", 200),
     ("get", "/api/v1/audit/", None, "viewer", 200),

@@ -14,7 +14,7 @@ def test_every_change_is_audited_with_actor_and_request_id(admin, operator, redi
         (operator, "post", f"{BASE}/revisions/", {"parent_generation": 1, "spec": {"slo": {"target_ratio": 0.9}}},
          "revision.create"),
         (operator, "post", f"{BASE}/revisions/2/publish/", None, "revision.publish"),
-        (operator, "post", f"{BASE}/rollback/", {"to_generation": 1}, "pool.rollback"),
+        (operator, "post", f"{BASE}/rollback/", {"to_generation": 1, "parent_generation": 2}, "pool.rollback"),
         (admin, "post", "/api/v1/users/", {"username": "pm", "role": "viewer"}, "user.create"),
         (admin, "post", "/api/v1/tokens/", {"username": "pm"}, "token.create"),
     ]

@@ -9,6 +9,7 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+import redis
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
@@ -16,6 +17,7 @@ from controlplane.accounts.models import ApiToken
 from controlplane.policies.models import AuditEntry
 from relay_engine.core.wire import DesiredRevision, PoolKeys
 from tests.controlplane.fixtures import PROD_ENV
+from tests.workers.fleet import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,6 +58,60 @@ def _manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+
+
+def _prod_env(**changes: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_URL"))} | PROD_ENV | changes
+
+
+@pytest.mark.parametrize(("database_url", "named"), [("sqlite:///var/prod.sqlite3", "'sqlite'"),
+                                                      ("mysql://127.0.0.1/relaygr", "'mysql'")])
+def test_prod_settings_refuse_a_database_other_than_postgresql(database_url, named):
+    result = _manage("check", env=_prod_env(DATABASE_URL=database_url))
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and named in result.stderr and "PostgreSQL" in result.stderr
+
+
+@pytest.mark.parametrize("weak", ["short-but-secret", "django-insecure-" + "x1y2z3" * 10, "ab" * 40])
+def test_prod_settings_refuse_a_weak_secret_key(weak):
+    result = _manage("check", env=_prod_env(DJANGO_SECRET_KEY=weak))
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "DJANGO_SECRET_KEY is too weak" in result.stderr
+    assert weak not in result.stderr  # the refusal does not print the secret
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_relaygr_sync_loop_outlives_an_unavailable_database_and_delivers_once_it_is_back(tmp_path, redis_url,
+                                                                                          key_prefix):
+    database = tmp_path / "not-yet" / "controlplane.sqlite3"  # its folder is missing: it cannot be opened
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_URL"))} | {
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings.dev", "DATABASE_URL": f"sqlite:///{database}",
+        "REDIS_URL": redis_url, "RELAYGR_KEY_PREFIX": key_prefix}
+    out, err = tmp_path / "sync.out", tmp_path / "sync.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        sync = subprocess.Popen([sys.executable, "manage.py", "relaygr_sync", "--interval", "0.2"], cwd=REPO,
+                                env=env, stdout=stdout, stderr=stderr)
+    try:
+        wait_for(lambda: len([line for line in _lines(err) if "sync failed" in line]) >= 3, 60,
+                 what="the loop to report failed passes")
+        assert sync.poll() is None, _lines(err)
+        assert "the database cannot be read" in _lines(err)[0]
+
+        database.parent.mkdir()
+        for command in (["migrate", "--verbosity", "0"], ["relaygr_demo", "--pool", "main"]):
+            assert _manage(*command, env=env).returncode == 0
+        keys = PoolKeys("main", prefix=key_prefix)
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        client.delete(keys.desired)  # the demo's own push undone: only the loop can restore it
+        wait_for(lambda: client.get(keys.desired), 60, what="the loop to write the desired revision")
+        assert DesiredRevision.from_json(client.get(keys.desired)).generation == 1
+        assert sync.poll() is None and any("synced 1 pool(s)" in line for line in _lines(out))
+    finally:
+        sync.terminate()
+        sync.wait(30)
 
 
 def test_check_deploy_with_prod_settings_is_clean():

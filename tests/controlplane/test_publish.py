@@ -106,7 +106,7 @@ def test_rollback_publishes_the_old_spec_as_a_new_generation(operator, pool, wor
     operator.post(f"{BASE}/revisions/{generation}/publish/")
     worker.reconcile()
 
-    response = operator.post(f"{BASE}/rollback/", {"to_generation": 1}, format="json")
+    response = operator.post(f"{BASE}/rollback/", {"to_generation": 1, "parent_generation": 2}, format="json")
 
     assert response.status_code == 201, response.content
     assert response.json()["generation"] == 3
@@ -120,7 +120,7 @@ def test_rollback_publishes_the_old_spec_as_a_new_generation(operator, pool, wor
 
 def test_rollback_to_unknown_generation_is_404_and_writes_nothing(operator, pool, redis_on):
     before = (ConfigRevision.objects.count(), AuditEntry.objects.count())
-    assert operator.post(f"{BASE}/rollback/", {"to_generation": 9}, format="json").status_code == 404
+    assert operator.post(f"{BASE}/rollback/", {"to_generation": 9, "parent_generation": 1}, format="json").status_code == 404
     assert (ConfigRevision.objects.count(), AuditEntry.objects.count()) == before
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import json
 import math
 
@@ -208,3 +210,27 @@ def test_spec_with_float_integers_is_normalised(operator, pool):
     spec = operator.post(REVISIONS, body, format="json").json()["spec"]
     assert spec["trigger"]["max_preinfer_inflight"] == 8
     assert not math.isnan(spec["cache"]["hbm_budget_mb"])
+
+
+def test_revisions_stored_before_canonical_hashing_verify_after_the_migration(pool):
+    """A spec stored with -0.0 was hashed as written; the migration rewrites it in canonical form with
+    the sha256 a worker recomputes, and leaves revisions already canonical as they were."""
+    from django.apps import apps
+
+    from relay_engine.core.config import parse_policy
+
+    canonical_specs = importlib.import_module("controlplane.policies.migrations.0002_canonical_specs")
+    legacy = default_policy().to_dict()
+    legacy["cache"]["hbm_budget_mb"] = -0.0
+    legacy_sha = hashlib.sha256(json.dumps(legacy, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    ConfigRevision.objects.create(pool=pool, generation=2, parent_generation=1, spec=legacy, sha256=legacy_sha,
+                                  author="an older release")
+    first = ConfigRevision.objects.values("spec", "sha256").get(pool=pool, generation=1)
+
+    canonical_specs.canonicalise(apps, None)
+
+    migrated = ConfigRevision.objects.get(pool=pool, generation=2)
+    assert migrated.sha256 != legacy_sha and migrated.spec["cache"]["hbm_budget_mb"] == 0.0
+    assert ConfigRevision.objects.values("spec", "sha256").get(pool=pool, generation=1) == first
+    for revision in ConfigRevision.objects.all():  # what every worker checks before applying
+        assert parse_policy(revision.spec).sha256() == revision.sha256

@@ -136,7 +136,7 @@ def test_metrics_are_read_incrementally(viewer, pool, worker_factory):
 def test_publishes_appear_as_annotations(operator, pool, redis_on):
     operator.post(f"{BASE}/revisions/", {"parent_generation": 1, "spec": {}}, format="json")
     operator.post(f"{BASE}/revisions/2/publish/")
-    operator.post(f"{BASE}/rollback/", {"to_generation": 1}, format="json")
+    operator.post(f"{BASE}/rollback/", {"to_generation": 1, "parent_generation": 2}, format="json")
     annotations = operator.get(f"{BASE}/metrics/?window=1h").json()["annotations"]
     assert [(a["generation"], a["kind"], a["actor"]) for a in annotations] == [
         (2, "publish", "operator"), (3, "rollback", "operator")]

@@ -68,7 +68,7 @@ class Stack:
         }
         self.worker_settings = Settings.from_env(
             {}, redis_url=redis_url, key_prefix=self.key_prefix, pool=POOL, pool_size=instances, device="cpu",
-            model="small", rank_threads=2, torch_threads=1,
+            model="small", rank_threads=2, torch_threads=1, data_dir=str(workdir / "worker-state"),
         )
         self.redis = redis_client(self.worker_settings)
         self.server: subprocess.Popen | None = None

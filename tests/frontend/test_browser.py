@@ -270,7 +270,7 @@ def test_viewer_sees_no_edit_controls_and_the_server_refuses_anyway(browser, sta
             const token = document.querySelector('meta[name="csrf-token"]').content;
             const response = await fetch(`/api/v1/pools/${pool}/rollback/`, {method: 'POST',
                 headers: {'Content-Type': 'application/json', 'X-CSRFToken': token},
-                body: JSON.stringify({to_generation: 1})});
+                body: JSON.stringify({to_generation: 1, parent_generation: 1})});
             return response.status;
         }""", POOL)
         assert status == 403

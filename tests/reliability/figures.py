@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import threading
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,6 +28,10 @@ class Figures:
     requests_lost: int = 0
     rank_outcomes: dict[str, int] = field(default_factory=dict)
     load_seconds: float = 0.0
+    # fault → ranking requests sent during its test: sent, answered, failed_clearly, lost
+    fault_load: dict[str, dict[str, int]] = field(default_factory=dict)
+    # database vendor → operation → HTTP status → count, from tests/controlplane/test_concurrency.py
+    concurrent_writes_by_db: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def fault(self, name: str) -> FaultRecord:
@@ -37,6 +42,19 @@ class Figures:
     def hostile(self, family: str, count: int = 1) -> None:
         with self._lock:
             self.hostile_inputs[family] = self.hostile_inputs.get(family, 0) + count
+
+    def fault_requests(self, fault: str, *, outcomes: dict[str, int], lost: int) -> None:
+        """The ranking requests replayed while ``fault`` was injected, by outcome."""
+        sent = sum(outcomes.values())
+        with self._lock:
+            self.fault_load[fault] = {"sent": sent, "answered": outcomes.get("ok", 0),
+                                      "failed_clearly": sent - outcomes.get("ok", 0) - lost, "lost": lost}
+
+    def concurrent_writes(self, vendor: str, operation: str, statuses: dict[int, int]) -> None:
+        with self._lock:
+            counts = self.concurrent_writes_by_db.setdefault(vendor, {}).setdefault(operation, {})
+            for status, count in statuses.items():
+                counts[status] = counts.get(status, 0) + count
 
     def load(self, *, outcomes: dict[str, int], lost: int, seconds: float) -> None:
         """Ranking requests replayed during the faults, by outcome (``harness.Outcome.kind``)."""
@@ -67,6 +85,10 @@ class Figures:
             f"({', '.join(self.faults_survived) or '-'})",
             f"hostile inputs tried: {d['hostile_inputs_total']} {dict(sorted(self.hostile_inputs.items()))}",
             f"requests lost: {self.requests_lost}",
+            *(f"fault: {name}: {counts}" for name, counts in self.fault_load.items()),
+            *(f"concurrent writes on {vendor}: {operation}: {dict(sorted(counts.items()))}"
+              for vendor, operations in sorted(self.concurrent_writes_by_db.items())
+              for operation, counts in operations.items()),
         ]
 
     def write(self) -> None:
@@ -85,3 +107,8 @@ class FaultRecord:
 
 
 FIGURES = Figures()
+
+
+def scaled(examples: int) -> int:
+    """A fuzz test's example count times ``RELAYGR_FUZZ_SCALE`` (1 in the suite; larger for a long run)."""
+    return max(1, round(examples * float(os.environ.get("RELAYGR_FUZZ_SCALE", "1"))))

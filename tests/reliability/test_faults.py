@@ -34,6 +34,7 @@ CONVERGE_S = 60.0
 RESTART_S = 90.0  # a restarted worker imports torch and builds its engine first: seconds on a busy CPU
 OUTAGE_S = 10.0
 TOO_BIG_HBM_MB = 16.0 * 2**20  # 16 TiB: valid by the schema, more than any device here
+DISTINCT_HBM_MB = 333.0  # a budget the schema's defaults never have
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +66,13 @@ def load(stack):
 
 @pytest.fixture
 def during(load):
-    """The outcomes of the ranking requests sent during this test; none may be lost."""
-    started = time.monotonic()
+    """The outcomes of the ranking requests sent during this test (and its fault); none may be lost."""
+    started, faults = time.monotonic(), len(FIGURES.faults_injected)
     yield lambda: load.client.between(started)
     outcomes = load.client.between(started)
+    if len(FIGURES.faults_injected) > faults:
+        FIGURES.fault_requests(FIGURES.faults_injected[-1], outcomes=load.kinds(outcomes),
+                               lost=len(load.lost(outcomes)))
     assert outcomes, "no load was replayed during the test"
     assert load.lost(outcomes) == []
 
@@ -179,7 +183,7 @@ def test_a_revision_the_devices_cannot_hold_is_nacked_and_the_last_good_keeps_se
         sre_page.locator('[data-role="summary"]', has_text="refused it (NACK)").wait_for()
         assert "cache.hbm_budget_mb" in sre_page.locator('[data-role="instances"]').inner_text()
 
-    status, rollback = stack.api("POST", f"/api/v1/pools/{POOL}/rollback/", {"to_generation": good})
+    status, rollback = stack.api("POST", f"/api/v1/pools/{POOL}/rollback/", {"to_generation": good, "parent_generation": bad})
     assert status == 201, rollback
     stack.wait_converged(rollback["generation"], 3, CONVERGE_S)
     fault.survived()
@@ -235,6 +239,31 @@ def test_redis_restart_is_ridden_out_and_the_desired_configuration_is_restored(s
     assert any(rate and p99 is not None for rate, p99 in after), debug  # and traffic after it
     if sre_page is not None:
         sre_page.locator('#connection[data-state="live"]').wait_for(timeout=30_000)
+    fault.survived()
+
+
+def test_a_worker_restarted_while_redis_is_empty_serves_its_last_revision_not_the_defaults(stack, load, during):
+    fault = FIGURES.fault("worker restarted while Redis is empty (sync loop held)")
+    generation = stack.publish({"cache": {"hbm_budget_mb": DISTINCT_HBM_MB}}, "a budget no default has")
+    stack.wait_converged(generation, 3, CONVERGE_S)
+    victim, keys = f"{POOL}.2", stack.worker_settings.keys
+    stack.sync.send_signal(signal.SIGSTOP)  # no repair of Redis until released: the window a restart may hit
+    try:
+        stack.kill_worker(victim)
+        stack.stop_redis()
+        stack.start_redis()  # empty, as after a crash
+        stack.spawn_worker(2)
+        wait_for(lambda: victim in stack.live(), RESTART_S, interval_s=0.25, what=f"{victim} to serve again")
+        status = InstanceStatus.from_json(stack.redis.get(keys.status(victim)))
+        assert (status.config_state, status.applied_generation) == ("PENDING", generation)
+        assert status.hbm_budget_bytes == DISTINCT_HBM_MB * 2**20 and "serving generation" in status.error
+        assert stack.redis.get(keys.desired) is None
+        back = time.monotonic()
+        wait_for(lambda: any(o.kind == OK and o.instance == victim for o in load.client.between(back)), 60,
+                 what=f"{victim} to answer on its last applied revision")
+    finally:
+        stack.sync.send_signal(signal.SIGCONT)
+    stack.wait_converged(generation, 3, CONVERGE_S)  # the sync loop writes desired back; everyone ACKs it
     fault.survived()
 
 

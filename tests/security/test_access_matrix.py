@@ -58,7 +58,7 @@ RULES: dict[str, dict[str, Rule]] = {
     "api/v1/pools/<poolname:pool>/revisions/<generation:generation>/": {"get": Rule("viewer", 200)},
     "api/v1/pools/<poolname:pool>/revisions/<generation:generation>/diff/": {"get": Rule("viewer", 200)},
     "api/v1/pools/<poolname:pool>/revisions/<generation:generation>/publish/": {"post": Rule("operator", 200)},
-    "api/v1/pools/<poolname:pool>/rollback/": {"post": Rule("operator", 201, {"to_generation": 1})},
+    "api/v1/pools/<poolname:pool>/rollback/": {"post": Rule("operator", 201, {"to_generation": 1, "parent_generation": 1})},
     "api/v1/audit/": {"get": Rule("viewer", 200)},
     "api/v1/pools/<poolname:pool>/status/": {"get": Rule("viewer", 200)},
     "api/v1/pools/<poolname:pool>/metrics/": {"get": Rule("viewer", 200, query="?window=5m")},

@@ -140,7 +140,7 @@ def test_raising_the_threshold_stops_pre_inference_and_a_rollback_restores_it(st
     assert quiet["relaygr_rank_ok_total"] > 0  # ranking continues
     assert quiet["relaygr_preinfer_refusals_total{not_at_risk}"] > 0
 
-    rolled = api.call("POST", "/api/v1/pools/main/rollback/", {"to_generation": 1, "comment": "e2e: restore"})
+    rolled = api.call("POST", "/api/v1/pools/main/rollback/", {"to_generation": 1, "parent_generation": created["generation"], "comment": "e2e: restore"})
     wait_for(lambda: converged_at(api, rolled["generation"]), 30, "the rollback to converge")
     back = wait_for(lambda: (d := deltas_over(api, 4))["relaygr_preinfer_admitted_total"] > 0 and d, 60,
                     "pre-inferences to resume")

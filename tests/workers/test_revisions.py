@@ -7,6 +7,7 @@ import time
 import pytest
 
 from relay_engine.core.config import parse_policy
+from relay_engine.core.wire import DesiredRevision
 from tests.workers.fleet import wait_for
 
 pytestmark = pytest.mark.integration
@@ -77,3 +78,28 @@ def test_next_good_revision_after_a_nack_is_acked(fleet):
     good = fleet.publish({"cache": {"hbm_budget_mb": 303.0}})
     wait_for(lambda: acked(fleet, good), CONVERGE_S)
     assert all(s.nacked_generation == 0 and s.error == "" for s in fleet.running_statuses())
+
+
+def test_a_refused_generation_repaired_under_the_same_generation_is_applied(fleet):
+    """A split fleet otherwise: instances that refused it would stay behind while restarted peers apply it."""
+    broken = fleet.desired_revision({"cache": {"hbm_budget_mb": -7}})
+    fleet.redis.set(fleet.keys.desired, broken.to_json())
+    fleet.redis.publish(fleet.keys.poke_channel, str(broken.generation))
+    wait_for(lambda: nacked(fleet, broken.generation), CONVERGE_S)
+    spec = {"cache": {"hbm_budget_mb": 307.0}}  # what relaygr_sync writes from the database, same generation
+    repaired = DesiredRevision(broken.generation, parse_policy(spec).sha256(), spec, time.time(), "sync")
+    fleet.redis.set(fleet.keys.desired, repaired.to_json())  # no poke: the periodic pass finds it
+    wait_for(lambda: acked(fleet, broken.generation), CONVERGE_S + 1.5, what="the repaired generation's ACK")
+    assert all(s.hbm_budget_bytes == 307 * 2**20 for s in fleet.running_statuses())
+
+
+def test_an_older_generation_in_redis_is_reported_not_applied(fleet):
+    good = fleet.publish({"cache": {"hbm_budget_mb": 308.0}})
+    wait_for(lambda: acked(fleet, good), CONVERGE_S)
+    spec = {"cache": {"hbm_budget_mb": 11.0}}
+    stale = DesiredRevision(good - 1, parse_policy(spec).sha256(), spec, time.time(), "an old snapshot")
+    fleet.redis.set(fleet.keys.desired, stale.to_json())
+    fleet.redis.publish(fleet.keys.poke_channel, str(stale.generation))
+    wait_for(lambda: nacked(fleet, stale.generation), CONVERGE_S)
+    assert all(s.applied_generation == good and "older than the applied generation" in s.error
+               and s.hbm_budget_bytes == 308 * 2**20 for s in fleet.running_statuses())

@@ -65,7 +65,10 @@ class RevisionCreateInputSerializer(StrictSerializer):
 
 
 class RollbackInputSerializer(StrictSerializer):
-    to_generation = StrictIntegerField(min_value=1)
+    to_generation = StrictIntegerField(min_value=1, help_text="The generation whose spec to publish again.")
+    parent_generation = StrictIntegerField(
+        min_value=1, help_text="The pool's latest generation as the caller saw it (as for a create): "
+        "stale when another revision came first, and the rollback is then a 409 that writes nothing.")
     comment = StrictCharField(max_length=1000, allow_blank=True, required=False, default="")
 
 

@@ -124,15 +124,20 @@ class RevisionPublishView(APIView):
 class PoolRollbackView(APIView):
     @extend_schema(
         parameters=[POOL_PARAM], request=RollbackInputSerializer,
-        responses={201: PublishResultSerializer, **WRITE_ERRORS, **error_responses(503)},
-        description="Publish the spec of `to_generation` again as a new generation.",
+        responses={201: PublishResultSerializer, 200: PublishResultSerializer, **WRITE_ERRORS,
+                   **error_responses(503)},
+        description="Publish the spec of `to_generation` again as a new generation (201) on top of "
+        "`parent_generation`, which must be the pool's latest generation (409 otherwise, nothing written). "
+        "Repeating the same request (same `parent_generation` and `to_generation`) creates nothing new: "
+        "it answers 200 with the revision the first one created and `changed: false`.",
     )
     def post(self, request, pool):
         pool_obj = selectors.pool_get(name=pool)
         data = RollbackInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         result = services.pool_rollback(pool=pool_obj, actor=actor_name(request), **data.validated_data)
-        return Response(PublishResultSerializer(result).data, status=status.HTTP_201_CREATED)
+        return Response(PublishResultSerializer(result).data,
+                        status=status.HTTP_201_CREATED if result.changed else status.HTTP_200_OK)
 
 
 class AuditListView(GenericAPIView):

@@ -337,7 +337,7 @@
     await Promise.all([check(), loadHistory()]);
   }
 
-  async function refuseStale(parent, err) {
+  async function refuseStale(parent, err, refused = "Not published") {
     stale = true;
     let who = "";
     try {
@@ -349,7 +349,7 @@
     }
     const reload = el("button", { type: "button", onclick: () => window.location.reload() }, "Load the latest revision");
     say(el("div", { class: "error-box stale", role: "alert", dataset: { role: "stale" } },
-      el("strong", {}, "Not published: someone changed this pool's configuration after you opened it."),
+      el("strong", {}, `${refused}: someone changed this pool's configuration after you opened it.`),
       el("p", {}, `You edited generation ${parent}.${who} Nothing was overwritten and your edits are still in the form. `
         + "Load the latest revision (your unsaved edits are discarded), re-apply your change and publish again."),
       el("p", { class: "small muted" }, err.message),
@@ -360,8 +360,11 @@
     busy = true;
     updateButtons();
     say(el("p", {}, `Rolling back to generation ${generation}…`));
+    // On top of the latest generation this page knows: a revision created since makes it a 409.
+    const parent = state.latest_generation;
     try {
-      const result = await api(`${base}/rollback/`, { method: "POST", body: { to_generation: generation } });
+      const result = await api(`${base}/rollback/`, { method: "POST",
+        body: { to_generation: generation, parent_generation: parent } });
       const revision = await api(`${base}/revisions/${result.generation}/`);
       busy = false;
       adopt(revision);
@@ -372,7 +375,8 @@
       await Promise.all([check(), loadHistory()]);
     } catch (err) {
       busy = false;
-      say(el("p", { class: "error-box", role: "alert" }, `Rollback refused: ${err.message}`));
+      if (err.status === 409) await refuseStale(parent, err, "Not rolled back");
+      else say(el("p", { class: "error-box", role: "alert" }, `Rollback refused: ${err.message}`));
       updateButtons();
     }
   }

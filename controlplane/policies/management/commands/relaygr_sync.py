@@ -1,10 +1,17 @@
-"""Write every pool's desired revision from the database into Redis (idempotent repair)."""
+"""Write every pool's desired revision from the database into Redis (idempotent repair).
+
+With ``--interval`` it is the loop a deployment runs beside the web server, and it must outlive
+whatever it depends on: Redis down or restarted empty, the database locked by a long write or
+unreachable. Each failed pass is reported on stderr and retried after the interval; the connection
+is reopened if it broke. Without ``--interval`` one pass runs, and a failure is the exit status.
+"""
 
 import time
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, close_old_connections
 
-from controlplane.common.errors import Unavailable
+from controlplane.common.errors import ServiceError
 from controlplane.policies.services import desired_sync
 
 
@@ -20,10 +27,13 @@ class Command(BaseCommand):
             try:
                 result = desired_sync()
                 self.stdout.write(f"synced {result['pools']} pool(s) to Redis")
-            except Unavailable as exc:
+            except (ServiceError, DatabaseError) as exc:
+                problem = exc.detail if isinstance(exc, ServiceError) else (
+                    f"the database cannot be read or written ({type(exc).__name__}: {exc})")
                 if not interval:
-                    raise CommandError(exc.detail) from exc
-                self.stderr.write(exc.detail)
+                    raise CommandError(problem) from exc
+                self.stderr.write(f"sync failed, retrying in {interval:g} s: {problem}")
+                close_old_connections()  # a broken or timed-out connection is opened afresh
             if not interval:
                 return
             time.sleep(interval)
