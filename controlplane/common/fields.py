@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from relay_engine.core.fields import FieldValueError, number_text
+
 MAX_DB_INT = 2**31 - 1
 
 
@@ -49,3 +51,25 @@ class StrictSerializer(serializers.Serializer):
             allowed = ", ".join(sorted(self.fields))
             raise serializers.ValidationError({key: [f"Unknown field; allowed: {allowed}."] for key in unknown})
         return super().to_internal_value(data)
+
+
+class QueryNumberField(serializers.Field):
+    """A number from a query string, checked by the schema's one field helper (``number_text``):
+    finite, in [lo, hi], an integer when ``as_int``; a 400-digit value is a 400, never an overflow."""
+
+    default_error_messages = {"invalid": "must be a number written as text."}
+
+    def __init__(self, *, lo: float, hi: float, as_int: bool = False, **kwargs):
+        self.lo, self.hi, self.as_int = lo, hi, as_int
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        try:
+            return number_text(data, self.lo, self.hi, as_int=self.as_int)
+        except FieldValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def to_representation(self, value):
+        return value
