@@ -12,6 +12,7 @@ Pool-wide figures never come from here: they are the pool rollups (``rollups.py`
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,16 +40,49 @@ GAUGE_COLUMN = {name: i for i, name in enumerate(GAUGES)}
 MAX_ENTRIES_PER_READ = 5000
 
 
-def decode_snapshot(raw: str) -> tuple[float, float, list[float], list[float]]:
-    """(ts, started_at, cumulative row, gauge row) of a stream entry, by the one decoder
-    (``Snapshot.from_json``); ValueError when the entry breaks the contract."""
+_PLAIN_NUMBERS = frozenset((int, float))
+
+
+def _fast_values(raw: str) -> np.ndarray | None:
+    """[row, gauges, ts, started_at] of an entry written as workers write it (plain numbers, bucket
+    indices in range), checked for finiteness all at once; None for anything else."""
+    try:
+        data = json.loads(raw)
+        counters, refusals, latency = data["counters"], data["refusals"], data["rank_latency"]
+        values = [counters.get(name, 0) for name in COUNTERS]
+        values += [refusals.get(reason, 0) for reason in REFUSAL_REASONS]
+        buckets = [0] * N_BUCKETS
+        for key, count in latency["buckets"].items():
+            index = int(key)
+            if not 0 <= index < N_BUCKETS or str(index) != key:
+                return None
+            buckets[index] = count
+        values += buckets
+        values.append(latency.get("sum_ms", 0.0))
+        values += [data.get(name, 0) for name in GAUGES]
+        values += [data["ts"], data.get("started_at", 0.0)]
+        if "instance" not in data or not _PLAIN_NUMBERS.issuperset(map(type, values)):
+            return None
+        array = np.array(values, dtype=float)
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
+        return None
+    return array if np.isfinite(array).all() else None
+
+
+def decode_snapshot(raw: str) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """(ts, started_at, cumulative row, gauge row) of a stream entry; ValueError when the entry
+    breaks the contract. What workers write takes a fast path; anything else is judged by the one
+    decoder, ``Snapshot.from_json``, which accepts it or names the field."""
+    values = _fast_values(raw)
+    if values is not None:
+        return float(values[-2]), float(values[-1]), values[:N_COLUMNS], values[N_COLUMNS:N_COLUMNS + len(GAUGES)]
     snap = Snapshot.from_json(raw)
     row = [float(snap.counters.get(name, 0)) for name in COUNTERS]
     row += [float(snap.refusals.get(reason, 0)) for reason in REFUSAL_REASONS]
     row += [float(c) for c in snap.rank_latency.counts]
     row.append(snap.rank_latency.sum_ms)
     gauges = [float(getattr(snap, name)) for name in GAUGES]
-    return snap.ts, snap.started_at, row, gauges
+    return snap.ts, snap.started_at, np.array(row), np.array(gauges)
 
 
 @dataclass
@@ -125,20 +159,21 @@ def reporting_instances(client: redis.Redis, keys: PoolKeys, since: float) -> li
     return sorted(client.zrangebyscore(keys.reporting, since, "+inf"))
 
 
-def stream_histories(client: redis.Redis, *, pool: str, tier: str, instances: list[str],
+def stream_histories(client: redis.Redis, *, pool: str, tier: str, instances: list[str], window_s: int,
                      now: float) -> list[InstanceHistory]:
-    """The histories of ``instances`` in ``tier``, brought up to date with Redis (only entries newer
-    than each one's last are fetched). The caller holds ``telemetry_cache.lock``."""
-    step_s, kept = TELEMETRY_TIERS[tier]
-    keep_since = now - step_s * (kept + 2)
+    """The histories of ``instances`` in ``tier`` over the last ``window_s`` (and a sample or two
+    before, the first difference's baseline), brought up to date with Redis: only entries newer than
+    each one's last are fetched. The caller holds ``telemetry_cache.lock``."""
+    step_s = TELEMETRY_TIERS[tier][0]
+    keep_since = now - window_s - 2 * step_s
     keys = PoolKeys(pool)
     url = settings.REDIS_URL
-    histories = [telemetry_cache.get(("stream", url, keys.telemetry(tier, name)),
+    histories = [telemetry_cache.get(("stream", url, keys.telemetry(tier, name), window_s),
                                      lambda name=name: InstanceHistory(instance=name, step_s=step_s))
                  for name in instances]
     pipe = client.pipeline(transaction=False)
     for name, history in zip(instances, histories, strict=True):
-        low = "-" if history.last_id == "-" else f"({history.last_id}"
+        low = str(int(keep_since * 1000)) if history.last_id == "-" else f"({history.last_id}"
         pipe.xrange(keys.telemetry(tier, name), min=low, max="+", count=MAX_ENTRIES_PER_READ)
     for history, entries in zip(histories, pipe.execute() if instances else [], strict=True):
         history.extend(entries, keep_since)

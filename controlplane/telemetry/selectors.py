@@ -255,7 +255,8 @@ def pool_metrics(client, *, pool: Pool, window: str, since: float | None = None,
         return answer
     totals = window_totals(client, pool=pool.name, tier=tier, window_s=WINDOWS[window][0], start=start, now=now)
     chosen = _ranked(totals, rank_by)[:top]
-    histories = stream_histories(client, pool=pool.name, tier=tier, instances=[name for name, _ in chosen], now=now)
+    histories = stream_histories(client, pool=pool.name, tier=tier, instances=[name for name, _ in chosen],
+                                 window_s=WINDOWS[window][0], now=now)
     worst = []
     for (name, value), history in zip(chosen, histories, strict=True):
         held = first if name in known else 0
@@ -304,7 +305,8 @@ def instance_metrics(client, *, pool: Pool, instance: str, window: str, since: f
     now = time.time() if now is None else now
     tier, step_s, start, n_points = window_grid(window, now)
     first = first_point(since, start, step_s, n_points)
-    [history] = stream_histories(client, pool=pool.name, tier=tier, instances=[instance], now=now)
+    [history] = stream_histories(client, pool=pool.name, tier=tier, instances=[instance],
+                                 window_s=WINDOWS[window][0], now=now)
     series, sums = _instance_series(history, start, step_s, n_points, first, None, GAUGES)
     return {**_frame(pool, window, now), "instance": instance, "from": start + first * step_s,
             "timestamps": [start + i * step_s for i in range(first, n_points)],

@@ -52,8 +52,8 @@ def _sample(entries: list) -> Sample | None:
 
 @dataclass
 class Samples:
-    """Samples by instance: the newest of each (``kind="latest"``), or the entries around a window's
-    start (``before`` and ``first``, for the window beginning at ``start``)."""
+    """Samples by instance: the newest of each (``latest``), or the entries around a window's start
+    (``before`` it and ``first`` in it, for the window beginning at ``start``)."""
 
     start: float = math.nan
     latest: dict[str, Sample] = field(default_factory=dict)
@@ -140,7 +140,7 @@ def window_totals(client: redis.Redis, *, pool: str, tier: str, window_s: int, s
     sums_all = np.array(sums) if sums else np.zeros((0, N_COLUMNS))
     if exact_later:
         histories = stream_histories(client, pool=pool, tier=tier, instances=[kept[i] for i in exact_later],
-                                     now=now)
+                                     window_s=window_s, now=now)
         for i, history in zip(exact_later, histories, strict=True):
             first = int(np.searchsorted(history.ts, start))
             sums_all[i] = history.totals[-1] - history.totals[first]
