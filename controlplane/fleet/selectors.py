@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import redis
 
+from controlplane.common.errors import NotFound
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies.models import Pool
 from relay_engine.core.wire import ACK, UNKNOWN, InstanceStatus, PoolKeys, WireError, is_live
@@ -98,3 +99,22 @@ def pool_status(*, pool: Pool, now: float | None = None) -> PoolStatus:
         live_instances=len(live), converged=bool(live) and all(view.up_to_date for view in live),
         instances=instances, checked_at=now,
     )
+
+
+def instance_status(*, pool: Pool, instance: str, now: float | None = None) -> InstanceView:
+    """One instance as ``pool_status`` judges it (a drill-down reads one, not the pool's all);
+    NotFound when Redis holds neither its membership nor a status record."""
+    now = time.time() if now is None else now
+    keys = PoolKeys(pool.name)
+    client = get_redis()
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.zscore(keys.members, instance)
+        pipe.get(keys.status(instance))
+        score, raw = pipe.execute()
+    except redis.RedisError as exc:
+        raise redis_unreachable(exc) from exc
+    if score is None and raw is None:
+        raise NotFound(f"instance {instance!r} has no status in pool {pool.name!r}: it never joined, or left "
+                       f"more than an hour ago.")
+    return _instance_view(pool.name, instance, float(score or 0.0), raw, pool.desired_generation, now)

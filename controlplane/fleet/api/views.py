@@ -2,11 +2,11 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.common.views import POOL_PARAM, error_responses
+from controlplane.common.views import INSTANCE_PARAM, POOL_PARAM, error_responses, instance_of
 from controlplane.policies import selectors as policy_selectors
 
 from .. import selectors
-from .serializers import PoolStatusSerializer
+from .serializers import InstanceStatusSerializer, PoolStatusSerializer
 
 
 class PoolStatusView(APIView):
@@ -19,3 +19,16 @@ class PoolStatusView(APIView):
     def get(self, request, pool):
         status = selectors.pool_status(pool=policy_selectors.pool_get(name=pool))
         return Response(PoolStatusSerializer(status.to_dict()).data)
+
+
+class InstanceStatusView(APIView):
+    @extend_schema(
+        parameters=[POOL_PARAM, INSTANCE_PARAM], responses={200: InstanceStatusSerializer,
+                                                           **error_responses(401, 403, 404, 503)},
+        description="One instance's status as the pool status reports it: liveness, heartbeat age, applied "
+        "generation, ACK/NACK and error, device and memory.",
+    )
+    def get(self, request, pool, instance):
+        pool_obj = policy_selectors.pool_get(name=pool)
+        view = selectors.instance_status(pool=pool_obj, instance=instance_of(pool, instance))
+        return Response(InstanceStatusSerializer(view.to_dict()).data)

@@ -1,25 +1,14 @@
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.renderers import BaseRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.common.errors import NotFound
-from controlplane.common.views import POOL_PARAM, error_responses
+from controlplane.common.views import INSTANCE_PARAM, POOL_PARAM, error_responses, instance_of
 from controlplane.policies import selectors as policy_selectors
 
 from .. import prometheus, selectors
 from .serializers import InstanceTableQuerySerializer, MetricsQuerySerializer, PoolMetricsQuerySerializer
-
-INSTANCE_PARAM = OpenApiParameter("instance", OpenApiTypes.STR, OpenApiParameter.PATH,
-                                  description="Instance name, `<pool>.<index>`")
-
-
-def instance_of(pool: str, instance: str) -> str:
-    """``instance`` when it belongs to ``pool`` (``<pool>.<index>``), else a 404."""
-    if instance.rsplit(".", 1)[0] != pool:
-        raise NotFound(f"{instance!r} is not an instance of pool {pool!r} (names are {pool}.<index>).")
-    return instance
 
 
 class PoolMetricsView(APIView):
