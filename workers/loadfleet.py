@@ -41,7 +41,7 @@ from relay_engine.core.telemetry import (
 from relay_engine.core.wire import InstanceStatus, instance_name
 from workers.app import redis_client
 from workers.loops import InstanceLoops
-from workers.pool import wait_until_live
+from workers.membership import live_members
 from workers.settings import Settings
 from workers.telemetry_publisher import WorkerCounts
 
@@ -181,9 +181,24 @@ class LoadFleet:
         return [instance_name(self.settings.pool, i) for i in range(self.instances)]
 
     def start(self, timeout_s: float = 120.0) -> LoadFleet:
+        """Start the processes; returns once every instance heartbeats (RuntimeError if one dies)."""
         for proc in self._procs:
             proc.start()
-        wait_until_live(redis_client(self.settings), self.settings, self.names, timeout_s)
+        client = redis_client(self.settings)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(live_members(client, self.settings.keys)) < self.instances:
+                dead = [proc for proc in self._procs if proc.exitcode is not None]
+                if dead:
+                    raise RuntimeError(f"load fleet process {dead[0].name} exited with {dead[0].exitcode}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.instances} instances not live within {timeout_s:g} s")
+                time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            client.close()
         return self
 
     def stop(self, timeout_s: float = 30.0) -> None:
