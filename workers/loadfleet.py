@@ -47,6 +47,7 @@ from workers.telemetry_publisher import WorkerCounts
 
 DEVICE = "loadgen"
 DEVICE_MEMORY_BYTES = 16 * 2**30  # what the stand-in's "device" holds: larger HBM budgets are NACKed
+LOOKUP_SHARES = (0.7, 0.1, 0.05, 0.15)  # HBM hit, DRAM hit, joined a reload in flight, miss
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,9 @@ class LoadEngine:
         self._latency.counts = [a + int(b) for a, b in zip(self._latency.counts, buckets, strict=True)]
         self._latency.sum_ms += float(latencies_ms.sum())
         within = int((latencies_ms <= self._policy.trigger.ranking_p99_slo_ms).sum())
-        hbm, dram, inflight = (int(n * share) for share in (0.7, 0.1, 0.05))
+        hbm, dram, inflight, misses = (int(c) for c in self._rng.multinomial(n, LOOKUP_SHARES))
         for name, count in (("rank_requests", n), ("rank_ok", n), ("rank_within_slo", within), ("hbm_hits", hbm),
-                            ("dram_hits", dram), ("inflight_joins", inflight), ("misses", n - hbm - dram - inflight),
+                            ("dram_hits", dram), ("inflight_joins", inflight), ("misses", misses),
                             ("preinfer_signals", n), ("preinfer_admitted", n // 2), ("preinfer_completed", n // 2),
                             ("evictions", n // 10), ("demotions", n // 10), ("promotions", dram)):
             self._counters[name] += count
