@@ -173,9 +173,11 @@ class RelayClient:
         """The pool's live members, re-read from Redis at most every ``refresh_s``."""
         if time.monotonic() - self._refreshed_at >= self.refresh_s and self._refresh_lock.acquire(blocking=False):
             try:
-                members = live_members(self.redis, self.keys)
-                # A new router object, swapped in whole: routing threads never see a half update.
-                self._router = AffinityRouter(members, self.epsilon)
+                members = tuple(live_members(self.redis, self.keys))
+                # A new router only when the members changed (its remembered routes stay valid until
+                # then), swapped in whole: routing threads never see a half update.
+                if self._router is None or members != self._router.instances:
+                    self._router = AffinityRouter(members, self.epsilon)
                 self._refreshed_at = time.monotonic()
             except redis.RedisError as exc:
                 if self._router is None:

@@ -179,6 +179,30 @@ def _memory_per_instance(client, writer: Writer, names: list[str]) -> list[tuple
     return out
 
 
+def _client_routing(client, writer: Writer, instances: int) -> None:
+    """What a client (``workers.client``) pays at this pool size: the membership read it makes every
+    half second (the same ZRANGEBYSCORE), and a route, for a user first seen and for one seen before."""
+    from relay_engine.core.router import AffinityRouter
+    from relay_engine.core.wire import instance_name, live_since
+
+    writer.statuses([instance_name(writer.keys.pool, i) for i in range(instances)], time.time())  # heartbeats
+    reads = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        members = client.zrangebyscore(writer.keys.members, live_since(time.time()), "+inf")
+        reads.append((time.perf_counter() - t0) * 1000)
+    router = AffinityRouter(members)
+    users = [f"user-{i}" for i in range(2000)]
+    timings = []
+    for _ in range(2):  # first sight, then remembered
+        t0 = time.perf_counter()
+        for user in users:
+            router.route(user)
+        timings.append((time.perf_counter() - t0) / len(users) * 1e6)
+    print(f"client at {len(members)} members: membership read P95 {_percentile(reads, 95):.2f} ms; route "
+          f"{timings[0]:.0f} µs for a user first seen, {timings[1]:.1f} µs for one seen before")
+
+
 def bench_reads(instances: int, requests: int, redis_client, rng: random.Random) -> bool:
     """One instance count's read benchmark; True when every target is met."""
     from django.test import Client
@@ -247,6 +271,7 @@ def bench_reads(instances: int, requests: int, redis_client, rng: random.Random)
         total += per_instance
         print(f"  {family:<30} {per_instance / 1024:9.1f} KiB")
     print(f"  {'total':<30} {total / 1024:9.1f} KiB  ({total * instances / 2**20:.0f} MiB for {instances})")
+    _client_routing(redis_client, writer, instances)
     return ok
 
 

@@ -81,6 +81,7 @@ def _counter(sums: np.ndarray, name: str) -> np.ndarray:
 TOP_DEFAULT = 8
 TOP_MAX = 64
 RANKINGS = ("p99", "hbm")  # window P99 (merged buckets); newest HBM bytes / HBM budget
+STICKINESS = 0.05  # the head start of an instance already listed (``_ranked``)
 # What a top instance's series carry (the drill-down has every figure).
 TOP_FIGURES = ("p50_ms", "p99_ms", "rank_per_s", "slo_compliance_ratio")
 TOP_GAUGES = ("hbm_bytes", "hbm_budget_bytes")
@@ -214,14 +215,17 @@ def _per_point_gauges(gauges: np.ndarray, per_point: int, filled: np.ndarray) ->
     return out
 
 
-def _ranked(totals, rank_by: str) -> list[tuple[str, float | None]]:
-    """(instance, ranking value) worst first; instances without a value last, by name."""
+def _ranked(totals, rank_by: str, known: tuple[str, ...] = ()) -> list[tuple[str, float | None]]:
+    """(instance, ranking value), worst first; instances without a value last, by name. An instance
+    the client already shows (``known``) is ranked as if ``STICKINESS`` worse: a newcomer displaces it
+    only by being clearly worse, so near-equal instances do not take turns in the list every poll."""
     if rank_by == "p99":
         values = quantiles(latency_counts(totals.sums), (0.99,))[0]
     else:
         values = _ratio(totals.gauges[:, GAUGE_COLUMN["hbm_bytes"]], totals.gauges[:, GAUGE_COLUMN["hbm_budget_bytes"]])
-    order = sorted(range(len(totals.names)), key=lambda i: (math.isnan(values[i]), -np.nan_to_num(values[i]),
-                                                           totals.names[i]))
+    shown = set(known)
+    ranked = np.nan_to_num(values) * np.array([1 + STICKINESS if name in shown else 1.0 for name in totals.names])
+    order = sorted(range(len(totals.names)), key=lambda i: (math.isnan(values[i]), -ranked[i], totals.names[i]))
     return [(totals.names[i], _number(values[i], 6)) for i in order]
 
 
@@ -254,7 +258,8 @@ def pool_metrics(client, *, pool: Pool, window: str, since: float | None = None,
     if top <= 0:
         return answer
     totals = window_totals(client, pool=pool.name, tier=tier, window_s=WINDOWS[window][0], start=start, now=now)
-    chosen = _ranked(totals, rank_by)[:top]
+    # The list shows the chosen ones worst first by their own values.
+    chosen = sorted(_ranked(totals, rank_by, known)[:top], key=lambda item: (item[1] is None, -(item[1] or 0)))
     histories = stream_histories(client, pool=pool.name, tier=tier, instances=[name for name, _ in chosen],
                                  window_s=WINDOWS[window][0], now=now)
     worst = []
