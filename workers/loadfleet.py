@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +80,7 @@ class LoadEngine:
         self.name = name
         self.profile = profile
         self._policy = default_policy()
+        self._policy_sha256 = self._policy.sha256()
         self._rng = np.random.default_rng(seed)
         self._clock = clock
         self._last = clock()
@@ -95,7 +97,7 @@ class LoadEngine:
         if policy.cache.hbm_budget_bytes > DEVICE_MEMORY_BYTES:
             raise PolicyApplyError("cache.hbm_budget_mb", f"{policy.cache.hbm_budget_mb:g} MB exceeds the load "
                                                           f"generator's device, {DEVICE_MEMORY_BYTES / 2**20:.0f} MB")
-        self._policy = policy
+        self._policy, self._policy_sha256 = policy, policy.sha256()
 
     def _advance(self) -> None:
         now = self._clock()
@@ -123,7 +125,7 @@ class LoadEngine:
             hbm_bytes = int(cache.hbm_budget_bytes * self.profile.hbm_fill * self._rng.uniform(0.97, 1.0))
             dram_bytes = int(cache.dram_budget_bytes * 0.3)
             return EngineStats(
-                name=self.name, device=DEVICE, model_version="loadgen", policy_sha256=self._policy.sha256(),
+                name=self.name, device=DEVICE, model_version="loadgen", policy_sha256=self._policy_sha256,
                 edit_hash="", counters=dict(self._counters), refusals=dict(self._refusals),
                 rank_latency=self._latency.copy(), hbm_bytes=hbm_bytes, hbm_budget_bytes=cache.hbm_budget_bytes,
                 hbm_peak_bytes=hbm_bytes, hbm_entries=hbm_bytes // 2**21, dram_bytes=dram_bytes,
@@ -137,9 +139,11 @@ class LoadEngine:
                 "device_memory_bytes": DEVICE_MEMORY_BYTES}
 
 
-def start_instance(settings: Settings, index: int, profile: Profile, client) -> InstanceLoops:
-    """One stand-in instance: its loops started and joined (heartbeating)."""
+def start_instance(settings: Settings, index: int, profile: Profile) -> InstanceLoops:
+    """One stand-in instance, with its own Redis connections as a real instance has (its poke
+    subscription holds one): its loops started and joined (heartbeating)."""
     name = instance_name(settings.pool, index)
+    client = redis_client(settings)
     engine = LoadEngine(name, profile, seed=index)
     now = time.time()
     loops = InstanceLoops(engine, client, settings.keys, InstanceStatus(
@@ -152,15 +156,19 @@ def start_instance(settings: Settings, index: int, profile: Profile, client) -> 
 
 
 def _run_slice(settings: Settings, indices: list[int], options: dict[str, Any], stop) -> None:
-    """A child process: instances ``indices`` until ``stop`` is set."""
+    """A child process: instances ``indices`` until ``stop`` is set (also while they start)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us through ``stop``
-    client = redis_client(settings)
-    running = [start_instance(settings, index, profile_of(index, **options), client) for index in indices]
+    running = []
+    for index in indices:
+        if stop.is_set():
+            break
+        running.append(start_instance(settings, index, profile_of(index, **options)))
     stop.wait()
     for loops in running:
         loops.leave()
-    for loops in running:
-        loops.stop()
+    # Stopped side by side: each reconciler may be waiting up to a second for a poke.
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        list(pool.map(InstanceLoops.stop, running))
 
 
 class LoadFleet:
@@ -236,18 +244,22 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_env(pool=args.pool)
     fleet = LoadFleet(settings, args.instances, processes=args.processes, rank_per_s=args.rank_per_s,
                       slow_every=max(0, args.slow_every), hot_every=max(0, args.hot_every))
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    signal.signal(signal.SIGTERM, _interrupt)
     started = time.monotonic()
-    fleet.start()
-    print(f"{args.instances} instances of pool {settings.pool!r} live after {time.monotonic() - started:.1f} s "
-          f"({args.processes} processes)", flush=True)
     try:
-        stopping.wait(args.duration or None)
+        fleet.start()
+        print(f"{args.instances} instances of pool {settings.pool!r} live after {time.monotonic() - started:.1f} s "
+              f"({args.processes} processes)", flush=True)
+        threading.Event().wait(args.duration or None)
+    except KeyboardInterrupt:
+        pass
     finally:
         fleet.stop()
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

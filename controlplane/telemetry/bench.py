@@ -278,6 +278,7 @@ def bench_reads(instances: int, requests: int, redis_client, rng: random.Random)
 def bench_convergence(instances: int, publishes: int, redis_url: str, prefix: str) -> bool:
     """Publish → converged at ``instances`` stand-in instances; True when P95 meets the target."""
     from controlplane.fleet.selectors import pool_status
+    from controlplane.policies import selectors as policy_selectors
     from controlplane.policies import services as policy_services
     from controlplane.policies.models import Pool
 
@@ -291,28 +292,36 @@ def bench_convergence(instances: int, publishes: int, redis_url: str, prefix: st
         if "live" not in line:
             raise RuntimeError(f"the load fleet did not start: {line!r}")
         print(f"\n== convergence at {instances} instances: {line.strip()}")
-        timings = []
+        acked, converged = [], []
         for i in range(publishes):
             pool_obj = Pool.objects.get(name=pool)
             spec = {"trigger": {"at_risk_seq_len": 512 + 8 * (i + 1)}}
-            revision = policy_services.revision_create(pool=pool_obj, spec=spec, author="bench",
-                                                       parent_generation=pool_obj.latest_generation)
+            revision = policy_services.revision_create(
+                pool=pool_obj, spec=spec, author="bench",
+                parent_generation=policy_selectors.revision_latest_generation(pool=pool_obj))
             started = time.perf_counter()
             policy_services.revision_publish(pool=pool_obj, generation=revision.generation, actor="bench")
             pool_obj.refresh_from_db()
+            all_acked_s = None
             while True:
                 status = pool_status(pool=pool_obj)
+                elapsed_s = time.perf_counter() - started
+                if all_acked_s is None and len(status.instances) == instances and \
+                        all(view.up_to_date for view in status.instances):
+                    all_acked_s = elapsed_s
                 if status.converged and status.live_instances == instances:
-                    break
-                if time.perf_counter() - started > 60:
+                    break  # every instance live and ACKed: the pool reports converged
+                if elapsed_s > 60:
                     raise RuntimeError(f"generation {revision.generation} did not converge within 60 s")
                 time.sleep(0.01)
-            timings.append(time.perf_counter() - started)
-            time.sleep(0.2)
-        p95 = _percentile(timings, 95)
-        print(f"publish → converged over {publishes} publishes: P50 {statistics.median(timings):.2f} s, "
-              f"P95 {p95:.2f} s, max {max(timings):.2f} s (target P95 ≤ {TARGET_CONVERGED_P95_S:g} s)")
-        return p95 <= TARGET_CONVERGED_P95_S
+            acked.append(all_acked_s if all_acked_s is not None else elapsed_s)
+            converged.append(elapsed_s)
+            time.sleep(0.5)
+        for what, timings in (("publish → every instance ACKed", acked), ("publish → pool converged", converged)):
+            print(f"{what} over {publishes} publishes: P50 {statistics.median(timings):.2f} s, "
+                  f"P95 {_percentile(timings, 95):.2f} s, max {max(timings):.2f} s")
+        print(f"(target P95 ≤ {TARGET_CONVERGED_P95_S:g} s for the pool to report converged)")
+        return _percentile(converged, 95) <= TARGET_CONVERGED_P95_S
     finally:
         fleet.terminate()
         fleet.wait(120)
