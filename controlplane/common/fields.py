@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from relay_engine.core.fields import FieldValueError, number_text
@@ -53,14 +55,16 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+@extend_schema_field(OpenApiTypes.NUMBER)
 class QueryNumberField(serializers.Field):
     """A number from a query string, checked by the schema's one field helper (``number_text``):
-    finite, in [lo, hi], an integer when ``as_int``; a 400-digit value is a 400, never an overflow."""
+    finite, in [lo, hi]; a 400-digit value is a 400, never an overflow."""
 
     default_error_messages = {"invalid": "must be a number written as text."}
+    as_int = False
 
-    def __init__(self, *, lo: float, hi: float, as_int: bool = False, **kwargs):
-        self.lo, self.hi, self.as_int = lo, hi, as_int
+    def __init__(self, *, lo: float, hi: float, **kwargs):
+        self.lo, self.hi = lo, hi
         super().__init__(**kwargs)
 
     def to_internal_value(self, data):
@@ -73,3 +77,10 @@ class QueryNumberField(serializers.Field):
 
     def to_representation(self, value):
         return value
+
+
+@extend_schema_field(OpenApiTypes.INT)
+class QueryIntegerField(QueryNumberField):
+    """An integer from a query string, in [lo, hi]."""
+
+    as_int = True

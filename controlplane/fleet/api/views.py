@@ -23,7 +23,7 @@ class PoolStatusView(APIView):
 
 class InstanceStatusView(APIView):
     @extend_schema(
-        parameters=[POOL_PARAM, INSTANCE_PARAM], responses={200: InstanceStatusSerializer,
+        operation_id="pool_instance_status", parameters=[POOL_PARAM, INSTANCE_PARAM], responses={200: InstanceStatusSerializer,
                                                            **error_responses(401, 403, 404, 503)},
         description="One instance's status as the pool status reports it: liveness, heartbeat age, applied "
         "generation, ACK/NACK and error, device and memory.",

@@ -2,7 +2,7 @@ import re
 
 from rest_framework import serializers
 
-from controlplane.common.fields import QueryNumberField
+from controlplane.common.fields import QueryIntegerField, QueryNumberField
 from controlplane.common.urls import INSTANCE_NAME_PATTERN
 
 from ..selectors import RANKINGS, TABLE_COLUMNS, TABLE_DEFAULT_SORT, TOP_DEFAULT, TOP_MAX, WINDOWS
@@ -27,7 +27,7 @@ class MetricsQuerySerializer(serializers.Serializer):
 
 
 class PoolMetricsQuerySerializer(MetricsQuerySerializer):
-    top = QueryNumberField(lo=0, hi=TOP_MAX, as_int=True, required=False, default=TOP_DEFAULT,
+    top = QueryIntegerField(lo=0, hi=TOP_MAX, required=False, default=TOP_DEFAULT,
                            help_text=f"How many worst instances to send series of (0 to {TOP_MAX}).")
     rank_by = serializers.ChoiceField(
         choices=list(RANKINGS), required=False, default="p99",
@@ -59,5 +59,5 @@ class InstanceTableQuerySerializer(serializers.Serializer):
         error_messages={"invalid_choice": f"must be a column ({', '.join(TABLE_COLUMNS)}), `-` first for "
                                           f"descending; got {{input!r}}."},
     )
-    limit = QueryNumberField(lo=1, hi=500, as_int=True, required=False, default=25)
-    offset = QueryNumberField(lo=0, hi=100_000, as_int=True, required=False, default=0)
+    limit = QueryIntegerField(lo=1, hi=500, required=False, default=25)
+    offset = QueryIntegerField(lo=0, hi=100_000, required=False, default=0)

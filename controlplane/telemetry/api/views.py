@@ -33,7 +33,7 @@ class PoolMetricsView(APIView):
 
 class InstanceTableView(APIView):
     @extend_schema(
-        parameters=[POOL_PARAM, InstanceTableQuerySerializer],
+        operation_id="pool_instances_list", parameters=[POOL_PARAM, InstanceTableQuerySerializer],
         responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description=(
             "Every instance that reported in the window, with its window figures (requests, P50/P99 from "
             "its merged buckets, share within the SLO, HBM hit and miss ratios, pre-infers admitted) and "
@@ -50,7 +50,7 @@ class InstanceTableView(APIView):
 
 class InstanceMetricsView(APIView):
     @extend_schema(
-        parameters=[POOL_PARAM, INSTANCE_PARAM, MetricsQuerySerializer],
+        operation_id="pool_instance_metrics", parameters=[POOL_PARAM, INSTANCE_PARAM, MetricsQuerySerializer],
         responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description=(
             "One instance's series over the window (every figure of the pool view, and its gauges), "
             "its window `totals` and the publishes; incremental with `since` like the pool's.")),
