@@ -42,7 +42,7 @@ from relay_engine.core.telemetry import (
 from relay_engine.core.wire import InstanceStatus, instance_name
 from workers.app import redis_client
 from workers.loops import InstanceLoops
-from workers.membership import live_members
+from workers.pool import wait_until_live
 from workers.settings import Settings
 from workers.telemetry_publisher import WorkerCounts
 
@@ -194,15 +194,8 @@ class LoadFleet:
         for proc in self._procs:
             proc.start()
         client = redis_client(self.settings)
-        deadline = time.monotonic() + timeout_s
         try:
-            while len(live_members(client, self.settings.keys)) < self.instances:
-                dead = [proc for proc in self._procs if proc.exitcode is not None]
-                if dead:
-                    raise RuntimeError(f"load fleet process {dead[0].name} exited with {dead[0].exitcode}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.instances} instances not live within {timeout_s:g} s")
-                time.sleep(0.1)
+            wait_until_live(client, self.settings, self.names, timeout_s, self._procs)
         except BaseException:
             self.stop()
             raise

@@ -85,9 +85,13 @@ def test_telemetry_reaches_the_streams_and_the_pool_rollup(loadfleet):
     rollup = wait_for(lambda: (r := client.hgetall(keys.rollup("1s", int(time.time()) - 1))).get("instances") == str(SIZE)
                       and r, 10, what="a second every instance reported into")
     assert int(rollup["rank_requests"]) > 0
-    entries = client.xrevrange(keys.telemetry("1s", instance_name("load", 0)), count=1)
-    snap = Snapshot.from_dict(json.loads(entries[0][1]["d"]))
-    assert snap.counters["rank_requests"] > 0 and snap.hbm_budget_bytes > 0
+
+    def newest() -> Snapshot:
+        entries = client.xrevrange(keys.telemetry("1s", instance_name("load", 0)), count=1)
+        return Snapshot.from_dict(json.loads(entries[0][1]["d"]))
+
+    snap = wait_for(lambda: (s := newest()).counters["rank_requests"] > 0 and s, 10, what="traffic counted")
+    assert 0 < snap.hbm_bytes <= snap.hbm_budget_bytes
 
 
 def test_slow_and_hot_instances_are_the_ones_profiled():

@@ -12,6 +12,19 @@ const Charts = (() => {
   };
 
   const color = (i) => COLORS[i % COLORS.length];
+  const line = (x, y, name, extra = {}) => ({ type: "scatter", mode: "lines", x, y, name, connectgaps: false, ...extra });
+
+  /* Cache lookups as stacked shares: HBM hit, DRAM hit, joined a reload, miss (s: the pool's series
+     or one instance's). */
+  function lookups(container, m, x, s) {
+    const area = (y, name, c) => line(x, scale(y, 100), name, { stackgroup: "lookups", line: { color: c, width: 0.5 } });
+    draw(container, [
+      area(s.hbm_hit_ratio, "HBM hit", "#059669"),
+      area(s.dram_hit_ratio, "DRAM hit", "#2563eb"),
+      area(s.inflight_join_ratio, "joined a reload in flight", "#a855f7"),
+      area(s.miss_ratio, "miss (recompute)", "#dc2626"),
+    ], layout(m, { yTitle: "% of lookups", ySuffix: "%", yRange: [0, 100] }));
+  }
   const times = (m) => m.timestamps.map((t) => new Date(t * 1000));
   const scale = (values, factor) => values.map((v) => (v === null ? null : v * factor));
 
@@ -173,5 +186,5 @@ const Charts = (() => {
     }
   }
 
-  return { color, times, scale, layout, draw, overlay, summary, lastOf, splice, SeriesWindow, HEALTH_TEXT };
+  return { color, line, times, scale, layout, draw, lookups, overlay, summary, lastOf, splice, SeriesWindow, HEALTH_TEXT };
 })();

@@ -11,7 +11,7 @@
   const chart = (name) => root.querySelector(`[data-chart="${name}"]`);
   const held = new Charts.SeriesWindow();
   const MiB = 1 / (1024 * 1024);
-  const line = (x, y, name, extra = {}) => ({ type: "scatter", mode: "lines", x, y, name, connectgaps: false, ...extra });
+  const { line } = Charts;
 
   function draw(m) {
     const x = Charts.times(m);
@@ -31,13 +31,7 @@
       line(x, Charts.scale(s.dram_bytes, MiB), "DRAM used", { line: { color: "#d97706", width: 2 } }),
       line(x, Charts.scale(s.dram_budget_bytes, MiB), "DRAM budget", { line: { color: "#d97706", width: 1, dash: "dash" } }),
     ], Charts.layout(m, { yTitle: "MiB" }));
-    const area = (y, name, color) => line(x, Charts.scale(y, 100), name, { stackgroup: "lookups", line: { color, width: 0.5 } });
-    Charts.draw(chart("hits"), [
-      area(s.hbm_hit_ratio, "HBM hit", "#059669"),
-      area(s.dram_hit_ratio, "DRAM hit", "#2563eb"),
-      area(s.inflight_join_ratio, "joined a reload in flight", "#a855f7"),
-      area(s.miss_ratio, "miss (recompute)", "#dc2626"),
-    ], Charts.layout(m, { yTitle: "% of lookups", ySuffix: "%", yRange: [0, 100] }));
+    Charts.lookups(chart("hits"), m, x, s);
     const empty = !m.totals.rank_requests && !s.hbm_bytes.some((v) => v !== null);
     for (const name of CHARTS) Charts.overlay(chart(name), empty ? "No telemetry from this instance in this window." : null, "empty");
   }

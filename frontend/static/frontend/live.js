@@ -22,9 +22,7 @@
   let drawn = false;
   let table = { sort: "-p99_ms", offset: 0 };
 
-  function line(x, y, name, extra = {}) {
-    return { type: "scatter", mode: "lines", x, y, name, connectgaps: false, ...extra };
-  }
+  const { line } = Charts;
 
   const instanceUrl = (name) => `/pools/${encodeURIComponent(pool)}/instances/${encodeURIComponent(name)}/?window=${windowName}`;
   const pressure = (used, budget) => used.map((u, i) => (u === null || !budget[i] ? null : (100 * u) / budget[i]));
@@ -59,17 +57,6 @@
     layout.shapes.push({ type: "line", xref: "paper", x0: 0, x1: 1, y0: 100, y1: 100,
                          line: { color: "#dc2626", width: 1, dash: "dot" } });
     Charts.draw(chart("hbm"), traces, layout);
-  }
-
-  function drawHits(m, x) {
-    const f = m.fleet;
-    const area = (y, name, color) => line(x, Charts.scale(y, 100), name, { stackgroup: "lookups", line: { color, width: 0.5 } });
-    Charts.draw(chart("hits"), [
-      area(f.hbm_hit_ratio, "HBM hit", "#059669"),
-      area(f.dram_hit_ratio, "DRAM hit", "#2563eb"),
-      area(f.inflight_join_ratio, "joined a reload in flight", "#a855f7"),
-      area(f.miss_ratio, "miss (recompute)", "#dc2626"),
-    ], Charts.layout(m, { yTitle: "% of lookups", ySuffix: "%", yRange: [0, 100] }));
   }
 
   function drawPreinfer(m, x) {
@@ -150,7 +137,7 @@
     drawLatency(m, x);
     drawThroughput(m, x);
     drawHbm(m, x);
-    drawHits(m, x);
+    Charts.lookups(chart("hits"), m, x, m.fleet);
     drawPreinfer(m, x);
     drawWorstLatency(m, x);
     for (const name of CHARTS) Charts.overlay(chart(name), empty ? "No data in this window yet." : null, "empty");
