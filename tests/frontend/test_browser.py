@@ -358,6 +358,17 @@ def test_drill_down_to_one_instance_of_a_large_pool(sre, large_pool, screenshot)
     screenshot(sre, "16-instance-drill-down")
 
 
+def test_the_fleet_page_of_a_large_pool_counts_every_instance(sre, large_pool, screenshot):
+    sre.goto(f"/pools/{LARGE_POOL}/fleet/")
+    sre.locator('[data-role="convergence"][data-state="converged"]').wait_for(timeout=CONVERGE_TIMEOUT_MS)
+    summary = sre.locator('[data-role="summary"]').inner_text()
+    assert f"{LARGE_POOL_SIZE} of {LARGE_POOL_SIZE} live instances ACKed generation 1" in summary
+    assert sre.locator('[data-role="page"]').inner_text() == f"1–{LARGE_POOL_SIZE} of {LARGE_POOL_SIZE}"
+    assert sre.locator('[data-role="instances"] tbody tr[data-instance][data-up-to-date="true"]').count() == \
+        LARGE_POOL_SIZE
+    screenshot(sre, "17-large-pool-fleet")
+
+
 def test_the_pages_loaded_nothing_from_outside(operator_session, stack):
     assert operator_session.requested, "no request recorded"
     outside = [url for url in operator_session.requested
