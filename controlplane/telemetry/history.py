@@ -69,6 +69,15 @@ def _fast_values(raw: str) -> np.ndarray | None:
     return array if np.isfinite(array).all() else None
 
 
+def _decoded(fields: dict) -> tuple[float, float, np.ndarray, np.ndarray] | None:
+    """A stream entry's sample, or None when it breaks the contract (it costs one sample, never the
+    chart)."""
+    try:
+        return decode_snapshot(fields["d"])
+    except (ValueError, KeyError):
+        return None
+
+
 def decode_snapshot(raw: str) -> tuple[float, float, np.ndarray, np.ndarray]:
     """(ts, started_at, cumulative row, gauge row) of a stream entry; ValueError when the entry
     breaks the contract. What workers write takes a fast path; anything else is judged by the one
@@ -110,23 +119,45 @@ class InstanceHistory:
         return self.ts.nbytes + self.totals.nbytes + self.gauges.nbytes + \
             (0 if self.prev_row is None else self.prev_row.nbytes)
 
-    def extend(self, entries: list[tuple[str, dict]], keep_since: float) -> None:
-        ts, started, rows, gauges = [], [], [], []
-        for entry_id, fields in entries:
-            self.last_id = entry_id
-            try:
-                sample = decode_snapshot(fields["d"])
-            except (ValueError, KeyError):
-                continue  # an off-contract entry costs one sample, never the chart
-            ts.append(sample[0])
-            started.append(sample[1])
-            rows.append(sample[2])
-            gauges.append(sample[3])
-        if ts:
-            self._append(np.array(ts), np.array(started), np.array(rows), np.array(gauges))
+    def extend(self, entries: list[tuple[str, dict]], keep_since: float, point_s: int | None = None) -> None:
+        """Add stream entries (oldest first) and drop samples older than ``keep_since``.
+
+        With ``point_s`` (the width of a chart's points, a multiple of the tier's step) only the last
+        entry of each point is decoded: snapshots are cumulative, so the differences between the
+        points' last samples are the points' sums. Where two of those belong to different runs (a
+        restart) or an entry's time and its stream id disagree on the point, every entry between
+        them is decoded, so no count is lost."""
+        if not entries:
+            return
+        self.last_id = entries[-1][0]
+        if point_s and point_s > self.step_s:
+            samples = self._last_of_each_point(entries, point_s)
+        else:
+            samples = [s for s in (_decoded(fields) for _, fields in entries) if s is not None]
+        if samples:
+            self._append(*(np.array(column) for column in zip(*samples, strict=True)))
         if self.ts.size and self.ts[0] < keep_since:
             first = int(np.searchsorted(self.ts, keep_since))
             self.ts, self.gauges, self.totals = self.ts[first:], self.gauges[first:], self.totals[first:]
+
+    def _last_of_each_point(self, entries: list[tuple[str, dict]], point_s: int) -> list[tuple]:
+        points = [int(entry_id.split("-", 1)[0]) // (point_s * 1000) for entry_id, _ in entries]
+        samples, done, run = [], 0, self.prev_started_at
+        if self.prev_row is None:  # the very first sample is the baseline of every difference after it
+            first = _decoded(entries[0][1])
+            samples, done, run = ([first], 1, first[1]) if first is not None else ([], 1, run)
+        for i, point in enumerate(points):
+            if i < done or (i + 1 < len(points) and points[i + 1] == point):
+                continue  # the baseline, or not the last of its point
+            sample = _decoded(entries[i][1])
+            if sample is None or int(sample[0] // point_s) != point or (run is not None and sample[1] != run):
+                between = (_decoded(fields) for _, fields in entries[done:i + 1])
+                samples.extend(s for s in between if s is not None)
+            else:
+                samples.append(sample)
+            done = i + 1
+            run = samples[-1][1] if samples else run
+        return samples
 
     def _append(self, ts: np.ndarray, started: np.ndarray, rows: np.ndarray, gauges: np.ndarray) -> None:
         if self.prev_row is None:
@@ -160,10 +191,11 @@ def reporting_instances(client: redis.Redis, keys: PoolKeys, since: float) -> li
 
 
 def stream_histories(client: redis.Redis, *, pool: str, tier: str, instances: list[str], window_s: int,
-                     now: float) -> list[InstanceHistory]:
+                     now: float, point_s: int | None = None) -> list[InstanceHistory]:
     """The histories of ``instances`` in ``tier`` over the last ``window_s`` (and a sample or two
     before, the first difference's baseline), brought up to date with Redis: only entries newer than
-    each one's last are fetched. The caller holds ``telemetry_cache.lock``."""
+    each one's last are fetched, and with ``point_s`` only the last of each chart point is decoded
+    (``InstanceHistory.extend``). The caller holds ``telemetry_cache.lock``."""
     step_s = TELEMETRY_TIERS[tier][0]
     keep_since = now - window_s - 2 * step_s
     keys = PoolKeys(pool)
@@ -176,7 +208,7 @@ def stream_histories(client: redis.Redis, *, pool: str, tier: str, instances: li
         low = str(int(keep_since * 1000)) if history.last_id == "-" else f"({history.last_id}"
         pipe.xrange(keys.telemetry(tier, name), min=low, max="+", count=MAX_ENTRIES_PER_READ)
     for history, entries in zip(histories, pipe.execute() if instances else [], strict=True):
-        history.extend(entries, keep_since)
+        history.extend(entries, keep_since, point_s)
     return histories
 
 

@@ -261,7 +261,7 @@ def pool_metrics(client, *, pool: Pool, window: str, since: float | None = None,
     # The list shows the chosen ones worst first by their own values.
     chosen = sorted(_ranked(totals, rank_by, known)[:top], key=lambda item: (item[1] is None, -(item[1] or 0)))
     histories = stream_histories(client, pool=pool.name, tier=tier, instances=[name for name, _ in chosen],
-                                 window_s=WINDOWS[window][0], now=now)
+                                 window_s=WINDOWS[window][0], now=now, point_s=step_s)
     worst = []
     for (name, value), history in zip(chosen, histories, strict=True):
         held = first if name in known else 0
@@ -311,7 +311,7 @@ def instance_metrics(client, *, pool: Pool, instance: str, window: str, since: f
     tier, step_s, start, n_points = window_grid(window, now)
     first = first_point(since, start, step_s, n_points)
     [history] = stream_histories(client, pool=pool.name, tier=tier, instances=[instance],
-                                 window_s=WINDOWS[window][0], now=now)
+                                 window_s=WINDOWS[window][0], now=now, point_s=step_s)
     series, sums = _instance_series(history, start, step_s, n_points, first, None, GAUGES)
     return {**_frame(pool, window, now), "instance": instance, "from": start + first * step_s,
             "timestamps": [start + i * step_s for i in range(first, n_points)],

@@ -274,3 +274,31 @@ def test_a_listed_instance_keeps_its_place_against_a_barely_worse_one():
     assert [name for name, _ in _ranked(totals, "hbm", known=("p.0", "p.2"))[:2]] == ["p.2", "p.0"]
     gauges[0, GAUGE_COLUMN["hbm_bytes"]] = 40  # now clearly better: displaced
     assert [name for name, _ in _ranked(totals, "hbm", known=("p.0", "p.2"))[:2]] == ["p.2", "p.1"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.booleans()), min_size=2, max_size=40), st.integers(0, 3))
+def test_decoding_only_each_points_last_sample_sums_the_same(steps, offset):
+    """A 24 h chart decodes one 60 s sample in four; restarts (a new ``started_at``) make it decode
+    the samples between, so every point sums exactly what decoding every sample would."""
+    import json
+
+    from controlplane.telemetry.merge import bucketed
+
+    entries, count, started, t0 = [], 0, 1000.0, 240_000.0 + 60 * offset
+    for k, (increment, restart) in enumerate(steps):
+        ts = t0 + 60 * k + 0.1
+        if restart:
+            count, started = 0, ts - 0.05
+        count += increment
+        snap = snapshot("p.0", ts, started, rank_requests=count, hbm_bytes=k)
+        entries.append((f"{int(ts * 1000)}-0", {"d": json.dumps(snap.to_dict())}))
+    full, thin = InstanceHistory(instance="p.0", step_s=60), InstanceHistory(instance="p.0", step_s=60)
+    full.extend(entries, keep_since=0)
+    thin.extend(entries, keep_since=0, point_s=240)
+    start, n_points = 240_000.0, (len(steps) + offset) // 4 + 2
+    full_sums, full_levels = bucketed(full, start, 240, n_points)
+    thin_sums, thin_levels = bucketed(thin, start, 240, n_points)
+    assert np.array_equal(thin_sums, full_sums)
+    assert np.array_equal(np.nan_to_num(thin_levels, nan=-1), np.nan_to_num(full_levels, nan=-1))
+    assert len(thin.ts) <= len(full.ts)
