@@ -1,8 +1,9 @@
 """Every instance's counts over a window, from two stream entries each, not the whole stream.
 
 Snapshots are cumulative, so an instance's counts over a window are its newest snapshot less the
-last one before the window began. That costs two small reads per instance instead of decoding every
-sample, and per poll only the newest entry (read only if it is newer than the one already held).
+last one before the window began (or, for an instance that began within the window, its first one
+there). That costs one small read per instance when the window's start moves instead of decoding
+every sample, and per poll the newest entry, decoded only if newer than the one already held.
 Where the two entries belong to different runs (a restart within the window) or a count went down
 (a reset), the difference would be wrong; that instance's window is then summed exactly from its
 decoded stream (``history.stream_histories``). The window is cut at its start by the entries'
@@ -95,18 +96,21 @@ def _around_start(client: redis.Redis, keys: PoolKeys, tier: str, window_s: int,
     held = telemetry_cache.get(("around-start", settings.REDIS_URL, keys.base, tier, window_s), Samples)
     if held.start != start:
         held.start, held.before, held.first = start, {}, {}
-    # An instance whose first entry in the window has not arrived yet is asked again next time.
+    # An instance with no entry before the window is cut at its first entry in the window instead;
+    # one with neither yet is asked again next time.
     wanted = [name for name in names if name not in held.before or
               (held.before[name] is None and held.first.get(name) is None)]
     start_ms = int(start * 1000)
     pipe = client.pipeline(transaction=False)
     for name in wanted:
-        key = keys.telemetry(tier, name)
-        pipe.xrevrange(key, max=str(start_ms - 1), min="-", count=1)
-        pipe.xrange(key, min=str(start_ms), max="+", count=1)
-    answers = pipe.execute() if wanted else []
-    for i, name in enumerate(wanted):
-        held.before[name], held.first[name] = _sample(answers[2 * i]), _sample(answers[2 * i + 1])
+        pipe.xrevrange(keys.telemetry(tier, name), max=str(start_ms - 1), min="-", count=1)
+    for name, entries in zip(wanted, pipe.execute() if wanted else [], strict=True):
+        held.before[name] = _sample(entries)
+    newcomers = [name for name in wanted if held.before[name] is None]
+    for name in newcomers:
+        pipe.xrange(keys.telemetry(tier, name), min=str(start_ms), max="+", count=1)
+    for name, entries in zip(newcomers, pipe.execute() if newcomers else [], strict=True):
+        held.first[name] = _sample(entries)
     return held
 
 
