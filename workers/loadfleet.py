@@ -41,7 +41,8 @@ from relay_engine.core.telemetry import (
 )
 from relay_engine.core.wire import InstanceStatus, instance_name
 from workers.app import redis_client
-from workers.loops import InstanceLoops
+from workers.loops import TELEMETRY_CHECK_S, InstanceLoops
+from workers.periodic import Periodic
 from workers.pool import wait_until_live
 from workers.settings import Settings
 from workers.telemetry_publisher import WorkerCounts
@@ -141,7 +142,9 @@ class LoadEngine:
 
 def start_instance(settings: Settings, index: int, profile: Profile) -> InstanceLoops:
     """One stand-in instance, with its own Redis connections as a real instance has (its poke
-    subscription holds one): its loops started and joined (heartbeating)."""
+    subscription holds one): reconciling on its own thread, as a real one does, and joined; its
+    telemetry and heartbeat run on the caller's ``tick`` (hundreds of timer threads would spend the
+    processes' time waking each other)."""
     name = instance_name(settings.pool, index)
     client = redis_client(settings)
     engine = LoadEngine(name, profile, seed=index)
@@ -150,20 +153,22 @@ def start_instance(settings: Settings, index: int, profile: Profile) -> Instance
         instance=name, pool=settings.pool, device=DEVICE, pid=os.getpid(), heartbeat_ts=now, started_at=now,
         **engine.gauges(),
     ), engine.gauges, WorkerCounts(), settings.heartbeat_interval_s)
-    loops.start()
-    loops.join()
+    loops.start(timers=False)
+    loops.join(timers=False)
     return loops
 
 
 def _run_slice(settings: Settings, indices: list[int], options: dict[str, Any], stop) -> None:
     """A child process: instances ``indices`` until ``stop`` is set (also while they start)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us through ``stop``
-    running = []
+    running: list[InstanceLoops] = []
+    ticker = Periodic("ticker", TELEMETRY_CHECK_S, lambda: [loops.tick() for loops in list(running)]).start()
     for index in indices:
         if stop.is_set():
             break
         running.append(start_instance(settings, index, profile_of(index, **options)))
     stop.wait()
+    ticker.stop()
     for loops in running:
         loops.leave()
     # Stopped side by side: each reconciler may be waiting up to a second for a poke.

@@ -7,6 +7,8 @@ traffic from either.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,17 +34,34 @@ class InstanceLoops:
         self.publisher = TelemetryPublisher(engine, client, keys, self.board, counts, status.started_at)
         self.telemetry = Periodic("telemetry", TELEMETRY_CHECK_S, self.publisher.publish)
         self.heartbeat = Periodic("heartbeat", heartbeat_interval_s, self.board.heartbeat)
+        self._next_heartbeat = math.inf  # when ``tick`` heartbeats next (after ``join(timers=False)``)
 
-    def start(self) -> InstanceLoops:
+    def start(self, *, timers: bool = True) -> InstanceLoops:
         """Reconcile once (the desired revision applies before serving), then keep reconciling and
-        publishing telemetry. Membership waits for ``join``."""
+        publishing telemetry: on a timer thread of its own, or, with ``timers=False``, on each
+        ``tick`` (one thread drives a load fleet's hundreds). Membership waits for ``join``."""
         self.reconciler.start()
-        self.telemetry.start()
+        if timers:
+            self.telemetry.start()
         return self
 
-    def join(self) -> None:
+    def join(self, *, timers: bool = True) -> None:
         """Start heartbeating: from now on clients route to this instance."""
-        self.heartbeat.start()
+        if timers:
+            self.heartbeat.start()
+        else:
+            self.heartbeat.run_step()
+            self._next_heartbeat = time.monotonic() + self.heartbeat.interval_s
+
+    def tick(self) -> None:
+        """What the timers do, once: telemetry if a period turned, the heartbeat if it is due."""
+        self.telemetry.run_step()
+        now = time.monotonic()
+        if now >= self._next_heartbeat:
+            self.heartbeat.run_step()
+            self._next_heartbeat += self.heartbeat.interval_s
+            if self._next_heartbeat <= now:  # after a stall: the beat again from now, no burst
+                self._next_heartbeat = now + self.heartbeat.interval_s
 
     def leave(self) -> None:
         """Leave the live set now (clean shutdown), so clients move this instance's users at once."""

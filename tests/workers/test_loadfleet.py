@@ -112,3 +112,26 @@ def test_a_stand_in_engine_counts_plausible_traffic():
     assert 5 < stats.rank_latency.quantile(0.5) < 12
     lookups = sum(stats.counters[n] for n in ("hbm_hits", "dram_hits", "inflight_joins", "misses"))
     assert lookups == requests and 0 < stats.hbm_bytes <= stats.hbm_budget_bytes
+
+
+def test_ticked_loops_heartbeat_on_the_beat_and_publish_each_second(redis_url):
+    """``InstanceLoops`` driven by ``tick`` (as the load fleet drives them) write what timers would."""
+    settings = Settings.from_env({}, redis_url=redis_url, key_prefix=f"test-{uuid.uuid4().hex[:10]}", pool="tick")
+    client = redis_client(settings)
+    try:
+        from workers.loadfleet import start_instance
+
+        loops = start_instance(settings, 0, Profile())
+        started = time.monotonic()
+        while time.monotonic() - started < 2.6:
+            loops.tick()
+            time.sleep(0.05)
+        keys = settings.keys
+        assert live_members(client, keys) == ["tick.0"]
+        assert 2 <= client.xlen(keys.telemetry("1s", "tick.0")) <= 4
+        loops.stop()
+        assert live_members(client, keys) == []
+    finally:
+        for key in client.scan_iter(f"{settings.key_prefix}*"):
+            client.delete(key)
+        client.close()
