@@ -133,8 +133,9 @@ def test_an_incremental_poll_sends_only_the_points_from_since(viewer, pool, work
     full = viewer.get(f"{BASE}/metrics/?window=5m&top=0").json()
     since = full["timestamps"][-3]
     poll = viewer.get(f"{BASE}/metrics/?window=5m&top=0&since={since}").json()
-    assert poll["from"] == since and poll["timestamps"] == full["timestamps"][-3:]
-    assert poll["fleet"]["rank_per_s"] == full["fleet"]["rank_per_s"][-3:]
+    # (A point more when the clock has moved on to the next second since the first request.)
+    assert poll["from"] == since and poll["timestamps"][:3] == full["timestamps"][-3:] and len(poll["timestamps"]) <= 4
+    assert poll["fleet"]["rank_per_s"][:3] == full["fleet"]["rank_per_s"][-3:]
     assert poll["fleet"]["totals"] == full["fleet"]["totals"]  # totals are always the whole window
 
 
@@ -151,7 +152,7 @@ def test_known_top_instances_get_only_the_newer_points(viewer, pool, worker_fact
     held = full["top"]["instances"][0]["instance"]
     poll = viewer.get(f"{BASE}/metrics/?window=5m&top=2&since={since}&known={held}").json()
     by_name = {t["instance"]: t for t in poll["top"]["instances"]}
-    assert by_name[held]["from"] == since and len(by_name[held]["p99_ms"]) == 2
+    assert by_name[held]["from"] == since and len(by_name[held]["p99_ms"]) == len(poll["timestamps"]) <= 3
     other = next(name for name in by_name if name != held)
     assert by_name[other]["from"] == poll["start"] and len(by_name[other]["p99_ms"]) == 300
 
@@ -233,7 +234,7 @@ def test_the_drill_down_has_one_instances_every_figure(viewer, pool, worker_fact
     assert all(3.7 < v <= 5 for v in body["series"]["p99_ms"] if v is not None)
     since = body["timestamps"][-1]
     poll = viewer.get(f"{BASE}/instances/{POOL}.2/metrics/?window=5m&since={since}").json()
-    assert poll["timestamps"] == [since] and len(poll["series"]["p99_ms"]) == 1
+    assert poll["timestamps"][0] == since and len(poll["series"]["p99_ms"]) == len(poll["timestamps"]) <= 2
 
 
 def test_an_instance_of_another_pool_is_404(viewer, pool, redis_on):
