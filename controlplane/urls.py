@@ -6,11 +6,12 @@ from django.http import JsonResponse
 from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from controlplane.common.urls import GenerationConverter, PoolNameConverter
+from controlplane.common.urls import GenerationConverter, InstanceNameConverter, PoolNameConverter
 from controlplane.telemetry.api.views import PrometheusMetricsView
 
 register_converter(PoolNameConverter, "poolname")
 register_converter(GenerationConverter, "generation")
+register_converter(InstanceNameConverter, "instancename")
 
 api_v1 = [
     path("", include("controlplane.policies.api.urls")),

@@ -14,6 +14,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(next_page="frontend:login"), name="logout"),
     path("audit/", views.AuditView.as_view(), name="audit"),
     path("pools/<poolname:pool>/", views.LiveView.as_view(), name="live"),
+    path("pools/<poolname:pool>/instances/<instancename:instance>/", views.InstanceView.as_view(), name="instance"),
     path("pools/<poolname:pool>/config/", views.ConfigView.as_view(), name="config"),
     path("pools/<poolname:pool>/fleet/", views.FleetView.as_view(), name="fleet"),
     path("ui/pools/<poolname:pool>/check/", views.SpecCheckView.as_view(), name="spec-check"),

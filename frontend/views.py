@@ -10,7 +10,7 @@ import math
 
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views import View
 from django.views.generic import TemplateView
@@ -23,7 +23,7 @@ from controlplane.policies import checks
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.api.serializers import AuditQuerySerializer
 from controlplane.policies.models import AuditEntry, Pool
-from controlplane.telemetry.selectors import WINDOWS
+from controlplane.telemetry.selectors import TOP_DEFAULT, TOP_MAX, WINDOWS
 
 from .assets import PLOTLY_VERSION
 from .policy_fields import FIELD_GROUPS
@@ -96,6 +96,28 @@ class OverviewView(TimeWindowMixin, PageView):
 class LiveView(TimeWindowMixin, PoolPageView):
     template_name = "frontend/live.html"
     tab = "live"
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        context.update(top_default=TOP_DEFAULT, top_max=TOP_MAX)
+        return context
+
+
+class InstanceView(TimeWindowMixin, PoolPageView):
+    """One instance's own page (the drill-down from the live view): its figures and its status."""
+
+    template_name = "frontend/instance.html"
+    tab = "live"
+
+    def get(self, request, *args, **kwargs):
+        if kwargs["instance"].rsplit(".", 1)[0] != kwargs["pool"]:
+            raise Http404(f"{kwargs['instance']} is not an instance of pool {kwargs['pool']}")
+        return super().get(request, *args, **kwargs)
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        context.update(instance=self.kwargs["instance"])
+        return context
 
 
 class ConfigView(PoolPageView):

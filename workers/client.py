@@ -193,8 +193,11 @@ class RelayClient:
     def _read_members(self) -> None:
         """Read the live members (holding the refresh lock, taken by the caller) and swap in a new router."""
         try:
-            # A new router object, swapped in whole: routing threads never see a half update.
-            self._router = AffinityRouter(live_members(self.redis, self.keys), self.epsilon)
+            members = tuple(live_members(self.redis, self.keys))
+            # A new router only when the members changed (its remembered routes stay valid until then),
+            # swapped in whole: routing threads never see a half update.
+            if self._router is None or members != self._router.instances:
+                self._router = AffinityRouter(members, self.epsilon)
             self._read_error = None
         except Exception as exc:  # noqa: BLE001 — Redis down, or the client closed under the read: callers hear why
             self._read_error = f"cannot read the members from Redis ({type(exc).__name__}: {exc})"

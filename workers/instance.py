@@ -20,7 +20,6 @@ import sys
 import time
 from typing import Any
 
-import redis
 import torch
 from celery import signals
 
@@ -29,22 +28,19 @@ from relay_engine.core.engine import RelayEngine, host_memory_bytes
 from relay_engine.core.features import SyntheticFeatures
 from relay_engine.core.wire import HEARTBEAT_TIMEOUT_S, InstanceStatus, instance_name
 from workers.app import make_app, redis_client
-from workers.membership import IndexClaim, StatusBoard
+from workers.loops import InstanceLoops
+from workers.membership import IndexClaim
 from workers.periodic import Periodic
-from workers.reconciler import Reconciler
 from workers.revision_store import RevisionStore
 from workers.settings import MODELS, Settings
 from workers.tasks import InstanceRuntime, register_tasks
-from workers.telemetry_publisher import TelemetryPublisher, WorkerCounts
+from workers.telemetry_publisher import WorkerCounts
 
 log = logging.getLogger("workers.instance")
 
 # Celery logs every task received, run and discarded at INFO: at serving rates that is a log line
 # per request (with its scores) and real CPU. Per-request outcomes are in the telemetry instead.
 PER_TASK_LOGGERS = ("celery.app.trace", "celery.worker.strategy", "celery.worker.request")
-
-# The publisher checks this often whether a telemetry period turned (it appends once per period).
-TELEMETRY_CHECK_S = 0.2
 
 
 def engine_gauges(engine: RelayEngine) -> dict[str, Any]:
@@ -75,47 +71,36 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     client = redis_client(settings)
     keys = settings.keys
     started_at = time.time()
-    board = StatusBoard(client, keys, InstanceStatus(
+    counts = WorkerCounts()
+    loops = InstanceLoops(engine, client, keys, InstanceStatus(
         instance=name, pool=settings.pool, device=str(engine.device), pid=os.getpid(),
         heartbeat_ts=started_at, started_at=started_at, **engine_gauges(engine),
-    ), gauges=lambda: engine_gauges(engine))
-    counts = WorkerCounts()
+    ), lambda: engine_gauges(engine), counts, settings.heartbeat_interval_s,
+        RevisionStore(settings.revision_path(name)))
     runtime = InstanceRuntime(engine, SyntheticFeatures(engine.model.config), counts)
     app = make_app(settings)
     register_tasks(app, runtime)
 
-    reconciler = Reconciler(engine, client, keys, board, RevisionStore(settings.revision_path(name)))
-    publisher = TelemetryPublisher(engine, client, keys, board, counts, started_at)
-    telemetry = Periodic("telemetry", TELEMETRY_CHECK_S, publisher.publish)
-    heartbeat = Periodic("heartbeat", settings.heartbeat_interval_s, board.heartbeat)
-
     @signals.worker_ready.connect(weak=False)
     def _join(**_: Any) -> None:
-        heartbeat.start()
+        loops.join()
         log.info("%s serving on %s (model %s, %d rank threads)", name, engine.device, settings.model,
                  settings.rank_threads)
 
     @signals.worker_shutting_down.connect(weak=False)
     def _leave(**_: Any) -> None:
-        heartbeat.stop()
-        try:
-            board.leave()
-        except redis.RedisError as exc:  # it drops out after the heartbeat timeout instead
-            log.warning("could not leave the live set: %s", exc)
+        loops.leave()
 
     runtime.runner.start()
-    reconciler.start()  # applies the desired revision (or the last applied one) before anything is consumed
+    loops.start()  # applies the desired revision (or the last applied one) before anything is consumed
     # Nothing known yet (no revision on disk, none in Redis): join no live set, serve no schema defaults.
-    reconciler.wait_until_known(on_wait=lambda: log.warning(
+    loops.reconciler.wait_until_known(on_wait=lambda: log.warning(
         "%s: no revision known (none at %s, none in Redis at %s): waiting before serving", name,
         settings.revision_path(name), keys.desired))
-    telemetry.start()
     try:
         return app.worker_main(celery_argv(settings, name, loglevel)) or 0
     finally:
-        _leave()
-        for loop in (telemetry, reconciler):
-            loop.stop()
+        loops.stop()
         runtime.runner.stop()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -46,14 +47,18 @@ def spawn_instance(settings: Settings, index: int, **popen: Any) -> subprocess.P
     return subprocess.Popen([sys.executable, "-m", "workers.instance", "--index", str(index)], env=env, **popen)
 
 
+def _exit_code(proc: subprocess.Popen | multiprocessing.Process) -> int | None:
+    return proc.poll() if isinstance(proc, subprocess.Popen) else proc.exitcode
+
+
 def wait_until_live(client: redis.Redis, settings: Settings, names: list[str], timeout_s: float = 60.0,
-                    procs: Sequence[subprocess.Popen] = ()) -> None:
+                    procs: Sequence[subprocess.Popen | multiprocessing.Process] = ()) -> None:
     """Block until every named instance heartbeats; RuntimeError if one of ``procs`` dies first."""
     deadline = time.monotonic() + timeout_s
     while set(names) - set(live_members(client, settings.keys)):
-        dead = [p for p in procs if p.poll() is not None]
+        dead = [p for p in procs if _exit_code(p) is not None]
         if dead:
-            raise RuntimeError(f"instance process {dead[0].pid} exited with {dead[0].returncode} before joining")
+            raise RuntimeError(f"instance process {dead[0].pid} exited with {_exit_code(dead[0])} before joining")
         if time.monotonic() > deadline:
             raise TimeoutError(f"instances {sorted(names)} not live within {timeout_s:g} s")
         time.sleep(0.05)

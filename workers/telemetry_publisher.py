@@ -4,6 +4,12 @@ Each tier of ``wire.TELEMETRY_TIERS`` gets a snapshot when the wall clock enters
 that tier (1 s, 10 s, 60 s), appended with ``XADD … MAXLEN = kept count`` (exact trimming: at one
 append per second its cost is nil, and the bound is then exact). Each stream also gets a TTL of
 its window, so the streams of an instance that is gone for good disappear with their data.
+
+The same write adds the instance's counts since its previous write of that tier to the pool's
+rollup hash of the period (``telemetry.rollup_contribution``, one atomic script call), so pool views
+read one hash per point however many instances report; and it stamps the instance in the pool's
+``reporting`` set, which readers use instead of scanning keys. Counts of a write that failed are
+carried into the next one (the previous snapshot advances only when Redis took the write).
 """
 
 from __future__ import annotations
@@ -16,9 +22,29 @@ from collections import Counter
 import redis
 
 from relay_engine.core.engine import RelayEngine
-from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, Snapshot
-from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
+from relay_engine.core.telemetry import (
+    COUNTERS,
+    REFUSAL_REASONS,
+    ROLLUP_SUM_FIELD,
+    Snapshot,
+    rollup_contribution,
+)
+from relay_engine.core.wire import TELEMETRY_RETENTION_S, TELEMETRY_TIERS, PoolKeys, rollup_period
 from workers.membership import StatusBoard
+
+# KEYS[1]: a rollup hash; ARGV[1]: its TTL (s); then field, value pairs. One call adds them all
+# atomically (HINCRBY, HINCRBYFLOAT for the latency sum) and renews the TTL.
+_ROLLUP_ADD = f"""
+for i = 2, #ARGV, 2 do
+  if ARGV[i] == "{ROLLUP_SUM_FIELD}" then
+    redis.call("HINCRBYFLOAT", KEYS[1], ARGV[i], ARGV[i + 1])
+  else
+    redis.call("HINCRBY", KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+redis.call("EXPIRE", KEYS[1], ARGV[1])
+return 1
+"""
 
 
 class WorkerCounts:
@@ -46,6 +72,34 @@ class WorkerCounts:
                     {k: v + self._refusals.get(k, 0) for k, v in refusals.items()})
 
 
+class TelemetryWriter:
+    """Writes an instance's snapshots: the tier streams, the pool rollups and the reporting set."""
+
+    def __init__(self, client: redis.Redis, keys: PoolKeys):
+        self.client = client
+        self.keys = keys
+        self._rolled: dict[str, Snapshot] = {}  # per tier: the snapshot its rollup counts run up to
+
+    def write(self, snapshot: Snapshot, tiers: list[str]) -> None:
+        """Append ``snapshot`` to each tier's stream and add its counts to the tier's pool rollup."""
+        data = json.dumps(snapshot.to_dict(), separators=(",", ":"))
+        pipe = self.client.pipeline(transaction=False)
+        for tier in tiers:
+            every_s, kept = TELEMETRY_TIERS[tier]
+            key = self.keys.telemetry(tier, snapshot.instance)
+            pipe.xadd(key, {"d": data}, maxlen=kept, approximate=False)
+            pipe.expire(key, every_s * kept)
+            added = rollup_contribution(snapshot, self._rolled.get(tier))
+            # EVAL, not EVALSHA: one round trip, no NOSCRIPT retry (Redis caches the compiled script).
+            pipe.eval(_ROLLUP_ADD, 1, self.keys.rollup(tier, rollup_period(tier, snapshot.ts)), every_s * kept,
+                      *(item for pair in added.items() for item in pair))
+        pipe.zadd(self.keys.reporting, {snapshot.instance: snapshot.ts})
+        pipe.zremrangebyscore(self.keys.reporting, "-inf", snapshot.ts - TELEMETRY_RETENTION_S)
+        pipe.execute()
+        for tier in tiers:
+            self._rolled[tier] = snapshot
+
+
 class TelemetryPublisher:
     def __init__(self, engine: RelayEngine, client: redis.Redis, keys: PoolKeys, board: StatusBoard,
                  counts: WorkerCounts, started_at: float):
@@ -56,6 +110,7 @@ class TelemetryPublisher:
         self.counts = counts
         self.started_at = started_at
         self._last_period: dict[str, int] = {}
+        self.writer = TelemetryWriter(client, keys)
 
     def snapshot(self, now: float) -> Snapshot:
         stats = self.engine.stats()
@@ -76,14 +131,8 @@ class TelemetryPublisher:
                if self._last_period.get(tier) != int(now // every_s)]
         if not due:
             return []
-        data = json.dumps(self.snapshot(now).to_dict(), separators=(",", ":"))
-        pipe = self.client.pipeline(transaction=False)
-        for tier in due:
-            every_s, kept = TELEMETRY_TIERS[tier]
-            key = self.keys.telemetry(tier, self.engine.name)
-            pipe.xadd(key, {"d": data}, maxlen=kept, approximate=False)
-            pipe.expire(key, every_s * kept)
-        pipe.execute()
+        snapshot = self.snapshot(now)
+        self.writer.write(snapshot, due)
         for tier in due:
             self._last_period[tier] = int(now // TELEMETRY_TIERS[tier][0])
         return due

@@ -5,6 +5,7 @@ from relay_engine.core.wire import NAME_RE
 
 POOL_NAME_PATTERN = NAME_RE.pattern.strip("^$")
 GENERATION_PATTERN = "[0-9]{1,9}"
+INSTANCE_NAME_PATTERN = POOL_NAME_PATTERN + r"\.[0-9]{1,4}"  # wire.instance_name: <pool>.<index>
 
 
 class PoolNameConverter:
@@ -25,3 +26,7 @@ class GenerationConverter:
 
     def to_url(self, value: int) -> str:
         return str(value)
+
+
+class InstanceNameConverter(PoolNameConverter):
+    regex = INSTANCE_NAME_PATTERN

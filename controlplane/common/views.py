@@ -6,11 +6,16 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
-from .urls import POOL_NAME_PATTERN
+from .errors import NotFound
+from .urls import INSTANCE_NAME_PATTERN, POOL_NAME_PATTERN
 
 POOL_PARAM = OpenApiParameter(
     "pool", OpenApiTypes.STR, OpenApiParameter.PATH, description="Pool name",
     pattern=f"^{POOL_NAME_PATTERN}$",
+)
+INSTANCE_PARAM = OpenApiParameter(
+    "instance", OpenApiTypes.STR, OpenApiParameter.PATH, description="Instance name, `<pool>.<index>`",
+    pattern=f"^{INSTANCE_NAME_PATTERN}$",
 )
 GENERATION_PARAM = OpenApiParameter(
     "generation", OpenApiTypes.INT, OpenApiParameter.PATH, description="Revision generation (1, 2, …)",
@@ -29,3 +34,10 @@ def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
 def actor_name(request) -> str:
     return request.user.get_username()
 
+
+
+def instance_of(pool: str, instance: str) -> str:
+    """``instance`` when it is named as one of ``pool``'s (``<pool>.<index>``), else a 404."""
+    if instance.rsplit(".", 1)[0] != pool:
+        raise NotFound(f"{instance!r} is not an instance of pool {pool!r} (names are {pool}.<index>).")
+    return instance

@@ -8,13 +8,15 @@ live instance reports ACK for exactly the desired generation.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import redis
 
+from controlplane.common.errors import NotFound
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies.models import Pool
-from relay_engine.core.wire import ACK, UNKNOWN, InstanceStatus, PoolKeys, WireError, is_live
+from relay_engine.core.wire import ACK, NACK, UNKNOWN, InstanceStatus, PoolKeys, WireError, is_live
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,17 @@ class InstanceView:
 
 
 @dataclass(frozen=True)
+class StateCounts:
+    """How many instances are in which state: ``acked`` (live, on the desired generation), ``nacked``
+    (live, refused it), ``waiting`` (live, neither yet), ``gone`` (heartbeat stale)."""
+
+    acked: int = 0
+    nacked: int = 0
+    waiting: int = 0
+    gone: int = 0
+
+
+@dataclass(frozen=True)
 class PoolStatus:
     pool: str
     desired_generation: int
@@ -55,6 +68,8 @@ class PoolStatus:
     converged: bool
     instances: list[InstanceView] = field(default_factory=list)
     checked_at: float = 0.0
+    counts: StateCounts = field(default_factory=StateCounts)
+    total_instances: int = 0  # all of them, however many ``instances`` holds (a page)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -79,7 +94,25 @@ def _instance_view(pool: str, name: str, heartbeat_ts: float, raw: str | None, d
     return InstanceView(status, live, age, up_to_date)
 
 
-def pool_status(*, pool: Pool, now: float | None = None) -> PoolStatus:
+def _state(view: InstanceView, desired: int) -> str:
+    if not view.live:
+        return "gone"
+    if view.up_to_date:
+        return "acked"
+    if view.status.config_state == NACK and view.status.nacked_generation == desired:
+        return "nacked"
+    return "waiting"
+
+
+# ``order="problems"``: what keeps a pool from converging first, then the gone, then the rest.
+_PROBLEMS_FIRST = {"nacked": 0, "waiting": 1, "gone": 2, "acked": 3}
+
+
+def pool_status(*, pool: Pool, now: float | None = None, order: str = "name", offset: int = 0,
+                limit: int | None = None) -> PoolStatus:
+    """Every instance judged; ``instances`` holds those of the page (``offset``, ``limit``) in
+    ``order`` ("name", or "problems": NACKed, then waiting, gone, ACKed). ``counts`` and
+    ``converged`` are always over the whole pool."""
     now = time.time() if now is None else now
     keys = PoolKeys(pool.name)
     client = get_redis()
@@ -92,11 +125,36 @@ def pool_status(*, pool: Pool, now: float | None = None) -> PoolStatus:
         _instance_view(pool.name, name, float(score), raw, pool.desired_generation, now)
         for (name, score), raw in zip(members, raws, strict=True)
     ]
-    instances.sort(key=lambda view: view.instance)
+    states = {view.instance: _state(view, pool.desired_generation) for view in instances}
+    if order == "problems":
+        instances.sort(key=lambda view: (_PROBLEMS_FIRST[states[view.instance]], view.instance))
+    else:
+        instances.sort(key=lambda view: view.instance)
     live = [view for view in instances if view.live]
+    tally = Counter(states.values())
     return PoolStatus(
         pool=pool.name, desired_generation=pool.desired_generation,
         published_generation=pool.published_generation, expected_instances=pool.expected_instances,
         live_instances=len(live), converged=bool(live) and all(view.up_to_date for view in live),
-        instances=instances, checked_at=now,
+        instances=instances[offset:None if limit is None else offset + limit], checked_at=now,
+        counts=StateCounts(**tally), total_instances=len(instances),
     )
+
+
+def instance_status(*, pool: Pool, instance: str, now: float | None = None) -> InstanceView:
+    """One instance as ``pool_status`` judges it (a drill-down reads one, not the pool's all);
+    NotFound when Redis holds neither its membership nor a status record."""
+    now = time.time() if now is None else now
+    keys = PoolKeys(pool.name)
+    client = get_redis()
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.zscore(keys.members, instance)
+        pipe.get(keys.status(instance))
+        score, raw = pipe.execute()
+    except redis.RedisError as exc:
+        raise redis_unreachable(exc) from exc
+    if score is None and raw is None:
+        raise NotFound(f"instance {instance!r} has no status in pool {pool.name!r}: it never joined, or left "
+                       f"more than an hour ago.")
+    return _instance_view(pool.name, instance, float(score or 0.0), raw, pool.desired_generation, now)

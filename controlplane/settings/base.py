@@ -118,6 +118,10 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = RELAYGR_MAX_BODY_BYTES
 # naming the setting. The key prefix comes from RELAYGR_KEY_PREFIX via relay_engine.core.wire.
 REDIS_URL = os.environ.get("REDIS_URL") or None
 
+# Decoded telemetry each web process keeps (controlplane.telemetry.cache): least recently used out
+# past this many MiB. Pool views read the pool rollups in Redis; this holds the per-instance detail.
+TELEMETRY_CACHE_MB = float(os.environ.get("RELAYGR_TELEMETRY_CACHE_MB", 64))
+
 # Writes (POST/PUT/PATCH/DELETE) per authenticated user; uploads to the editor per user.
 RELAYGR_WRITE_THROTTLE_RATE = os.environ.get("RELAYGR_WRITE_THROTTLE_RATE", "120/min")
 RELAYGR_UPLOAD_THROTTLE_RATE = os.environ.get("RELAYGR_UPLOAD_THROTTLE_RATE", "30/min")

@@ -26,18 +26,19 @@ from controlplane.common.redis import get_redis
 from controlplane.fleet.selectors import pool_status
 from controlplane.policies.selectors import pool_list
 from relay_engine.core.telemetry import COUNTERS, LATENCY_BUCKETS_MS, REFUSAL_REASONS, Snapshot
-from relay_engine.core.wire import ACK, PoolKeys
+from relay_engine.core.wire import ACK, TELEMETRY_TIERS, PoolKeys
 
-from .history import history_cache
+from .history import reporting_instances
 
 LATEST_TIER = "1s"
 _LE = [floatToGoString(bound / 1000.0) for bound in LATENCY_BUCKETS_MS] + ["+Inf"]
 
 
-def _latest_snapshots(pool: str) -> list[Snapshot]:
+def _latest_snapshots(pool: str, now: float) -> list[Snapshot]:
     client = get_redis()
     keys = PoolKeys(pool)
-    names = history_cache.instances(pool=pool, tier=LATEST_TIER)
+    every_s, kept = TELEMETRY_TIERS[LATEST_TIER]
+    names = reporting_instances(client, keys, since=now - every_s * kept)
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.xrevrange(keys.telemetry(LATEST_TIER, name), max="+", min="-", count=1)
@@ -99,7 +100,7 @@ class FleetCollector:
                 continue
             try:
                 status = pool_status(pool=pool, now=self.now)
-                snapshots = _latest_snapshots(pool.name)
+                snapshots = _latest_snapshots(pool.name, self.now)
             except (Unavailable, redis.RedisError):
                 reachable = 0
                 continue

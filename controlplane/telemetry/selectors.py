@@ -1,4 +1,13 @@
-"""Dashboard series for one pool over a window, and the publishes in it as annotations."""
+"""Dashboard data for one pool over a window: what the browser draws, computed where the data is.
+
+- ``pool_metrics``: the pool's series from the pool rollups (merged histograms, summed counters),
+  the window's totals, the ``top`` worst instances (by window P99 or by HBM pressure) with their
+  own series, and the publishes as annotations. Polls are incremental: with ``since`` (the start of
+  the last point the client holds) only points from there on are sent, and a top instance's series
+  too if the client says it holds it (``known``).
+- ``instance_table``: every instance's window figures, sorted and paged.
+- ``instance_metrics``: one instance's series (the drill-down), incremental in the same way.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +23,19 @@ from relay_engine.core.config import slo_of
 from relay_engine.core.telemetry import REFUSAL_REASONS
 from relay_engine.core.wire import TELEMETRY_TIERS
 
-from .history import COUNTER_COLUMN, GAUGE_COLUMN, N_COLUMNS, REFUSAL_COLUMN, SUM_COLUMN, history_cache
+from .history import (
+    COUNTER_COLUMN,
+    GAUGE_COLUMN,
+    GAUGES,
+    N_COLUMNS,
+    REFUSAL_COLUMN,
+    SUM_COLUMN,
+    redis_reads,
+    stream_histories,
+)
 from .merge import bucketed, latency_counts, quantiles
+from .rollups import POOL_GAUGE_COLUMN, POOL_GAUGES, read_rollup
+from .summaries import window_totals
 
 # Window → (seconds, telemetry tier read). Coarser tiers for longer windows keep reads small.
 WINDOWS: dict[str, tuple[int, str]] = {"5m": (300, "1s"), "1h": (3600, "10s"), "6h": (21600, "60s"),
@@ -57,10 +77,19 @@ def _counter(sums: np.ndarray, name: str) -> np.ndarray:
     return sums[..., COUNTER_COLUMN[name]]
 
 
-# What the per-instance breakdown shows; the pool-wide view has every figure.
-INSTANCE_FIGURES = ("p50_ms", "p99_ms", "rank_per_s", "rank_within_slo_per_s", "slo_compliance_ratio",
-                    "hbm_hit_ratio", "miss_ratio", "preinfer_admitted_per_s")
-INSTANCE_GAUGES = ("hbm_bytes", "hbm_budget_bytes", "dram_bytes", "dram_budget_bytes", "applied_generation")
+# The worst instances of a pool view: how many by default and at most, and what ranks them.
+TOP_DEFAULT = 8
+TOP_MAX = 64
+RANKINGS = ("p99", "hbm")  # window P99 (merged buckets); newest HBM bytes / HBM budget
+STICKINESS = 0.05  # the head start of an instance already listed (``_ranked``)
+# What a top instance's series carry (the drill-down has every figure).
+TOP_FIGURES = ("p50_ms", "p99_ms", "rank_per_s", "slo_compliance_ratio")
+TOP_GAUGES = ("hbm_bytes", "hbm_budget_bytes")
+# The per-instance table: its columns, each one a sort key (``-`` first: descending).
+TABLE_COLUMNS = ("instance", "rank_requests", "rank_per_s", "p50_ms", "p99_ms", "slo_compliance_ratio",
+                 "hbm_hit_ratio", "miss_ratio", "preinfer_admitted", "hbm_bytes", "hbm_budget_bytes",
+                 "hbm_pressure", "applied_generation")
+TABLE_DEFAULT_SORT = "-p99_ms"
 _REFUSED = "preinfer_refused_per_s."
 
 
@@ -104,57 +133,49 @@ def _nest_refusals(rows: dict[str, list]) -> dict[str, object]:
     return out
 
 
+def _window_figures(window: np.ndarray) -> dict[str, np.ndarray]:
+    """Whole-window figures of summed counts [..., N_COLUMNS] (quantiles from the merged buckets)."""
+    lookups = sum(window[..., COUNTER_COLUMN[name]] for name in ("hbm_hits", "dram_hits", "inflight_joins",
+                                                                  "misses"))
+    p50, p99 = quantiles(latency_counts(window), (0.5, 0.99))
+    requests = window[..., COUNTER_COLUMN["rank_requests"]]
+    return {
+        "rank_requests": requests,
+        "rank_within_slo": window[..., COUNTER_COLUMN["rank_within_slo"]],
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "slo_compliance_ratio": _ratio(window[..., COUNTER_COLUMN["rank_within_slo"]], requests),
+        "hbm_hit_ratio": _ratio(window[..., COUNTER_COLUMN["hbm_hits"]], lookups),
+        "miss_ratio": _ratio(window[..., COUNTER_COLUMN["misses"]], lookups),
+        "preinfer_admitted": window[..., COUNTER_COLUMN["preinfer_admitted"]],
+    }
+
+
+def _number(value: float, digits: int, as_int: bool = False) -> float | int | None:
+    if not math.isfinite(value):
+        return None
+    return int(value) if as_int else round(float(value), digits)
+
+
 def _totals(sums: np.ndarray) -> dict[str, float | int | None]:
     """Whole-window figures of one set of bucketed sums (merged over time, then quantiles)."""
     window = sums.sum(axis=0)
-    counts = latency_counts(window)
-    lookups = sum(window[COUNTER_COLUMN[name]] for name in ("hbm_hits", "dram_hits", "inflight_joins", "misses"))
-
-    def ratio(part: float, whole: float) -> float | None:
-        return round(float(part / whole), 6) if whole > 0 else None
-
-    p50, p99 = (float(v) for v in quantiles(counts, (0.5, 0.99)))
+    figures = _window_figures(window)
     return {
         "rank_requests": int(window[COUNTER_COLUMN["rank_requests"]]),
         "rank_within_slo": int(window[COUNTER_COLUMN["rank_within_slo"]]),
-        "p50_ms": None if math.isnan(p50) else round(p50, 4),
-        "p99_ms": None if math.isnan(p99) else round(p99, 4),
-        "slo_compliance_ratio": ratio(window[COUNTER_COLUMN["rank_within_slo"]],
-                                      window[COUNTER_COLUMN["rank_requests"]]),
-        "hbm_hit_ratio": ratio(window[COUNTER_COLUMN["hbm_hits"]], lookups),
+        "p50_ms": _number(figures["p50_ms"], 4),
+        "p99_ms": _number(figures["p99_ms"], 4),
+        "slo_compliance_ratio": _number(figures["slo_compliance_ratio"], 6),
+        "hbm_hit_ratio": _number(figures["hbm_hit_ratio"], 6),
         "preinfer_admitted": int(window[COUNTER_COLUMN["preinfer_admitted"]]),
         "preinfer_refused": {reason: int(window[REFUSAL_COLUMN[reason]]) for reason in REFUSAL_REASONS},
     }
 
 
-def pool_metrics(*, pool: Pool, window: str, now: float | None = None) -> dict:
-    now = time.time() if now is None else now
-    tier, step_s, start, n_points = window_grid(window, now)
-    histories = history_cache.read(pool=pool.name, tier=tier, now=now)
-    names, sums, gauges = [], [], []
-    for history in histories:
-        instance_sums, instance_gauges = bucketed(history, start, step_s, n_points)
-        if np.isfinite(instance_gauges[:, 0]).any() or instance_sums.any():  # else: silent in this window
-            names.append(history.instance)
-            sums.append(instance_sums)
-            gauges.append(instance_gauges)
-    # [instances, points, columns]; every figure is computed for all instances at once.
-    sums_all = np.stack(sums) if sums else np.zeros((0, n_points, N_COLUMNS))
-    gauges_all = np.stack(gauges) if gauges else np.zeros((0, n_points, len(INSTANCE_GAUGES)))
-    figures = _json_rows(_figures(sums_all, step_s, INSTANCE_FIGURES)) if names else {}
-    levels = _json_rows({name: gauges_all[..., GAUGE_COLUMN[name]] for name in INSTANCE_GAUGES}, as_int=True) \
-        if names else {}
-    instances = {
-        name: {**{k: v[i] for k, v in figures.items()}, **{k: v[i] for k, v in levels.items()},
-               "totals": _totals(sums_all[i])}
-        for i, name in enumerate(names)
-    }
-    pool_sums = sums_all.sum(axis=0)
-    hbm = gauges_all[..., GAUGE_COLUMN["hbm_bytes"]]
-    pool_hbm = np.where(np.isfinite(hbm).any(axis=0), np.nansum(hbm, axis=0), np.nan)
-    spec = getattr(pool, "desired_spec", None) or policy_selectors.revision_desired(pool=pool).spec
+def _annotations(pool: Pool, start: float) -> list[dict]:
     since = datetime.fromtimestamp(start, tz=UTC)
-    annotations = [
+    return [
         {
             "ts": round(entry.time.timestamp(), 3),
             "generation": (entry.after or {}).get("desired_generation"),
@@ -164,18 +185,134 @@ def pool_metrics(*, pool: Pool, window: str, now: float | None = None) -> dict:
         }
         for entry in policy_selectors.publish_events(pool=pool.name, since=since)
     ]
-    return {
-        "pool": pool.name,
-        "window": window,
-        "tier": tier,
-        "step_s": step_s,
-        "start": start,
-        "end": start + n_points * step_s,
-        "slo_ms": slo_of(spec).p99_ms,
-        "slo_target_ratio": slo_of(spec).target_ratio,
-        "timestamps": [start + i * step_s for i in range(n_points)],
-        "fleet": {**_nest_refusals(_json_rows(_figures(pool_sums, step_s))),
-                  **_json_rows({"hbm_bytes": pool_hbm}, as_int=True), "totals": _totals(pool_sums)},
-        "instances": dict(sorted(instances.items())),
-        "annotations": annotations,
+
+
+def _frame(pool: Pool, window: str, now: float) -> dict:
+    """What every answer about a window says: its grid, the SLO, the publishes in it."""
+    tier, step_s, start, n_points = window_grid(window, now)
+    spec = getattr(pool, "desired_spec", None) or policy_selectors.revision_desired(pool=pool).spec
+    return {"pool": pool.name, "window": window, "tier": tier, "step_s": step_s, "start": start,
+            "end": start + n_points * step_s, "slo_ms": slo_of(spec).p99_ms,
+            "slo_target_ratio": slo_of(spec).target_ratio, "annotations": _annotations(pool, start)}
+
+
+def first_point(since: float | None, start: float, step_s: int, n_points: int) -> int:
+    """Index of the first point an incremental poll gets: the one starting at ``since`` (which may
+    have grown since), or the whole window when ``since`` is absent or outside it."""
+    if since is None or since < start:
+        return 0
+    return min(n_points - 1, int((since - start) // step_s))
+
+
+def _per_point_gauges(gauges: np.ndarray, per_point: int, filled: np.ndarray) -> np.ndarray:
+    """[periods, G] → [points, G]: the last period of each point that has data (NaN where none)."""
+    n_points = gauges.shape[0] // per_point
+    gauges = gauges.reshape(n_points, per_point, -1)
+    filled = filled.reshape(n_points, per_point)
+    last = per_point - 1 - np.argmax(filled[:, ::-1], axis=1)
+    out = gauges[np.arange(n_points), last].astype(float)
+    out[~filled.any(axis=1)] = np.nan
+    return out
+
+
+def _ranked(totals, rank_by: str, known: tuple[str, ...] = ()) -> list[tuple[str, float | None]]:
+    """(instance, ranking value), worst first; instances without a value last, by name. An instance
+    the client already shows (``known``) is ranked as if ``STICKINESS`` worse: a newcomer displaces it
+    only by being clearly worse, so near-equal instances do not take turns in the list every poll."""
+    if rank_by == "p99":
+        values = quantiles(latency_counts(totals.sums), (0.99,))[0]
+    else:
+        values = _ratio(totals.gauges[:, GAUGE_COLUMN["hbm_bytes"]], totals.gauges[:, GAUGE_COLUMN["hbm_budget_bytes"]])
+    shown = set(known)
+    ranked = np.nan_to_num(values) * np.array([1 + STICKINESS if name in shown else 1.0 for name in totals.names])
+    order = sorted(range(len(totals.names)), key=lambda i: (math.isnan(values[i]), -ranked[i], totals.names[i]))
+    return [(totals.names[i], _number(values[i], 6)) for i in order]
+
+
+def _instance_series(history, start: float, step_s: int, n_points: int, first: int,
+                     figures: tuple[str, ...] | None, gauges: tuple[str, ...]) -> tuple[dict, np.ndarray]:
+    sums, levels = bucketed(history, start, step_s, n_points)
+    series = _json_rows({name: values[first:] for name, values in _figures(sums, step_s, figures).items()})
+    series.update(_json_rows({name: levels[first:, GAUGE_COLUMN[name]] for name in gauges}, as_int=True))
+    return _nest_refusals(series), sums
+
+
+@redis_reads
+def pool_metrics(client, *, pool: Pool, window: str, since: float | None = None, top: int = TOP_DEFAULT,
+                 rank_by: str = "p99", known: tuple[str, ...] = (), now: float | None = None) -> dict:
+    now = time.time() if now is None else now
+    tier, step_s, start, n_points = window_grid(window, now)
+    tier_step_s = TELEMETRY_TIERS[tier][0]
+    per_point = step_s // tier_step_s
+    first = first_point(since, start, step_s, n_points)
+    rows, gauges = read_rollup(client, pool=pool.name, tier=tier, start=start, n_periods=n_points * per_point,
+                               now=now)
+    sums = rows.reshape(n_points, per_point, N_COLUMNS).sum(axis=1)
+    reported = gauges[:, POOL_GAUGE_COLUMN["instances"]] > 0
+    levels = _per_point_gauges(gauges, per_point, reported)
+    fleet = _nest_refusals(_json_rows({name: values[first:] for name, values in _figures(sums, step_s).items()}))
+    fleet.update(_json_rows({name: levels[first:, POOL_GAUGE_COLUMN[name]] for name in POOL_GAUGES}, as_int=True))
+    fleet["totals"] = _totals(sums)
+    answer = {**_frame(pool, window, now), "from": start + first * step_s,
+              "timestamps": [start + i * step_s for i in range(first, n_points)], "fleet": fleet}
+    if top <= 0:
+        return answer
+    totals = window_totals(client, pool=pool.name, tier=tier, window_s=WINDOWS[window][0], start=start, now=now)
+    # The list shows the chosen ones worst first by their own values.
+    chosen = sorted(_ranked(totals, rank_by, known)[:top], key=lambda item: (item[1] is None, -(item[1] or 0)))
+    histories = stream_histories(client, pool=pool.name, tier=tier, instances=[name for name, _ in chosen],
+                                 window_s=WINDOWS[window][0], now=now, point_s=step_s)
+    worst = []
+    for (name, value), history in zip(chosen, histories, strict=True):
+        held = first if name in known else 0
+        series, _ = _instance_series(history, start, step_s, n_points, held, TOP_FIGURES, TOP_GAUGES)
+        worst.append({"instance": name, "value": value, "from": start + held * step_s, **series})
+    answer["top"] = {"by": rank_by, "n": top, "reporting": len(totals.names), "instances": worst}
+    return answer
+
+
+@redis_reads
+def instance_table(client, *, pool: Pool, window: str, sort: str = TABLE_DEFAULT_SORT, limit: int = 25,
+                   offset: int = 0, now: float | None = None) -> dict:
+    """Every instance that reported in the window with its window figures, sorted by ``sort`` (a
+    ``TABLE_COLUMNS`` name, ``-`` first for descending; no value sorts last either way), paged."""
+    now = time.time() if now is None else now
+    tier, _, start, _ = window_grid(window, now)
+    totals = window_totals(client, pool=pool.name, tier=tier, window_s=WINDOWS[window][0], start=start, now=now)
+    figures = _window_figures(totals.sums)
+    elapsed_s = max(1.0, now - start)
+    columns: dict[str, np.ndarray] = {
+        **figures,
+        "rank_per_s": figures["rank_requests"] / elapsed_s,
+        **{name: totals.gauges[:, GAUGE_COLUMN[name]] for name in ("hbm_bytes", "hbm_budget_bytes",
+                                                                   "applied_generation")},
+        "hbm_pressure": _ratio(totals.gauges[:, GAUGE_COLUMN["hbm_bytes"]],
+                               totals.gauges[:, GAUGE_COLUMN["hbm_budget_bytes"]]),
     }
+    integral = {"rank_requests", "preinfer_admitted", "hbm_bytes", "hbm_budget_bytes", "applied_generation"}
+    rows = [{"instance": name, **{column: _number(columns[column][i], 4 if column.endswith("_ms") else 6,
+                                                  column in integral)
+                                  for column in TABLE_COLUMNS[1:]}}
+            for i, name in enumerate(totals.names)]
+    key = sort.lstrip("-")
+    rows.sort(key=lambda row: row["instance"])
+    with_value = [row for row in rows if row[key] is not None]
+    with_value.sort(key=lambda row: row[key], reverse=sort.startswith("-"))
+    ordered = with_value + [row for row in rows if row[key] is None]
+    return {"pool": pool.name, "window": window, "start": start, "sort": sort, "count": len(ordered),
+            "limit": limit, "offset": offset, "results": ordered[offset:offset + limit]}
+
+
+@redis_reads
+def instance_metrics(client, *, pool: Pool, instance: str, window: str, since: float | None = None,
+                     now: float | None = None) -> dict:
+    """One instance's series over the window (every figure), its window totals, the publishes."""
+    now = time.time() if now is None else now
+    tier, step_s, start, n_points = window_grid(window, now)
+    first = first_point(since, start, step_s, n_points)
+    [history] = stream_histories(client, pool=pool.name, tier=tier, instances=[instance],
+                                 window_s=WINDOWS[window][0], now=now, point_s=step_s)
+    series, sums = _instance_series(history, start, step_s, n_points, first, None, GAUGES)
+    return {**_frame(pool, window, now), "instance": instance, "from": start + first * step_s,
+            "timestamps": [start + i * step_s for i in range(first, n_points)],
+            "series": series, "totals": _totals(sums)}

@@ -9,13 +9,14 @@ swamp one instance; under normal load it never triggers and affinity is exact. P
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
 
-
-def _weight(user_id: str, instance_salt: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(user_id.encode(), digest_size=8, key=instance_salt).digest(), "big")
+# Users whose route a router remembers: a user's pre-infer signal and its ranking request, and the
+# users who come back (Zipf), are routed once per member set instead of hashing every member again.
+ROUTE_CACHE_SIZE = 65_536
 
 
 class AffinityRouter:
@@ -36,10 +37,28 @@ class AffinityRouter:
         self._instances = names
         # blake2b keys are at most 64 bytes; hash long names down to a fixed-size salt.
         self._salts = {n: hashlib.blake2b(n.encode(), digest_size=32).digest() for n in names}
+        # A (user, instance) weight is the 8-byte blake2b of the user id keyed by the instance's salt;
+        # keyed once here, a weight is then a copy and one update (the key block is not hashed again).
+        self._hashers = {n: hashlib.blake2b(digest_size=8, key=salt) for n, salt in self._salts.items()}
+        self._heaviest_cached = functools.lru_cache(maxsize=ROUTE_CACHE_SIZE)(self._heaviest)
+
+    def _weights(self, user_id: str) -> dict[str, int]:
+        data = user_id.encode()
+        weights = {}
+        for name, keyed in self._hashers.items():
+            hasher = keyed.copy()
+            hasher.update(data)
+            weights[name] = int.from_bytes(hasher.digest(), "big")
+        return weights
+
+    def _heaviest(self, user_id: str) -> str:
+        weights = self._weights(user_id)
+        return max(weights, key=weights.__getitem__)
 
     def ranking(self, user_id: str) -> list[str]:
         """Instances in the user's preference order (highest weight first)."""
-        return sorted(self._instances, key=lambda n: _weight(user_id, self._salts[n]), reverse=True)
+        weights = self._weights(user_id)
+        return sorted(self._instances, key=weights.__getitem__, reverse=True)
 
     def route(self, user_id: str, loads: Mapping[str, float] | None = None) -> str:
         """The instance for user_id. ``loads`` (e.g. requests in flight per instance) enables the
@@ -47,7 +66,7 @@ class AffinityRouter:
         if not self._instances:
             raise LookupError("no live instances to route to")
         if not loads:
-            return max(self._instances, key=lambda n: _weight(user_id, self._salts[n]))
+            return self._heaviest_cached(user_id)
         total = sum(max(0.0, loads.get(n, 0.0)) for n in self._instances)
         capacity = (1.0 + self.epsilon) * (total + 1.0) / len(self._instances)
         ranked = self.ranking(user_id)

@@ -166,7 +166,7 @@ class Snapshot:
         for key, count in _mapping(lat, "buckets").items():
             index = _finite(key, "rank_latency.buckets", int)
             if 0 <= index < N_BUCKETS:
-                hist.counts[index] = _finite(count, f"rank_latency.buckets.{key}", int)
+                hist.counts[index] = _finite(count, "rank_latency.buckets", int, key)
         hist.sum_ms = _finite(lat.get("sum_ms", 0.0), "rank_latency.sum_ms", float)
         if "instance" not in data or "ts" not in data:
             raise ValueError("snapshot needs instance and ts")
@@ -174,8 +174,8 @@ class Snapshot:
             instance=str(data["instance"]),
             ts=_finite(data["ts"], "ts", float),
             started_at=_finite(data.get("started_at", 0.0), "started_at", float),
-            counters={str(k): _finite(v, f"counters.{k}", int) for k, v in _mapping(data, "counters").items()},
-            refusals={str(k): _finite(v, f"refusals.{k}", int) for k, v in _mapping(data, "refusals").items()},
+            counters={str(k): _finite(v, "counters", int, k) for k, v in _mapping(data, "counters").items()},
+            refusals={str(k): _finite(v, "refusals", int, k) for k, v in _mapping(data, "refusals").items()},
             rank_latency=hist,
             **{name: _finite(data.get(name, 0), name, int) for name in _GAUGES},
             slo_ms=_finite(data.get("slo_ms", 0.0), "slo_ms", float),
@@ -191,6 +191,7 @@ class Snapshot:
         return cls.from_dict(data)
 
 
+_EXACT_INT = 2**53  # the largest integer a float holds exactly
 _GAUGES = ("hbm_bytes", "hbm_budget_bytes", "dram_bytes", "dram_budget_bytes", "applied_generation")
 
 
@@ -201,8 +202,16 @@ def _mapping(data: dict, key: str) -> dict:
     return value
 
 
-def _finite(value: object, name: str, kind: type) -> int | float:
-    """value as a finite int or float (numeric strings accepted for dict keys), else ValueError."""
+def _finite(value: object, name: str, kind: type, key: object = None) -> int | float:
+    """value as a finite int or float (numeric strings accepted for dict keys), else ValueError naming
+    the field (``name``, or ``name.key`` for an entry of a mapping)."""
+    # Fast paths for what workers write (a 24 h chart decodes thousands of snapshots per instance).
+    if type(value) is int and -_EXACT_INT <= value <= _EXACT_INT:
+        return value if kind is int else float(value)
+    if type(value) is float and math.isfinite(value):
+        return int(value) if kind is int else value
+    if key is not None:
+        name = f"{name}.{key}"
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):
@@ -210,3 +219,50 @@ def _finite(value: object, name: str, kind: type) -> int | float:
     if isinstance(value, bool) or not math.isfinite(number):
         raise ValueError(f"snapshot.{name} must be a finite number, got {str(value)[:40]!r}")
     return int(number) if kind is int else number
+
+
+# --- pool rollups: what every instance adds to its pool's per-tier buckets --------------------
+
+# Each telemetry tier also has a pool-level rollup: one Redis hash per tier period (``wire.PoolKeys.
+# rollup``) to which every instance adds, with HINCRBY, the counts it made since its previous write
+# of that tier, and its gauges once. A pool view then reads one small hash per point however many
+# instances the pool has: aggregation happens where the data is, as Prometheus recording rules do.
+# Field names of a rollup hash:
+ROLLUP_SUM_FIELD = "sum_ms"  # latency sum (the one float field)
+ROLLUP_INSTANCES_FIELD = "instances"  # instances that reported into the bucket
+ROLLUP_GAUGES: tuple[str, ...] = ("hbm_bytes", "hbm_budget_bytes", "dram_bytes", "dram_budget_bytes")
+
+
+def rollup_refusal_field(reason: str) -> str:
+    return f"refused.{reason}"
+
+
+def rollup_bucket_field(index: int) -> str:
+    return f"le.{index}"
+
+
+def rollup_contribution(current: Snapshot, previous: Snapshot | None) -> dict[str, int | float]:
+    """What one instance adds to its pool's rollup bucket at one write of a tier: the counts since
+    its ``previous`` write of that tier (all of them when there is none or it belongs to another run),
+    and its gauges once with ``instances: 1``. Zero fields are left out (HINCRBY by 0 is a no-op)."""
+    same_run = previous is not None and previous.started_at == current.started_at
+
+    def delta(now: int | float, before: int | float) -> int | float:
+        # A count that went down within a run was reset: its new value is the difference.
+        return now - before if same_run and now >= before else now
+
+    fields: dict[str, int | float] = {}
+    for name in COUNTERS:
+        fields[name] = delta(current.counters.get(name, 0), previous.counters.get(name, 0) if same_run else 0)
+    for reason in REFUSAL_REASONS:
+        fields[rollup_refusal_field(reason)] = delta(current.refusals.get(reason, 0),
+                                                     previous.refusals.get(reason, 0) if same_run else 0)
+    before = previous.rank_latency.counts if same_run else [0] * N_BUCKETS
+    for i, (now, was) in enumerate(zip(current.rank_latency.counts, before, strict=True)):
+        fields[rollup_bucket_field(i)] = delta(now, was)
+    fields[ROLLUP_SUM_FIELD] = round(delta(current.rank_latency.sum_ms,
+                                           previous.rank_latency.sum_ms if same_run else 0.0), 6)
+    for name in ROLLUP_GAUGES:
+        fields[name] = getattr(current, name)
+    fields[ROLLUP_INSTANCES_FIELD] = 1
+    return {name: value for name, value in fields.items() if value}

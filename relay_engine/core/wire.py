@@ -14,6 +14,8 @@ Keys (``P`` = prefix, ``pool`` = pool name, ``inst`` = instance name ``<pool>.<i
 | ``P:pool:{pool}:members`` | sorted set | workers | inst → last heartbeat (unix s) |
 | ``P:pool:{pool}:status:{inst}`` | string, TTL | workers | JSON ``InstanceStatus`` |
 | ``P:pool:{pool}:telemetry:{tier}:{inst}`` | stream, MAXLEN | workers | field ``d``: JSON ``Snapshot`` |
+| ``P:pool:{pool}:rollup:{tier}:{t}`` | hash, TTL | workers (HINCRBY) | the pool's counts of tier period ``t`` (``telemetry.rollup_contribution``) |
+| ``P:pool:{pool}:reporting`` | sorted set | workers | inst → time of its last telemetry snapshot (unix s) |
 | ``P:pool:{pool}:claim:{index}`` | string, TTL | workers | owner of an instance index (scaled replicas) |
 
 Celery queues: ``P.{inst}.rank`` and ``P.{inst}.preinfer`` (ranking never waits behind pre-infer).
@@ -44,6 +46,17 @@ STATUS_TTL_S = 3600  # a dead instance's last status stays readable for an hour
 # Telemetry tiers: name → (seconds between snapshots, snapshots kept). 1 s for the last 10 min,
 # 10 s for 2 h, 60 s for 25 h: a 24 h chart of 8 instances merges ~12k small snapshots.
 TELEMETRY_TIERS: dict[str, tuple[int, int]] = {"1s": (1, 600), "10s": (10, 720), "60s": (60, 1500)}
+
+# The longest any telemetry stays (the coarsest tier's span): how far back ``reporting`` is kept.
+TELEMETRY_RETENTION_S = max(every_s * kept for every_s, kept in TELEMETRY_TIERS.values())
+
+
+def rollup_period(tier: str, ts: float) -> int:
+    """Start (unix s) of the ``tier`` period holding ``ts``: the rollup bucket a snapshot taken at
+    ``ts`` adds to, and the time bucket a reader draws it in."""
+    every_s = TELEMETRY_TIERS[tier][0]
+    return int(ts // every_s) * every_s
+
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -102,6 +115,14 @@ class PoolKeys:
 
     def telemetry(self, tier: str, instance: str) -> str:
         return f"{self.base}:telemetry:{tier}:{instance}"
+
+    def rollup(self, tier: str, period_start: int) -> str:
+        """The pool's rollup hash of one period of ``tier`` (``period_start`` from ``rollup_period``)."""
+        return f"{self.base}:rollup:{tier}:{period_start}"
+
+    @property
+    def reporting(self) -> str:
+        return f"{self.base}:reporting"
 
     def rank_queue(self, instance: str) -> str:
         return f"{self.prefix}.{instance}.rank"

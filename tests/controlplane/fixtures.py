@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
 from controlplane.policies import services as policy_services
-from controlplane.telemetry.history import history_cache
+from controlplane.telemetry.cache import telemetry_cache
 from tests.controlplane.fleet_helpers import FakeWorker
 
 # What production settings require, with throwaway secrets made up per test run (none is kept in
@@ -35,7 +35,7 @@ def _fresh_caches():
     # Throttle counters live in the cache and user ids repeat across rolled-back tests. Only the
     # process's own memory cache is cleared: clearing a Redis cache would flush the whole database.
     _clear_local()
-    history_cache.clear()
+    telemetry_cache.clear()
     yield
     _clear_local()
 

@@ -3,12 +3,12 @@
 It reads the desired revision from Redis, validates it with the engine's own ``parse_policy``,
 and reports ACK (or NACK with the error, keeping the last good generation) as ``InstanceStatus``,
 with a heartbeat in the pool's members set; it also appends telemetry snapshots. Everything goes
-through ``relay_engine.core.wire`` key names, exactly as the real workers do.
+through ``relay_engine.core.wire`` key names, exactly as the real workers do; snapshots are written
+by the workers' own ``TelemetryWriter`` (streams, pool rollups, reporting set).
 """
 
 from __future__ import annotations
 
-import json
 import time
 
 import redis
@@ -16,6 +16,7 @@ import redis
 from relay_engine.core.config import PolicyError, parse_policy
 from relay_engine.core.telemetry import LatencyHistogram, Snapshot
 from relay_engine.core.wire import DesiredRevision, InstanceStatus, PoolKeys, instance_name
+from workers.telemetry_publisher import TelemetryWriter
 
 
 class FakeWorker:
@@ -26,6 +27,7 @@ class FakeWorker:
             instance=instance_name(pool, index), pool=pool, device=device, pid=10_000 + index,
             heartbeat_ts=time.time(), started_at=time.time(),
         )
+        self.writer = TelemetryWriter(client, self.keys)
 
     @property
     def name(self) -> str:
@@ -58,11 +60,7 @@ class FakeWorker:
         return self.status
 
     def publish_snapshot(self, snapshot: Snapshot, tier: str = "1s") -> None:
-        self.client.xadd(self.keys.telemetry(tier, self.name), {"d": _json(snapshot)})
-
-
-def _json(snapshot: Snapshot) -> str:
-    return json.dumps(snapshot.to_dict())
+        self.writer.write(snapshot, [tier])
 
 
 def snapshot(instance: str, ts: float, started_at: float, *, latencies_ms=(), **counters) -> Snapshot:

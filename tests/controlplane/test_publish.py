@@ -195,3 +195,21 @@ def test_off_contract_status_is_shown_not_fatal(viewer, pool, redis_client, key_
     assert response.status_code == 200
     instance = response.json()["instances"][0]
     assert "unreadable status" in instance["error"] and instance["config_state"] == "UNKNOWN"
+
+
+def test_status_counts_every_state_and_pages_problems_first(operator, pool, worker_factory, redis_client, key_prefix):
+    """At fleet scale the page shows what blocks convergence first; counts are over the whole pool."""
+    operator.post(f"{BASE}/revisions/1/publish/")
+    workers = [worker_factory(POOL, i) for i in range(5)]
+    for worker in workers[:3]:
+        worker.reconcile()  # ACK generation 1
+    workers[3].heartbeat()  # live, not reconciled yet: waiting
+    workers[4].heartbeat(at=time.time() - 60)  # gone
+    body = operator.get(f"{BASE}/status/?order=problems&limit=2&offset=0").json()
+    assert body["counts"] == {"acked": 3, "nacked": 0, "waiting": 1, "gone": 1}
+    assert body["total_instances"] == 5 and body["converged"] is False
+    assert [i["instance"] for i in body["instances"]] == [f"{POOL}.3", f"{POOL}.4"]
+    rest = operator.get(f"{BASE}/status/?order=problems&limit=2&offset=2").json()["instances"]
+    assert [i["instance"] for i in rest] == [f"{POOL}.0", f"{POOL}.1"]
+    assert len(operator.get(f"{BASE}/status/").json()["instances"]) == 5  # no limit: all, by name
+    assert operator.get(f"{BASE}/status/?limit=0").status_code == 400

@@ -115,12 +115,28 @@ def test_metrics_merge_histograms_before_taking_quantiles(viewer, pool, worker_f
     rates = [v for v in fleet["rank_per_s"] if v]
     assert rates == [100.0] * 30
     assert {round(v, 3) for v in fleet["hbm_hit_ratio"] if v is not None} == {round(100 / 110, 3)}
-    instances = body["instances"]
-    assert set(instances) == {f"{POOL}.0", f"{POOL}.1"}
-    assert all(v < 2 for v in instances[f"{POOL}.0"]["p99_ms"] if v is not None)
-    assert max(v for v in instances[f"{POOL}.1"]["hbm_bytes"] if v is not None) == 30_000
-    assert {v for v in instances[f"{POOL}.1"]["hbm_budget_bytes"] if v is not None} == {50_000}
+    newest = {k: [v for v in fleet[k] if v is not None][-1] for k in ("instances", "hbm_bytes", "hbm_budget_bytes")}
+    assert newest == {"instances": 2, "hbm_bytes": 2 * 30_000, "hbm_budget_bytes": 2 * 50_000}
     assert len(body["timestamps"]) == len(fleet["p99_ms"]) == 300
+
+
+def test_the_worst_instances_come_first_with_their_own_series(viewer, pool, worker_factory):
+    _publish_two_instances(worker_factory, time.time())
+    top = viewer.get(f"{BASE}/metrics/?window=5m").json()["top"]
+    assert (top["by"], top["n"], top["reporting"]) == ("p99", 8, 2)
+    slow, fast = top["instances"]
+    assert (slow["instance"], fast["instance"]) == (f"{POOL}.1", f"{POOL}.0")
+    assert 37 < slow["value"] <= 50 and fast["value"] < 2
+    assert all(v < 2 for v in fast["p99_ms"] if v is not None)
+    assert max(v for v in slow["hbm_bytes"] if v is not None) == 30_000
+    assert {v for v in slow["hbm_budget_bytes"] if v is not None} == {50_000}
+
+
+def test_top_n_is_bounded_by_the_request(viewer, pool, worker_factory):
+    _publish_two_instances(worker_factory, time.time())
+    body = viewer.get(f"{BASE}/metrics/?window=5m&top=1").json()
+    assert [i["instance"] for i in body["top"]["instances"]] == [f"{POOL}.1"]
+    assert "top" not in viewer.get(f"{BASE}/metrics/?window=5m&top=0").json()
 
 
 def test_metrics_are_read_incrementally(viewer, pool, worker_factory):
@@ -151,7 +167,7 @@ def test_unknown_window_is_400_listing_the_allowed(viewer, pool, redis_on, windo
 
 def test_empty_pool_has_null_series(viewer, pool, redis_on):
     body = viewer.get(f"{BASE}/metrics/?window=6h").json()
-    assert body["instances"] == {}
+    assert body["top"]["instances"] == [] and body["top"]["reporting"] == 0
     assert set(body["fleet"]["p99_ms"]) == {None}
     assert body["slo_ms"] == 50.0
 

@@ -59,3 +59,24 @@ def test_bounded_load_falls_back_when_the_first_choice_is_overloaded():
 def test_no_instances_is_a_clear_error():
     with pytest.raises(LookupError, match="no live instances"):
         AffinityRouter([]).route("u")
+
+
+def test_weights_are_the_users_blake2b_keyed_by_the_instance():
+    """The weight function is part of the contract: clients of different versions must route a user
+    alike, or its pre-infer signal and ranking request part ways."""
+    import hashlib
+
+    router = AffinityRouter([f"p.{i}" for i in range(5)])
+    for user in ("u1", "user-42", "ü"):
+        for name in router.instances:
+            salt = hashlib.blake2b(name.encode(), digest_size=32).digest()
+            expected = int.from_bytes(hashlib.blake2b(user.encode(), digest_size=8, key=salt).digest(), "big")
+            assert router._weights(user)[name] == expected
+
+
+def test_a_remembered_route_is_the_heaviest_instance_again():
+    router = AffinityRouter([f"p.{i}" for i in range(64)])
+    users = [f"user-{i}" for i in range(300)]
+    first = [router.route(u) for u in users]
+    assert [router.route(u) for u in users] == first
+    assert first == [router.ranking(u)[0] for u in users]

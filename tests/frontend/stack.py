@@ -29,6 +29,8 @@ from workers.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 POOL = "ranking-a"
+LARGE_POOL = "ranking-large"  # stand-in instances of the load fleet (``workers.loadfleet``)
+LARGE_POOL_SIZE = 32
 PASSWORD = "correct horse battery staple"
 USERS = {"sre": "operator", "pm": "viewer"}
 
@@ -48,6 +50,7 @@ for username, role in %(users)r.items():
     user = accounts.user_create(username=username, role=Role.parse(role), password=%(password)r, actor="setup")
     keys[username] = accounts.token_create(user=user, actor="setup").key
 policies.pool_create(name=%(pool)r, description="browser-test pool", expected_instances=2, actor="setup")
+policies.pool_create(name=%(large)r, description="load-fleet pool", expected_instances=%(size)d, actor="setup")
 print(json.dumps(keys))
 """
 
@@ -73,13 +76,15 @@ class Stack:
         self.redis = redis_client(self.worker_settings)
         self.server: subprocess.Popen | None = None
         self.workers: dict[str, subprocess.Popen] = {}
+        self.load_fleet: subprocess.Popen | None = None
         self.tokens: dict[str, str] = {}
         self.traffic = Traffic(self.worker_settings)
 
     # --- control plane --------------------------------------------------------------------------
 
     def set_up(self) -> None:
-        script = _SETUP % {"users": USERS, "password": PASSWORD, "pool": POOL}
+        script = _SETUP % {"users": USERS, "password": PASSWORD, "pool": POOL, "large": LARGE_POOL,
+                           "size": LARGE_POOL_SIZE}
         done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=self.env, capture_output=True,
                               text=True, timeout=120)
         if done.returncode != 0:
@@ -155,7 +160,24 @@ class Stack:
     def wait_for_workers(self) -> None:
         wait_until_live(self.redis, self.worker_settings, sorted(self.workers), 90, list(self.workers.values()))
 
+    def start_load_fleet(self) -> None:
+        """``LARGE_POOL_SIZE`` stand-in instances of ``LARGE_POOL`` (real loops, real Redis, no model);
+        returns once every one heartbeats."""
+        if self.load_fleet is not None:
+            return
+        env = {**self.env, **self.worker_settings.worker_env(), "RELAYGR_POOL": LARGE_POOL}
+        log = (self.workdir / "loadfleet.log").open("a")
+        self.load_fleet = subprocess.Popen(
+            [sys.executable, "-m", "workers.loadfleet", "--instances", str(LARGE_POOL_SIZE), "--rank-per-s", "5"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        line = self.load_fleet.stdout.readline()
+        if "live" not in line:
+            raise RuntimeError(f"the load fleet did not start ({line!r}); see {self.workdir}/loadfleet.log")
+
     def stop(self) -> None:
+        if self.load_fleet is not None:
+            self.load_fleet.terminate()
+            self.load_fleet.wait(60)
         self.traffic.stop()
         for proc in self.workers.values():
             if proc.poll() is None:

@@ -20,7 +20,7 @@ from relay_engine.core.editing_io import write_editing_npz
 from tests.models import random_lowrank
 
 from .conftest import Session, login
-from .stack import POOL
+from .stack import LARGE_POOL, LARGE_POOL_SIZE, POOL
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 
@@ -308,6 +308,88 @@ def test_logging_out_ends_the_session(browser, stack):
         assert "/login/?next=" in page.url
     finally:
         context.close()
+
+
+@pytest.fixture(scope="module")
+def large_pool(stack):
+    """The load fleet's pool: 32 stand-in instances; every 8th (0, 8, …) ranks 4x slower, every 8th
+    from 1 (1, 9, …) holds 95 % of its HBM budget (``workers.loadfleet``)."""
+    stack.start_load_fleet()
+    return [f"{LARGE_POOL}.{i}" for i in range(LARGE_POOL_SIZE)]
+
+
+def worst_listed(page) -> list[str]:
+    return page.locator('[data-role="worst-list"] li[data-instance]').evaluate_all(
+        "items => items.map((li) => li.dataset.instance)")
+
+
+def test_a_large_pool_shows_its_worst_instances_not_every_instance(sre, large_pool, screenshot):
+    slow = {name for name in large_pool if int(name.rsplit(".", 1)[1]) % 8 == 0}
+    hot = {name for name in large_pool if int(name.rsplit(".", 1)[1]) % 8 == 1}
+    sre.goto(f"/pools/{LARGE_POOL}/?window=5m")
+    sre.locator('[data-chart="instance_p99"][data-has-data="true"] .main-svg').first.wait_for(timeout=30_000)
+    sre.wait_for_function("document.querySelectorAll('[data-role=\"worst-list\"] li[data-instance]').length === 8")
+    sre.wait_for_function(f"""() => {{
+        const names = [...document.querySelectorAll('[data-role="worst-list"] li[data-instance]')]
+            .slice(0, 4).map((li) => li.dataset.instance).sort();
+        return JSON.stringify(names) === '{json.dumps(sorted(slow)).replace(" ", "")}';
+    }}""", timeout=20_000)
+    assert f"of {LARGE_POOL_SIZE} reporting" in sre.locator('[data-role="reporting"]').inner_text()
+    traces = sre.evaluate("document.querySelector('[data-chart=\"instance_p99\"] .plot').data.length")
+    assert traces == 8  # the worst eight drawn, not all thirty-two
+    screenshot(sre, "14-large-pool-worst-by-p99")
+    sre.select_option('[data-role="worst-controls"] select[name="rank_by"]', "hbm")
+    sre.locator('[data-role="worst-list"][data-by="hbm"]').wait_for()
+    assert set(worst_listed(sre)[:4]) == hot
+    sre.fill('[data-role="worst-controls"] input[name="top"]', "3")
+    sre.dispatch_event('[data-role="worst-controls"] input[name="top"]', "change")
+    sre.wait_for_function("document.querySelectorAll('[data-role=\"worst-list\"] li[data-instance]').length === 3")
+    assert set(worst_listed(sre)) < hot
+    screenshot(sre, "15-large-pool-worst-by-hbm")
+
+
+def test_the_instance_table_of_a_large_pool_pages_and_sorts(sre, large_pool):
+    sre.goto(f"/pools/{LARGE_POOL}/?window=5m")
+    rows = sre.locator('[data-role="instances"] tbody tr[data-instance]')
+    pager = sre.locator('[data-role="page"]')
+    pager.filter(has_text=f"1–25 of {LARGE_POOL_SIZE}").wait_for(timeout=20_000)
+    assert rows.count() == 25
+    first = rows.first.get_attribute("data-instance")
+    assert int(first.rsplit(".", 1)[1]) % 8 == 0  # worst P99 first: a slow instance
+    sre.click('[data-role="next"]')
+    pager.filter(has_text=f"26–{LARGE_POOL_SIZE} of {LARGE_POOL_SIZE}").wait_for()
+    assert rows.count() == LARGE_POOL_SIZE - 25
+    sre.click('[data-role="instances"] th[data-sort="instance"]')
+    sre.locator('[data-role="instances"] th[data-sort="instance"][data-sorted="asc"]').wait_for()
+    pager.filter(has_text="1–25 of").wait_for()
+    names = rows.evaluate_all("rows => rows.map((r) => r.dataset.instance)")
+    assert names == sorted(large_pool)[:25]
+
+
+def test_drill_down_to_one_instance_of_a_large_pool(sre, large_pool, screenshot):
+    sre.goto(f"/pools/{LARGE_POOL}/?window=5m")
+    link = sre.locator(f'[data-role="worst-list"] li[data-instance="{LARGE_POOL}.8"] a')
+    link.wait_for(timeout=20_000)
+    link.click()
+    sre.wait_for_url(f"**/pools/{LARGE_POOL}/instances/{LARGE_POOL}.8/?window=5m")
+    for chart in ("latency", "throughput", "memory", "hits"):
+        sre.locator(f'#instance [data-chart="{chart}"][data-has-data="true"] .main-svg').first.wait_for()
+    sre.locator('[data-figure="live"]', has_text="live").wait_for()
+    assert sre.locator('[data-figure="config"]').inner_text() == "ACK"
+    assert sre.locator('[data-figure="device"]').inner_text() == "loadgen"
+    assert re.match(r"[\d.]+ ms / [\d,]+", sre.locator('[data-figure="p99"]').inner_text())
+    screenshot(sre, "16-instance-drill-down")
+
+
+def test_the_fleet_page_of_a_large_pool_counts_every_instance(sre, large_pool, screenshot):
+    sre.goto(f"/pools/{LARGE_POOL}/fleet/")
+    sre.locator('[data-role="convergence"][data-state="converged"]').wait_for(timeout=CONVERGE_TIMEOUT_MS)
+    summary = sre.locator('[data-role="summary"]').inner_text()
+    assert f"{LARGE_POOL_SIZE} of {LARGE_POOL_SIZE} live instances ACKed generation 1" in summary
+    assert sre.locator('[data-role="page"]').inner_text() == f"1–{LARGE_POOL_SIZE} of {LARGE_POOL_SIZE}"
+    assert sre.locator('[data-role="instances"] tbody tr[data-instance][data-up-to-date="true"]').count() == \
+        LARGE_POOL_SIZE
+    screenshot(sre, "17-large-pool-fleet")
 
 
 def test_the_pages_loaded_nothing_from_outside(operator_session, stack):

@@ -26,7 +26,8 @@ from tests.models import random_lowrank
 
 POOL = "ranking-a"
 PASSWORD = "correct horse battery staple"
-PAGES = ["/", f"/pools/{POOL}/", f"/pools/{POOL}/config/", f"/pools/{POOL}/fleet/", "/audit/"]
+PAGES = ["/", f"/pools/{POOL}/", f"/pools/{POOL}/config/", f"/pools/{POOL}/fleet/", f"/pools/{POOL}/instances/{POOL}.3/",
+         "/audit/"]
 
 
 @pytest.fixture
@@ -301,3 +302,10 @@ def test_upload_needs_a_session_a_file_and_a_known_pool(pool, operator):
 def test_the_editor_offers_the_numpy_upload_to_operators_only(pool, operator, viewer):
     assert 'data-role="editing-npy-file"' in operator.get(f"/pools/{POOL}/config/").content.decode()
     assert 'data-role="editing-npy-file"' not in viewer.get(f"/pools/{POOL}/config/").content.decode()
+
+
+def test_an_instance_page_is_only_for_an_instance_of_its_pool(pool, viewer):
+    page = viewer.get(f"/pools/{POOL}/instances/{POOL}.3/")
+    assert page.status_code == 200
+    assert f'data-instance="{POOL}.3"' in page.content.decode()
+    assert viewer.get(f"/pools/{POOL}/instances/other.3/").status_code == 404

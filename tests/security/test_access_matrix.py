@@ -62,6 +62,10 @@ RULES: dict[str, dict[str, Rule]] = {
     "api/v1/audit/": {"get": Rule("viewer", 200)},
     "api/v1/pools/<poolname:pool>/status/": {"get": Rule("viewer", 200)},
     "api/v1/pools/<poolname:pool>/metrics/": {"get": Rule("viewer", 200, query="?window=5m")},
+    "api/v1/pools/<poolname:pool>/instances/": {"get": Rule("viewer", 200, query="?window=5m")},
+    "api/v1/pools/<poolname:pool>/instances/<instancename:instance>/metrics/": {"get": Rule("viewer", 200)},
+    # No worker wrote a status: the allowed callers learn that, the others never reach Redis.
+    "api/v1/pools/<poolname:pool>/instances/<instancename:instance>/": {"get": Rule("viewer", 404)},
     "api/v1/me/": {"get": Rule("viewer", 200)},
     "api/v1/users/": {"get": Rule("admin", 200), "post": Rule("admin", 201, {"username": "newbie", "role": "viewer"})},
     "api/v1/tokens/": {"get": Rule("admin", 200), "post": Rule("admin", 201, {"username": "viewer"})},
@@ -81,6 +85,7 @@ RULES: dict[str, dict[str, Rule]] = {
     "pools/<poolname:pool>/": {"get": Rule(ANY_ROLE, 200, kind=PAGE)},
     "pools/<poolname:pool>/config/": {"get": Rule(ANY_ROLE, 200, kind=PAGE)},
     "pools/<poolname:pool>/fleet/": {"get": Rule(ANY_ROLE, 200, kind=PAGE)},
+    "pools/<poolname:pool>/instances/<instancename:instance>/": {"get": Rule(ANY_ROLE, 200, kind=PAGE)},
     "ui/pools/<poolname:pool>/check/": {"post": Rule(ANY_ROLE, 200, {"spec": {}}, kind=JSON)},
     # No file: the allowed callers get the validation error, the others never reach validation.
     "ui/pools/<poolname:pool>/editing-upload/": {"post": Rule(ANY_ROLE, 400, kind=JSON)},
@@ -113,7 +118,8 @@ def view_methods(pattern: URLPattern) -> set[str] | None:
 
 
 def sample_path(route: str, token_id: int) -> str:
-    return "/" + (route.replace("<poolname:pool>", POOL).replace("<generation:generation>", "1")
+    return "/" + (route.replace("<poolname:pool>", POOL).replace("<instancename:instance>", f"{POOL}.0")
+                  .replace("<generation:generation>", "1")
                   .replace("<generation:token_id>", str(token_id)))
 
 

@@ -56,7 +56,7 @@ def test_telemetry_streams_are_trimmed_to_their_tier_and_expire(fleet):
 
 def test_every_key_the_fleet_writes_is_bounded(fleet):
     """Nothing grows without bound: each key has a TTL, or is one of the fixed per-pool/instance keys."""
-    fixed = {fleet.keys.members, fleet.keys.desired}
+    fixed = {fleet.keys.members, fleet.keys.desired, fleet.keys.reporting}  # the sets are pruned by score
     fixed |= {q for n in fleet.names for q in (fleet.keys.rank_queue(n), fleet.keys.preinfer_queue(n))}
     unbounded = []
     for key in fleet.redis.scan_iter(f"{fleet.settings.key_prefix}*"):
@@ -69,3 +69,26 @@ def test_every_key_the_fleet_writes_is_bounded(fleet):
     for name in fleet.names:
         assert 0 < fleet.redis.ttl(fleet.keys.status(name)) <= STATUS_TTL_S
     assert fleet.redis.zcard(fleet.keys.members) == len(fleet.names)
+
+
+def test_the_pool_rollup_adds_up_every_instances_counts(fleet):
+    """Over whole seconds, the rollup holds exactly the instances' own counts (differences of their
+    cumulative snapshots), each instance reporting into a second at most once."""
+    for i in range(6):
+        fleet.client.rank(f"rollup-{i}", seq_len=32, short_len=2, n_candidates=4)
+    real = {name: [s for s in snapshots(fleet, name, 600) if s.counters] for name in fleet.names}
+    first = max(int(snaps[0].ts) + 1 for snaps in real.values())  # every instance published before it
+    time.sleep(max(0.0, first + 5 - time.time()))
+    last = int(time.time()) - 1
+    published = {name: [s for s in snapshots(fleet, name, 600) if s.counters] for name in fleet.names}
+    rolled = [fleet.redis.hgetall(fleet.keys.rollup("1s", t)) for t in range(first, last)]
+    reported = [int(r.get("instances", 0)) for r in rolled]
+    # Each instance reports into a second at most once (a busy one may skip a second: its next write carries it).
+    assert max(reported) == len(fleet.names) and all(n <= len(fleet.names) for n in reported)
+    own = 0
+    for snaps in published.values():
+        base = [s for s in snaps if s.ts < first][-1]
+        end = [s for s in snaps if s.ts < last][-1]
+        own += end.counters["rank_requests"] - base.counters["rank_requests"]
+    assert sum(int(r.get("rank_requests", 0)) for r in rolled) == own
+    assert fleet.redis.zcard(fleet.keys.reporting) == len(fleet.names)

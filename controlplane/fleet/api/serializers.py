@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from controlplane.common.fields import QueryIntegerField
 from relay_engine.core.wire import CONFIG_STATES
 
 
@@ -23,6 +24,21 @@ class InstanceStatusSerializer(serializers.Serializer):
     started_at = serializers.FloatField(allow_null=True)
 
 
+class StateCountsSerializer(serializers.Serializer):
+    acked = serializers.IntegerField(help_text="live and on the desired generation")
+    nacked = serializers.IntegerField(help_text="live and refused the desired generation")
+    waiting = serializers.IntegerField(help_text="live, neither yet")
+    gone = serializers.IntegerField(help_text="heartbeat stale")
+
+
+class PoolStatusQuerySerializer(serializers.Serializer):
+    order = serializers.ChoiceField(choices=["name", "problems"], required=False, default="name",
+                                    help_text="`problems`: NACKed first, then waiting, gone, ACKed")
+    limit = QueryIntegerField(lo=1, hi=10_000, required=False, default=None,
+                              help_text="a page of `instances` (default: all)")
+    offset = QueryIntegerField(lo=0, hi=100_000, required=False, default=0)
+
+
 class PoolStatusSerializer(serializers.Serializer):
     pool = serializers.CharField()
     desired_generation = serializers.IntegerField()
@@ -31,4 +47,6 @@ class PoolStatusSerializer(serializers.Serializer):
     live_instances = serializers.IntegerField()
     converged = serializers.BooleanField()
     checked_at = serializers.FloatField()
+    counts = StateCountsSerializer()
+    total_instances = serializers.IntegerField()
     instances = InstanceStatusSerializer(many=True)

@@ -4,29 +4,64 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.common.views import POOL_PARAM, error_responses
+from controlplane.common.views import INSTANCE_PARAM, POOL_PARAM, error_responses, instance_of
 from controlplane.policies import selectors as policy_selectors
 
 from .. import prometheus, selectors
-from .serializers import MetricsQuerySerializer
+from .serializers import InstanceTableQuerySerializer, MetricsQuerySerializer, PoolMetricsQuerySerializer
 
 
 class PoolMetricsView(APIView):
     @extend_schema(
-        parameters=[POOL_PARAM, MetricsQuerySerializer],
+        parameters=[POOL_PARAM, PoolMetricsQuerySerializer],
         responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description=(
-            "Aligned series: `timestamps` (bucket starts, unix s); `fleet` and `instances[<name>]` each "
-            "with p50_ms/p99_ms (from merged histogram buckets), rank_per_s, rank_within_slo_per_s, "
-            "slo_compliance_ratio, hbm/dram/inflight_join/miss ratios, preinfer_admitted_per_s, "
-            "preinfer_refused_per_s by reason, and (instances) hbm_bytes vs hbm_budget_bytes; "
-            "`totals` for the whole window; `annotations`: publishes in the window.")),
+            "Aligned series of the pool, from the pool rollups: `timestamps` (point starts, unix s, from "
+            "`from`: the whole window, or from `since` on an incremental poll); `fleet` with p50_ms/p99_ms "
+            "(from merged histogram buckets), rank_per_s, rank_within_slo_per_s, slo_compliance_ratio, "
+            "hbm/dram/inflight_join/miss ratios, preinfer_admitted_per_s, preinfer_refused_per_s by reason, "
+            "hbm_bytes and hbm_budget_bytes summed over the instances reporting (`instances`), `totals` for "
+            "the whole window; `top`: the `n` worst instances by `by`, worst first, each with its ranking "
+            "`value` and its series from `from`; `annotations`: publishes in the window.")),
             **error_responses(400, 401, 403, 404, 503)},
     )
     def get(self, request, pool):
+        query = PoolMetricsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        pool_obj = policy_selectors.pool_get(name=pool)
+        return Response(selectors.pool_metrics(pool=pool_obj, **query.validated_data))
+
+
+class InstanceTableView(APIView):
+    @extend_schema(
+        operation_id="pool_instances_list", parameters=[POOL_PARAM, InstanceTableQuerySerializer],
+        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description=(
+            "Every instance that reported in the window, with its window figures (requests, P50/P99 from "
+            "its merged buckets, share within the SLO, HBM hit and miss ratios, pre-infers admitted) and "
+            "its newest HBM bytes, budget, pressure and applied generation; sorted by `sort`, paged by "
+            "`limit`/`offset`; `count` is the number of instances.")),
+            **error_responses(400, 401, 403, 404, 503)},
+    )
+    def get(self, request, pool):
+        query = InstanceTableQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        pool_obj = policy_selectors.pool_get(name=pool)
+        return Response(selectors.instance_table(pool=pool_obj, **query.validated_data))
+
+
+class InstanceMetricsView(APIView):
+    @extend_schema(
+        operation_id="pool_instance_metrics", parameters=[POOL_PARAM, INSTANCE_PARAM, MetricsQuerySerializer],
+        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description=(
+            "One instance's series over the window (every figure of the pool view, and its gauges), "
+            "its window `totals` and the publishes; incremental with `since` like the pool's.")),
+            **error_responses(400, 401, 403, 404, 503)},
+    )
+    def get(self, request, pool, instance):
         query = MetricsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         pool_obj = policy_selectors.pool_get(name=pool)
-        return Response(selectors.pool_metrics(pool=pool_obj, window=query.validated_data["window"]))
+        return Response(selectors.instance_metrics(pool=pool_obj, instance=instance_of(pool, instance),
+                                                   **query.validated_data))
 
 
 class PrometheusTextRenderer(BaseRenderer):

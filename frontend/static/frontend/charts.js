@@ -12,6 +12,19 @@ const Charts = (() => {
   };
 
   const color = (i) => COLORS[i % COLORS.length];
+  const line = (x, y, name, extra = {}) => ({ type: "scatter", mode: "lines", x, y, name, connectgaps: false, ...extra });
+
+  /* Cache lookups as stacked shares: HBM hit, DRAM hit, joined a reload, miss (s: the pool's series
+     or one instance's). */
+  function lookups(container, m, x, s) {
+    const area = (y, name, c) => line(x, scale(y, 100), name, { stackgroup: "lookups", line: { color: c, width: 0.5 } });
+    draw(container, [
+      area(s.hbm_hit_ratio, "HBM hit", "#059669"),
+      area(s.dram_hit_ratio, "DRAM hit", "#2563eb"),
+      area(s.inflight_join_ratio, "joined a reload in flight", "#a855f7"),
+      area(s.miss_ratio, "miss (recompute)", "#dc2626"),
+    ], layout(m, { yTitle: "% of lookups", ySuffix: "%", yRange: [0, 100] }));
+  }
   const times = (m) => m.timestamps.map((t) => new Date(t * 1000));
   const scale = (values, factor) => values.map((v) => (v === null ? null : v * factor));
 
@@ -133,5 +146,45 @@ const Charts = (() => {
 
   const HEALTH_TEXT = { healthy: "healthy", atrisk: "at risk", nodata: "no data yet" };
 
-  return { color, times, scale, layout, draw, overlay, summary, lastOf, HEALTH_TEXT };
+  /* Incremental polls. An answer holds the points from `from` on (the whole window, or from the
+     `since` a poll sent); `splice` keeps the held points still in the window ([start, from)) and
+     appends the answer's, in every array of `fresh` (nested objects of arrays too). */
+  function splice(heldTimes, held, start, from, fresh) {
+    const keep = [];
+    heldTimes.forEach((t, i) => { if (t >= start && t < from) keep.push(i); });
+    const join = (old, add) => {
+      if (Array.isArray(add)) return Array.isArray(old) ? keep.map((i) => old[i]).concat(add) : add;
+      if (add && typeof add === "object" && old && typeof old === "object" && !Array.isArray(old)) {
+        const out = {};
+        for (const [key, value] of Object.entries(add)) out[key] = join(old[key], value);
+        return out;
+      }
+      return add;
+    };
+    return join(held, fresh);
+  }
+
+  /* A window's figures as polled incrementally: `query()` is what to ask next (`since` once
+     something is held), `merge(answer, keys)` folds the answer's `keys` series in and returns the
+     whole window. */
+  class SeriesWindow {
+    constructor() { this.m = null; }
+    reset() { this.m = null; }
+    query() {
+      const t = this.m ? this.m.timestamps : [];
+      return t.length ? `&since=${t[t.length - 1]}` : "";
+    }
+    merge(answer, keys) {
+      const held = this.m && this.m.window === answer.window ? this.m : null;
+      const merged = { ...answer };
+      if (held) {
+        for (const key of keys) merged[key] = splice(held.timestamps, held[key], answer.start, answer.from, answer[key]);
+        merged.timestamps = splice(held.timestamps, held.timestamps, answer.start, answer.from, answer.timestamps);
+      }
+      this.m = merged;
+      return merged;
+    }
+  }
+
+  return { color, line, times, scale, layout, draw, lookups, overlay, summary, lastOf, splice, SeriesWindow, HEALTH_TEXT };
 })();

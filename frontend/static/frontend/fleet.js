@@ -1,4 +1,5 @@
-/* Fleet: every instance's reported state, and whether the pool converged on the desired generation. */
+/* Fleet: whether the pool converged on the desired generation (counts over every instance), and the
+   instances' reported state a page at a time, those that keep it from converging first. */
 "use strict";
 
 (() => {
@@ -8,6 +9,8 @@
   const part = (role) => root.querySelector(`[data-role="${role}"]`);
   let publishKey = null;
   let publishSeenAt = null;
+  const PAGE_SIZE = 50;
+  let offset = 0;
 
   function memory(used, budget) {
     const share = budget > 0 ? Math.min(1, used / budget) : 0;
@@ -36,8 +39,8 @@
   }
 
   function render(status, detail) {
-    const live = status.instances.filter((i) => i.live);
-    const acked = live.filter((i) => i.up_to_date);
+    const { acked, nacked, waiting } = status.counts;
+    const live = status.live_instances;
     const desired = status.desired_generation;
     const key = `${desired}@${detail.desired_at}`;
     if (key !== publishKey) {
@@ -48,33 +51,37 @@
       + (detail.desired_at ? ` at ${fmt.time(detail.desired_at)}` : "");
     const badge = part("converged");
     const box = part("convergence");
-    box.dataset.state = status.converged ? "converged" : (live.length ? "converging" : "empty");
+    box.dataset.state = status.converged ? "converged" : (live ? "converging" : "empty");
     badge.dataset.health = status.converged ? "healthy" : "atrisk";
-    badge.textContent = status.converged ? "converged" : (live.length ? "converging" : "no live instance");
-    const nacked = live.filter((i) => i.config_state === "NACK" && i.nacked_generation === desired);
-    let summary = `${acked.length} of ${live.length} live instance${live.length === 1 ? "" : "s"} ACKed generation ${desired}`
+    badge.textContent = status.converged ? "converged" : (live ? "converging" : "no live instance");
+    let summary = `${acked} of ${live} live instance${live === 1 ? "" : "s"} ACKed generation ${desired}`
       + ` (${status.expected_instances} expected).`;
-    if (nacked.length) summary += ` ${nacked.length} refused it (NACK) and keep running their last good generation.`;
-    else if (!status.converged && live.length) summary += ` Waiting ${fmt.age((Date.now() - publishSeenAt) / 1000)}.`;
+    if (nacked) summary += ` ${nacked} refused it (NACK) and keep running their last good generation.`;
+    else if (!status.converged && live) summary += ` Waiting for ${waiting}, ${fmt.age((Date.now() - publishSeenAt) / 1000)}.`;
     if (status.published_generation < desired) {
       summary += ` Generation ${desired} is not yet written to Redis (published ${status.published_generation}); `
         + "run manage.py relaygr_sync or publish again.";
     }
     part("summary").textContent = summary;
-    part("progress").style.width = `${live.length ? (100 * acked.length) / live.length : 0}%`;
-    part("empty").hidden = status.instances.length > 0;
+    part("progress").style.width = `${live ? (100 * acked) / live : 0}%`;
+    part("empty").hidden = status.total_instances > 0;
     const rows = status.instances.map((i) => row(i, desired));
     if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No instances.")));
     part("instances").querySelector("tbody").replaceChildren(...rows);
+    const last = Math.min(status.total_instances, offset + status.instances.length);
+    part("page").textContent = status.total_instances ? `${offset + 1}–${last} of ${status.total_instances}` : "";
+    part("prev").disabled = offset === 0;
+    part("next").disabled = last >= status.total_instances;
   }
 
   async function load() {
     const base = `/api/v1/pools/${encodeURIComponent(pool)}/`;
-    const [status, detail] = await Promise.all([api(`${base}status/`), api(base)]);
+    const [status, detail] = await Promise.all([
+      api(`${base}status/?order=problems&limit=${PAGE_SIZE}&offset=${offset}`), api(base)]);
     render(status, detail);
   }
 
-  new Poller(load, {
+  const poller = new Poller(load, {
     intervalMs: 1000,
     onError(err, { retryInMs }) {
       part("summary").textContent = err.status === 0
@@ -82,5 +89,8 @@
       part("converged").textContent = "unknown";
       delete part("converged").dataset.health;
     },
-  }).start();
+  });
+  part("prev").addEventListener("click", () => { offset = Math.max(0, offset - PAGE_SIZE); poller.start(); });
+  part("next").addEventListener("click", () => { offset += PAGE_SIZE; poller.start(); });
+  poller.start();
 })();

@@ -1,24 +1,31 @@
-/* Pool live view: polls the metrics endpoint every second and redraws every chart in place. */
+/* Pool live view: polls the pool's figures every second, incrementally (only points newer than the
+   last one held), and draws the pool's aggregates, its worst instances and a paged, sortable table. */
 "use strict";
 
 (() => {
   const { api, Poller, fmt, el } = RelayGR;
   const root = document.getElementById("live");
   const pool = root.dataset.pool;
+  const base = `/api/v1/pools/${encodeURIComponent(pool)}`;
   let windowName = root.dataset.window;
   const chart = (name) => root.querySelector(`[data-chart="${name}"]`);
+  const part = (role) => root.querySelector(`[data-role="${role}"]`);
   const CHARTS = ["latency", "throughput", "hbm", "hits", "preinfer", "instance_p99"];
   const REFUSAL_COLORS = {
     not_at_risk: "#94a3b8", already_cached: "#0891b2", inflight_limit: "#d97706",
     token_rate_limit: "#db2777", cache_budget: "#7c3aed", disabled: "#475569",
   };
-  const MiB = 1 / (1024 * 1024);
+  const PAGE_SIZE = 25;
+  const controls = part("worst-controls");
+  const pool_series = new Charts.SeriesWindow();
+  let worst = new Map(); // instance → its series, merged across polls like the pool's
   let drawn = false;
-  let lastKey = null;
+  let table = { sort: "-p99_ms", offset: 0 };
 
-  function line(x, y, name, extra = {}) {
-    return { type: "scatter", mode: "lines", x, y, name, connectgaps: false, ...extra };
-  }
+  const { line } = Charts;
+
+  const instanceUrl = (name) => `/pools/${encodeURIComponent(pool)}/instances/${encodeURIComponent(name)}/?window=${windowName}`;
+  const pressure = (used, budget) => used.map((u, i) => (u === null || !budget[i] ? null : (100 * u) / budget[i]));
 
   function drawLatency(m, x) {
     const f = m.fleet;
@@ -38,26 +45,18 @@
     ], Charts.layout(m, { yTitle: "requests/s" }));
   }
 
+  /* Occupancy as a share of the budget reads the same at 2 instances or 256: the pool's (all bytes
+     over all budgets) thick, each worst instance's thin. */
   function drawHbm(m, x) {
-    const traces = [];
-    Object.entries(m.instances).forEach(([name, s], i) => {
-      const color = Charts.color(i);
-      traces.push(line(x, Charts.scale(s.hbm_bytes, MiB), `${name} used`, { legendgroup: name, line: { color, width: 2 } }));
-      traces.push(line(x, Charts.scale(s.hbm_budget_bytes, MiB), `${name} budget`,
-                       { legendgroup: name, line: { color, width: 1, dash: "dash" } }));
+    const traces = [line(x, pressure(m.fleet.hbm_bytes, m.fleet.hbm_budget_bytes), "pool",
+                         { line: { color: "#0f172a", width: 3 } })];
+    [...worst.entries()].forEach(([name, s], i) => {
+      traces.push(line(x, pressure(s.hbm_bytes, s.hbm_budget_bytes), name, { line: { color: Charts.color(i), width: 1.5 } }));
     });
-    Charts.draw(chart("hbm"), traces, Charts.layout(m, { yTitle: "MiB" }));
-  }
-
-  function drawHits(m, x) {
-    const f = m.fleet;
-    const area = (y, name, color) => line(x, Charts.scale(y, 100), name, { stackgroup: "lookups", line: { color, width: 0.5 } });
-    Charts.draw(chart("hits"), [
-      area(f.hbm_hit_ratio, "HBM hit", "#059669"),
-      area(f.dram_hit_ratio, "DRAM hit", "#2563eb"),
-      area(f.inflight_join_ratio, "joined a reload in flight", "#a855f7"),
-      area(f.miss_ratio, "miss (recompute)", "#dc2626"),
-    ], Charts.layout(m, { yTitle: "% of lookups", ySuffix: "%", yRange: [0, 100] }));
+    const layout = Charts.layout(m, { yTitle: "% of HBM budget", ySuffix: "%" });
+    layout.shapes.push({ type: "line", xref: "paper", x0: 0, x1: 1, y0: 100, y1: 100,
+                         line: { color: "#dc2626", width: 1, dash: "dot" } });
+    Charts.draw(chart("hbm"), traces, layout);
   }
 
   function drawPreinfer(m, x) {
@@ -69,13 +68,9 @@
     Charts.draw(chart("preinfer"), traces, Charts.layout(m, { yTitle: "signals/s", barmode: "stack" }));
   }
 
-  function drawInstanceLatency(m, x) {
-    const traces = [];
-    Object.entries(m.instances).forEach(([name, s], i) => {
-      const color = Charts.color(i);
-      traces.push(line(x, s.p99_ms, `${name} P99`, { legendgroup: name, line: { color, width: 2 } }));
-      traces.push(line(x, s.p50_ms, `${name} P50`, { legendgroup: name, line: { color, width: 1, dash: "dot" } }));
-    });
+  function drawWorstLatency(m, x) {
+    const traces = [...worst.entries()].map(([name, s], i) =>
+      line(x, s.p99_ms, `${name} P99`, { line: { color: Charts.color(i), width: 1.5 } }));
     Charts.draw(chart("instance_p99"), traces, Charts.layout(m, { yTitle: "ms", withSlo: true }));
   }
 
@@ -97,64 +92,92 @@
     set("preinfer", `${fmt.count(t.preinfer_admitted)} / ${fmt.count(refused)}`);
   }
 
-  function renderInstances(m) {
-    const tbody = root.querySelector('[data-role="instances"] tbody');
-    const rows = Object.entries(m.instances).map(([name, s]) => {
-      const t = s.totals;
-      const used = Charts.lastOf(s.hbm_bytes);
-      const budget = Charts.lastOf(s.hbm_budget_bytes);
-      const p99Bad = t.p99_ms !== null && m.slo_ms !== null && t.p99_ms > m.slo_ms;
-      return el("tr", { dataset: { instance: name } },
-        el("td", {}, name),
-        el("td", { class: "num" }, fmt.count(t.rank_requests)),
-        el("td", { class: "num" }, fmt.ms(t.p50_ms)),
-        el("td", { class: `num ${p99Bad ? "bad" : ""}` }, fmt.ms(t.p99_ms)),
-        el("td", { class: "num" }, fmt.pct(t.slo_compliance_ratio, 2)),
-        el("td", { class: "num" }, fmt.pct(t.hbm_hit_ratio)),
-        el("td", { class: "num" }, fmt.pct(Charts.lastOf(s.miss_ratio))),
-        el("td", { class: "num" }, fmt.count(t.preinfer_admitted)),
-        el("td", { class: "num" }, `${fmt.bytes(used)} / ${fmt.bytes(budget)}`),
-        el("td", { class: "num" }, Charts.lastOf(s.applied_generation) ?? "–"));
-    });
-    if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: 10, class: "muted" }, "No instance reported telemetry in this window.")));
-    tbody.replaceChildren(...rows);
+  function renderWorst(m) {
+    const top = m.top;
+    part("reporting").textContent = `(${top.instances.length} of ${top.reporting} reporting in this window)`;
+    const items = top.instances.map((t) => el("li", { dataset: { instance: t.instance } },
+      el("a", { href: instanceUrl(t.instance) }, t.instance), " ",
+      el("span", { class: "muted" }, t.value === null ? "no data" : (top.by === "hbm" ? `${fmt.pct(t.value)} of HBM budget` : `P99 ${fmt.ms(t.value)}`))));
+    if (!items.length) items.push(el("li", { class: "muted" }, "No instance reported in this window."));
+    part("worst-list").replaceChildren(...items);
+    part("worst-list").dataset.by = top.by;
   }
 
-  function render(m) {
+  function renderTable(page, m) {
+    const rows = page.results.map((r) => {
+      const p99Bad = r.p99_ms !== null && m.slo_ms !== null && r.p99_ms > m.slo_ms;
+      return el("tr", { dataset: { instance: r.instance } },
+        el("td", {}, el("a", { href: instanceUrl(r.instance) }, r.instance)),
+        el("td", { class: "num" }, fmt.count(r.rank_requests)),
+        el("td", { class: "num" }, fmt.ms(r.p50_ms)),
+        el("td", { class: `num ${p99Bad ? "bad" : ""}` }, fmt.ms(r.p99_ms)),
+        el("td", { class: "num" }, fmt.pct(r.slo_compliance_ratio, 2)),
+        el("td", { class: "num" }, fmt.pct(r.hbm_hit_ratio)),
+        el("td", { class: "num" }, fmt.pct(r.miss_ratio)),
+        el("td", { class: "num" }, fmt.count(r.preinfer_admitted)),
+        el("td", { class: "num" }, `${fmt.bytes(r.hbm_bytes)} / ${fmt.bytes(r.hbm_budget_bytes)}`),
+        el("td", { class: "num" }, r.applied_generation ?? "–"));
+    });
+    if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: 10, class: "muted" }, "No instance reported telemetry in this window.")));
+    part("instances").querySelector("tbody").replaceChildren(...rows);
+    part("instances").querySelectorAll("th[data-sort]").forEach((th) => {
+      const key = th.dataset.sort;
+      th.dataset.sorted = table.sort === key ? "asc" : (table.sort === `-${key}` ? "desc" : "");
+    });
+    const last = Math.min(page.count, page.offset + page.results.length);
+    part("page").textContent = page.count ? `${page.offset + 1}–${last} of ${page.count}` : "";
+    part("prev").disabled = page.offset === 0;
+    part("next").disabled = last >= page.count;
+  }
+
+  function render(m, page) {
     const x = Charts.times(m);
-    const empty = Object.keys(m.instances).length === 0;
-    root.querySelector('[data-role="empty"]').hidden = !empty;
+    const empty = (m.fleet.totals.rank_requests || 0) === 0 && !m.fleet.instances.some((v) => v);
+    part("empty").hidden = !empty;
     drawLatency(m, x);
     drawThroughput(m, x);
     drawHbm(m, x);
-    drawHits(m, x);
+    Charts.lookups(chart("hits"), m, x, m.fleet);
     drawPreinfer(m, x);
-    drawInstanceLatency(m, x);
-    for (const name of CHARTS) {
-      Charts.overlay(chart(name), empty ? "No data in this window yet." : null, "empty");
-    }
+    drawWorstLatency(m, x);
+    for (const name of CHARTS) Charts.overlay(chart(name), empty ? "No data in this window yet." : null, "empty");
     renderTiles(m, Charts.summary(m));
-    renderInstances(m);
+    renderWorst(m);
+    renderTable(page, m);
     root.dataset.updatedAt = String(Date.now());
     drawn = true;
   }
 
+  /* The worst instances' series merged like the pool's: an instance held since the last poll gets
+     the new points, one new to the list its whole window. */
+  function mergeWorst(answer, heldTimes) {
+    const next = new Map();
+    for (const t of answer.top.instances) {
+      const held = worst.get(t.instance);
+      next.set(t.instance, held && heldTimes ? Charts.splice(heldTimes, held, answer.start, t.from, t) : t);
+    }
+    worst = next;
+  }
+
   async function load() {
     const t0 = performance.now();
-    const metrics = await api(`/api/v1/pools/${encodeURIComponent(pool)}/metrics/?window=${windowName}`);
+    const form = new FormData(controls);
+    const top = Math.max(1, Math.min(Number(controls.top.max), Number(form.get("top")) || 1));
+    const known = worst.size ? `&known=${[...worst.keys()].map(encodeURIComponent).join(",")}` : "";
+    const [answer, page] = await Promise.all([
+      api(`${base}/metrics/?window=${windowName}&top=${top}&rank_by=${form.get("rank_by")}${pool_series.query()}${known}`),
+      api(`${base}/instances/?window=${windowName}&sort=${table.sort}&limit=${PAGE_SIZE}&offset=${table.offset}`),
+    ]);
     const t1 = performance.now();
-    // Coarse windows change every 10 or 60 s; an identical answer is not drawn again.
-    const key = JSON.stringify(metrics);
-    if (key === lastKey) return;
-    lastKey = key;
-    render(metrics);
+    const heldTimes = pool_series.m && pool_series.m.window === answer.window ? pool_series.m.timestamps : null;
+    mergeWorst(answer, heldTimes);
+    render(pool_series.merge(answer, ["fleet"]), page);
     // How long the last refresh took, fetching and drawing (read by the browser tests).
     root.dataset.fetchMs = (t1 - t0).toFixed(0);
     root.dataset.renderMs = (performance.now() - t1).toFixed(0);
   }
 
   function onError(err, { fatal, retryInMs }) {
-    lastKey = null; // the next answer clears the error overlay even if its figures are unchanged
     const text = fatal
       ? `${err.message} Reload the page to log in again.`
       : `${err.status === 0 ? "Reconnecting to the server" : err.message} — retrying in ${Math.round(retryInMs / 1000)} s${drawn ? "; the last figures stay shown." : "."}`;
@@ -162,12 +185,29 @@
   }
 
   const poller = new Poller(load, { intervalMs: 1000, onError });
-  RelayGR.windowPicker((name) => {
-    windowName = name;
+  const restart = () => {
+    pool_series.reset();
+    worst = new Map();
     drawn = false;
-    lastKey = null;
     for (const c of CHARTS) Charts.overlay(chart(c), "Loading…", "loading");
     poller.start();
+  };
+  RelayGR.windowPicker((name) => {
+    windowName = name;
+    restart();
   });
+  controls.addEventListener("change", () => { worst = new Map(); poller.start(); });
+  controls.addEventListener("submit", (event) => event.preventDefault());
+  part("instances").querySelectorAll("th[data-sort]").forEach((th) => th.addEventListener("click", () => {
+    const key = th.dataset.sort;
+    // A second click on a column reverses it; a first click sorts a figure largest first, names A to Z.
+    let sort = key === "instance" ? key : `-${key}`;
+    if (table.sort === `-${key}`) sort = key;
+    else if (table.sort === key) sort = `-${key}`;
+    table = { sort, offset: 0 };
+    poller.start();
+  }));
+  part("prev").addEventListener("click", () => { table.offset = Math.max(0, table.offset - PAGE_SIZE); poller.start(); });
+  part("next").addEventListener("click", () => { table.offset += PAGE_SIZE; poller.start(); });
   poller.start();
 })();

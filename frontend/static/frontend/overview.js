@@ -1,10 +1,12 @@
-/* SLO overview: one card per pool, refreshed every 2 s from each pool's metrics. */
+/* SLO overview: one card per pool, refreshed every 2 s from each pool's metrics (the pool's own
+   series only, polled incrementally). */
 "use strict";
 
 (() => {
   const { api, Poller, fmt } = RelayGR;
   const cards = [...document.querySelectorAll(".pool-card[data-pool]")];
   let windowName = new URL(window.location.href).searchParams.get("window") || "1h";
+  const held = cards.map(() => new Charts.SeriesWindow());
 
   function renderCard(card, m) {
     const s = Charts.summary(m);
@@ -35,9 +37,9 @@
   }
 
   async function load() {
-    const results = await Promise.all(cards.map((card) =>
-      api(`/api/v1/pools/${encodeURIComponent(card.dataset.pool)}/metrics/?window=${windowName}`)));
-    results.forEach((m, i) => renderCard(cards[i], m));
+    const results = await Promise.all(cards.map((card, i) =>
+      api(`/api/v1/pools/${encodeURIComponent(card.dataset.pool)}/metrics/?window=${windowName}&top=0${held[i].query()}`)));
+    results.forEach((m, i) => renderCard(cards[i], held[i].merge(m, ["fleet"])));
   }
 
   function onError(err, { fatal, retryInMs }) {
@@ -49,6 +51,7 @@
     const poller = new Poller(load, { intervalMs: 2000, onError });
     RelayGR.windowPicker((name) => {
       windowName = name;
+      held.forEach((w) => w.reset());
       poller.start();
     });
     poller.start();
