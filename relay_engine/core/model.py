@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -240,12 +240,14 @@ class HSTUModel(nn.Module):
         return seq_len * self.config.kv_bytes_per_token(with_timestamps)
 
     @torch.no_grad()
-    def prefill(self, prefix: History, edit: HeadBias | None = None) -> PrefixKV:
-        """Pre-infer a long-term prefix: its per-layer K/V, ready for ``rank``, under ``edit`` (none by default)."""
+    def prefill(self, prefix: History, edit: HeadBias | None = None, *,
+                between_layers: Callable[[], None] | None = None) -> PrefixKV:
+        """Pre-infer a long-term prefix: its per-layer K/V, ready for ``rank``, under ``edit`` (none by default).
+        ``between_layers`` is called before every layer but the first (where pre-inference yields to ranking)."""
         edit = self._edit_or_none(edit)
         self.check_history(prefix, "prefix", allow_empty=False)
         prefix = self._to_device(prefix)
-        kv, _ = self._forward(None, prefix, None, None, edit)
+        kv, _ = self._forward(None, prefix, None, None, edit, between_layers=between_layers)
         return PrefixKV(kv, prefix.timestamps, len(prefix), self.version, edit.content_hash)
 
     @torch.no_grad()
@@ -365,8 +367,8 @@ class HSTUModel(nn.Module):
                              self._edit_or_none(edit), head_capture)
 
     def _forward(self, cached: PrefixKV | None, history: History, candidates: torch.Tensor | None,
-                 query_timestamp: int | None, edit: HeadBias,
-                 head_capture: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 query_timestamp: int | None, edit: HeadBias, head_capture: list[torch.Tensor] | None = None,
+                 between_layers: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run new history tokens (after an optional cached prefix) and optional candidates.
 
         Returns (kv of the new history tokens [layers, 2, H, Tn, D], candidate scores [C] or None).
@@ -410,6 +412,8 @@ class HSTUModel(nn.Module):
         kp = cached.kv[:, 0] if cached is not None else None  # [layers, H, Tp, D]
         vp = cached.kv[:, 1] if cached is not None else None
         for li, layer in enumerate(self.layers):
+            if li and between_layers is not None:
+                between_layers()
             normed = F.layer_norm(x, (c.embed_dim,))
             uvqk = F.silu(torch.addmm(layer.uvqk_bias, normed, layer.uvqk_weight))  # [rows, 4·H·D]
             u, v, q, k = (t.reshape(rows, H, D).transpose(0, 1) for t in uvqk.split(c.attn_dim, dim=1))

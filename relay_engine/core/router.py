@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
+
+RANKING_CACHE_USERS = 65_536  # users whose instance order is remembered (a route is then a lookup)
 
 
 def _weight(user_id: str, instance_salt: bytes) -> int:
@@ -25,6 +29,8 @@ class AffinityRouter:
         self.epsilon = epsilon
         self._instances: tuple[str, ...] = ()
         self._salts: dict[str, bytes] = {}
+        self._rankings: OrderedDict[str, list[str]] = OrderedDict()
+        self._rankings_lock = threading.Lock()  # one router serves a client's many threads
         self.set_instances(instances)
 
     @property
@@ -33,13 +39,28 @@ class AffinityRouter:
 
     def set_instances(self, instances: Iterable[str]) -> None:
         names = tuple(sorted(set(instances)))
-        self._instances = names
         # blake2b keys are at most 64 bytes; hash long names down to a fixed-size salt.
-        self._salts = {n: hashlib.blake2b(n.encode(), digest_size=32).digest() for n in names}
+        salts = {n: hashlib.blake2b(n.encode(), digest_size=32).digest() for n in names}
+        with self._rankings_lock:
+            self._instances, self._salts = names, salts
+            self._rankings = OrderedDict()
 
     def ranking(self, user_id: str) -> list[str]:
-        """Instances in the user's preference order (highest weight first)."""
-        return sorted(self._instances, key=lambda n: _weight(user_id, self._salts[n]), reverse=True)
+        """Instances in the user's preference order (highest weight first). Remembered for the most
+        recent users (a bounded LRU), since a user's order changes only with the instance set."""
+        with self._rankings_lock:
+            ranked = self._rankings.get(user_id)
+            if ranked is not None:
+                self._rankings.move_to_end(user_id)
+                return ranked
+            instances, salts = self._instances, self._salts
+        ranked = sorted(instances, key=lambda n: _weight(user_id, salts[n]), reverse=True)
+        with self._rankings_lock:
+            if self._instances is instances:  # not computed for a set replaced meanwhile
+                self._rankings[user_id] = ranked
+                if len(self._rankings) > RANKING_CACHE_USERS:
+                    self._rankings.popitem(last=False)
+        return ranked
 
     def route(self, user_id: str, loads: Mapping[str, float] | None = None) -> str:
         """The instance for user_id. ``loads`` (e.g. requests in flight per instance) enables the
@@ -47,8 +68,8 @@ class AffinityRouter:
         if not self._instances:
             raise LookupError("no live instances to route to")
         if not loads:
-            return max(self._instances, key=lambda n: _weight(user_id, self._salts[n]))
-        total = sum(max(0.0, loads.get(n, 0.0)) for n in self._instances)
+            return self.ranking(user_id)[0]
+        total = sum(max(0.0, load) for name, load in loads.items() if name in self._salts)
         capacity = (1.0 + self.epsilon) * (total + 1.0) / len(self._instances)
         ranked = self.ranking(user_id)
         for name in ranked:

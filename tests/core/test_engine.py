@@ -201,3 +201,66 @@ def test_stats_count_requests_within_the_slo(slo_ms, within):
     assert stats.rank_latency.count == 3
     assert stats.counters["rank_within_slo"] == within
     assert stats.device == "cpu"
+
+
+class _HeldPrefill:
+    """The model's forwards, with prefills held until released (a prefill that is slow to finish)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.release = threading.Event()
+        self.started = threading.Event()
+
+    def prefill(self, prefix, edit=None, *, between_layers=None):
+        self.started.set()
+        self.release.wait(30)
+        return self.model.prefill(prefix, edit, between_layers=between_layers)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def test_a_submitted_pre_inference_runs_on_the_lane_and_ranking_finds_it():
+    engine = engine_with(trigger={"at_risk_seq_len": 100})
+    prefix = make_history(300, SMALL, seed=11)
+    decision = engine.submit_pre_infer(PreInferRequest("ivy", prefix))
+    assert decision.admitted
+    engine.close()  # the lane drains
+    assert rank(engine, "ivy", prefix).source == "hbm"
+    assert engine.stats().counters["preinfer_completed"] == 1
+
+
+def test_a_rank_recomputes_instead_of_waiting_on_a_prefill_that_would_finish_too_late():
+    policy = parse_policy({"trigger": {"at_risk_seq_len": 100,
+                                       "latency_model": {"base_ms": 200.0}}})  # a recompute: 200 ms
+    model = engine_with().model
+    forwards = _HeldPrefill(model)
+    engine = RelayEngine(model=model, device="cpu", policy=policy, forwards=forwards)
+    prefix = make_history(300, SMALL, seed=12)
+    assert engine.submit_pre_infer(PreInferRequest("jay", prefix)).admitted
+    assert forwards.started.wait(10)
+    try:
+        result = rank(engine, "jay", prefix, deadline_s=time.time() + 0.5)  # waits ~0.3 s, then recomputes
+        assert result.source == "miss"
+        assert not forwards.release.is_set() and engine.producing.running(engine.cache_key("jay", prefix))
+    finally:
+        forwards.release.set()
+        engine.close()
+    full = model.rank_full(prefix, SHORT, CANDS)
+    assert relative_error(torch.tensor(result.scores), full) <= TOLERANCE
+    assert engine.stats().counters["misses"] == 1 and engine.stats().counters["inflight_joins"] == 0
+
+
+def test_a_prefill_between_layers_waits_while_ranking_runs():
+    engine = engine_with()
+    pace = engine.ranking_gate.pacer(share=0.001)  # would wait ~1000 × its last layer if ranking never ended
+    time.sleep(0.01)
+    engine.ranking_gate.enter()
+    threading.Timer(0.05, engine.ranking_gate.leave).start()
+    t0 = time.monotonic()
+    pace()
+    waited = time.monotonic() - t0
+    assert 0.03 <= waited < 5.0  # until ranking ended, not the whole allowance
+    t0 = time.monotonic()
+    pace()  # nothing ranking: no pause
+    assert time.monotonic() - t0 < 0.5

@@ -59,3 +59,12 @@ def test_bounded_load_falls_back_when_the_first_choice_is_overloaded():
 def test_no_instances_is_a_clear_error():
     with pytest.raises(LookupError, match="no live instances"):
         AffinityRouter([]).route("u")
+
+
+def test_a_remembered_ranking_is_the_computed_one_and_follows_the_instance_set():
+    router = AffinityRouter(["a", "b", "c"])
+    first = router.ranking("u1")
+    assert router.ranking("u1") == first and sorted(first) == ["a", "b", "c"]
+    router.set_instances(["a", "b", "c", "d"])
+    assert sorted(router.ranking("u1")) == ["a", "b", "c", "d"]
+    assert router.route("u1") == router.ranking("u1")[0]
