@@ -5,7 +5,7 @@
 Settings not given as flags come from the environment (``workers.settings``). The process builds
 one ``RelayEngine``, applies the pool's desired revision, then runs a Celery worker on the
 ``threads`` pool (torch releases the GIL) that consumes ``P.{inst}.rank`` and ``P.{inst}.preinfer``.
-Beside it run: the pre-inference thread, the reconciler, the telemetry publisher, and the heartbeat,
+Beside it run: the engine's pre-inference lane, the reconciler, the telemetry publisher, and the heartbeat,
 which starts only once Celery consumes, so clients never route to an instance that is not serving.
 On shutdown the instance leaves the live set first, so its users move at once.
 """
@@ -79,7 +79,7 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
         heartbeat_ts=started_at, started_at=started_at, **engine_gauges(engine),
     ), gauges=lambda: engine_gauges(engine))
     counts = WorkerCounts()
-    runtime = InstanceRuntime(engine, SyntheticFeatures(settings.model_config), counts)
+    runtime = InstanceRuntime(engine, SyntheticFeatures(settings.model_config), counts, replies=client, keys=keys)
     app = make_app(settings)
     register_tasks(app, runtime)
 
@@ -102,7 +102,6 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
         except redis.RedisError as exc:  # it drops out after the heartbeat timeout instead
             log.warning("could not leave the live set: %s", exc)
 
-    runtime.runner.start()
     reconciler.start()  # applies the desired revision before the first request is consumed
     telemetry.start()
     try:
@@ -111,7 +110,7 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
         _leave()
         for loop in (telemetry, reconciler):
             loop.stop()
-        runtime.runner.stop()
+        engine.close()
 
 
 def main(argv: list[str] | None = None) -> int:
