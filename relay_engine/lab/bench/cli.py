@@ -3,52 +3,46 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from relay_engine.core import fields
 from relay_engine.core.trace import TraceError, read_trace
 from relay_engine.lab.bench import __doc__ as PACKAGE_DOC
 from relay_engine.lab.bench.run import run
 from relay_engine.lab.bench.settings import BenchSettings, quick_settings
 from relay_engine.lab.traffic import TraceSpec, generate_trace
 
+MAX_FLAG_VALUE = 1e9
 
-def _time_scale(text: str) -> float | None:
-    if text == "auto":
-        return None
+
+def positive_number(text: str) -> float:
+    """A positive finite number given on the command line (read by the schema's own field check)."""
     try:
-        k = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number or 'auto', got {text!r}") from None
-    if not (k > 0 and math.isfinite(k)):
-        raise argparse.ArgumentTypeError(f"must be a positive number or 'auto', got {text!r}")
-    return k
+        value = float(fields.number_text(text, 0.0, MAX_FLAG_VALUE))
+    except fields.FieldValueError:
+        value = 0.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, {MAX_FLAG_VALUE:g}], got {text!r}")
+    return value
 
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}, got {text!r}") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}, got {text!r}")
-        return value
-    return parse
+def time_scale_flag(text: str) -> float | None:
+    """K, or None for 'auto'."""
+    return None if text == "auto" else positive_number(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m relay_engine.bench", description=PACKAGE_DOC.split("\n\n")[0])
     d = BenchSettings()
     parser.add_argument("--trace", help="trace file (JSON Lines); default: the default generated trace")
-    parser.add_argument("--slo-ms", type=_positive(float), default=d.slo_ms,
+    parser.add_argument("--slo-ms", type=positive_number, default=d.slo_ms,
                         help="ranking P99 SLO of the reference device (× K here)")
-    parser.add_argument("--deadline-ms", type=_positive(float), default=None,
+    parser.add_argument("--deadline-ms", type=positive_number, default=None,
                         help="ranking deadline after arrival, reference device (default: twice the SLO)")
-    parser.add_argument("--time-scale", type=_time_scale, default=None, metavar="K|auto",
+    parser.add_argument("--time-scale", type=time_scale_flag, default=None, metavar="K|auto",
                         help="multiply every time constant of the trace by K; 'auto' (default) derives K from "
                              "this machine's forward times against the reference profile")
     parser.add_argument("--reference", type=Path, default=d.reference_profile,
@@ -56,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instances", type=int, default=None,
                         help="engine instances (processes, each pinned to its own cores); default 2, or 1 on one core")
     parser.add_argument("--rank-threads", type=int, default=d.rank_threads, help="ranking threads per instance")
-    parser.add_argument("--ref-qps", type=_positive(float), default=None,
-                        help="reference load on this machine's clock (the cap sweep runs at it)")
+    parser.add_argument("--ref-qps", type=positive_number, default=None,
+                        help=f"reference load in the reference device's QPS, ÷ K here (default {d.ref_qps:g}); "
+                             "the cap sweep runs at it, the load sweeps around it")
     parser.add_argument("--headline-cap", type=int, default=None,
                         help="prefix cap of the throughput ratio (default: the baseline's max sequence length)")
     parser.add_argument("--cap-sweep", action="store_true",

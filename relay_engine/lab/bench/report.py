@@ -28,7 +28,7 @@ def markdown(result: dict) -> str:
     lines = [
         f"Time scale K = {k:g} ({ts['how']}). On this machine: SLO {reg['slo_ms']:.0f} ms "
         f"(reference {reg['slo_ms_unscaled']:g} ms), deadline {reg['deadline_ms']:.0f} ms, reference load "
-        f"{reg['ref_qps']:g} QPS (= {reg['ref_qps_unscaled']:g} QPS on the reference device). "
+        f"{reg['ref_qps']:g} QPS here (= {reg['ref_qps_unscaled']:g} QPS on the reference device). "
         f"Each point: {result['windows']['measured_per_point']} measured ranking requests over "
         f"{result['windows']['count']} paired windows; P99 with a bootstrap 95 % interval.",
         "",

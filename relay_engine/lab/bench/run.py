@@ -141,7 +141,7 @@ def calibrate(settings: BenchSettings, queries: Sequence[TraceQuery], fleet: Fle
     return Calibrated(cost, k, k_how, regime_for(s, cost, k, short, cands), windows)
 
 
-def measure_sweeps(s: BenchSettings, measure: Measure, predict: Measure | None, slo_ms: float,
+def measure_sweeps(s: BenchSettings, measure: Measure, predict: Measure | None, regime: Regime,
                    modes: Sequence[Mode]) -> tuple[dict[str, dict[str, tuple[Sweep, dict | None]]], int]:
     """The run's sweeps: max sequence length (baseline, relay) at the reference load; SLO throughput at
     the headline cap (every mode, or baseline and relay without ablations); with ``cap_sweep``, SLO
@@ -149,10 +149,11 @@ def measure_sweeps(s: BenchSettings, measure: Measure, predict: Measure | None, 
     by_name = {m.name: m for m in modes}
     baseline, relay = by_name["baseline"], by_name["relay"]
     sweeps: dict[str, dict[str, tuple[Sweep, dict | None]]] = {m.name: {} for m in modes}
+    slo_ms, ref_qps = regime.slo_ms, s.ref_qps / regime.time_scale
     for mode in (baseline, relay):
-        sweeps[mode.name]["cap"] = guided_sweep(measure, predict, mode, "cap", s.caps, s.ref_qps, slo_ms)
+        sweeps[mode.name]["cap"] = guided_sweep(measure, predict, mode, "cap", s.caps, ref_qps, slo_ms)
     headline = s.headline_cap or int(sweeps["baseline"]["cap"][0].best_passing) or min(s.caps)
-    loads = [s.ref_qps * step for step in s.load_steps]
+    loads = [ref_qps * step for step in s.load_steps]
     for mode in modes:
         if s.ablations or mode.name in ("baseline", "relay"):
             sweeps[mode.name][f"qps@{headline}"] = guided_sweep(measure, predict, mode, "qps", loads, headline, slo_ms)
@@ -177,7 +178,7 @@ def run(settings: BenchSettings, queries: list[TraceQuery], trace_name: str, out
         cost, k, k_how, regime, windows = cal.cost, cal.time_scale, cal.time_scale_how, cal.regime, cal.windows
         measure = RealMeasure(s, fleet, queries, windows, regime, progress)
         predict = SimMeasure(s, cost, queries, windows, regime) if s.sim_guided else None
-        sweeps, headline = measure_sweeps(s, measure, predict, regime.slo_ms, modes)
+        sweeps, headline = measure_sweeps(s, measure, predict, regime, modes)
     finally:
         progress.close()
         fleet.close()
@@ -246,7 +247,7 @@ def summarize(s: BenchSettings, sweeps: dict, modes: Sequence[Mode], headline: i
                    "hbm_budget_mb": regime.hbm_budget_mb, "dram_budget_mb": regime.dram_budget_mb,
                    "preinfer_compute_share": regime.preinfer_compute_share,
                    "latency_model": asdict(regime.latency_model) if regime.latency_model else None,
-                   "ref_qps": s.ref_qps, "ref_qps_unscaled": round(s.ref_qps * k, 3)},
+                   "ref_qps": round(s.ref_qps / k, 3), "ref_qps_unscaled": s.ref_qps},
         "windows": {"count": len(windows), "measured_per_point": sum(w.measured for w in windows),
                     "warmup_per_window": s.warmup_queries, "primed_per_window": [w.primed for w in windows],
                     "starts": [w.start for w in windows]},

@@ -21,11 +21,11 @@ class BenchSettings:
     instances: int = 2
     threads_per_instance: int = 1  # torch intra-op threads, and cores pinned, per instance
     rank_threads: int = 4  # ranking threads per instance (a worker's RELAYGR_RANK_THREADS default)
-    ref_qps: float = 10.0  # the reference load, on this machine's clock (reported × K as well)
+    ref_qps: float = 240.0  # the reference load, in the reference device's QPS (÷ K on this machine)
     caps: tuple[int, ...] = CAPS
     throughput_caps: tuple[int, ...] = THROUGHPUT_CAPS  # the cap sweep of SLO throughput
     headline_cap: int | None = None  # where ratios.slo_throughput is taken; None: the baseline's max seq len
-    load_steps: tuple[float, ...] = LOAD_STEPS  # × ref_qps
+    load_steps: tuple[float, ...] = LOAD_STEPS  # × the reference load
     windows: int = 2  # paired windows per point
     warmup_queries: int = 300  # per window, replayed and not measured
     measured_queries: int = 1000  # per window: windows × this ≥ 2,000 per point

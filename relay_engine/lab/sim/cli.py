@@ -20,7 +20,7 @@ from tqdm import tqdm
 from relay_engine.core.trace import TraceError, TraceQuery, read_trace
 from relay_engine.lab.bench import report
 from relay_engine.lab.bench.calibration import regime_for
-from relay_engine.lab.bench.cli import _positive, _time_scale
+from relay_engine.lab.bench.cli import positive_number, time_scale_flag
 from relay_engine.lab.bench.modes import MODES, MODES_BY_NAME
 from relay_engine.lab.bench.run import SimMeasure, measure_sweeps, summarize
 from relay_engine.lab.bench.settings import REFERENCE_PROFILE, BenchSettings, quick_settings
@@ -94,7 +94,7 @@ def cmd_project(args: argparse.Namespace) -> int:
     queries, name = _queries(args, TraceSpec())
     cost = _cost(args.profile, REFERENCE_PROFILE)
     settings = BenchSettings(slo_ms=args.slo_ms, instances=args.instances, rank_threads=args.rank_threads,
-                             cap_sweep=args.cap_sweep, ref_qps=args.ref_qps or 10.0)
+                             cap_sweep=args.cap_sweep, ref_qps=args.ref_qps or BenchSettings.ref_qps)
     if args.quick:
         settings = quick_settings(settings)
     short, cands = int(np.median([q.short_len for q in queries])), int(np.median([q.n_candidates for q in queries]))
@@ -114,11 +114,16 @@ def cmd_project(args: argparse.Namespace) -> int:
         return sim(mode, cap, qps)
 
     with progress:
-        sweeps, headline = measure_sweeps(settings, measure, None, regime.slo_ms, MODES)
+        sweeps, headline = measure_sweeps(settings, measure, None, regime, MODES)
     result = summarize(settings, sweeps, MODES, headline, regime,
                        {"time_scale": k, "how": "--time-scale (1: the profile's own device, no scaling)"},
                        cost, windows)
+    replayed = sum(w.end - w.start for w in windows)
+    points = [p for m in sweeps.values() for sw, _ in m.values() for p in sw.points]
     result.update({"trace": {"source": name, "queries": len(queries)}, "overhead": {"engine_over_bare_ratio": None},
+                   "points_measured": len(points),
+                   # what the real benchmark would spend replaying these points on its own clock
+                   "real_replay_estimate_s": round(sum(replayed / p.qps for p in points), 1),
                    "settings": {"instances": settings.instances, "rank_threads": settings.rank_threads,
                                 "max_redo": 0, "projected": True, "profile": str(args.profile or REFERENCE_PROFILE)},
                    "runtime_s": round(time.monotonic() - started, 1)})
@@ -151,32 +156,32 @@ def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--trace", help="trace file (JSON Lines); default: a generated trace")
     common.add_argument("--queries", type=int, help="queries of the generated trace")
-    common.add_argument("--trace-qps", type=_positive(float), help="arrival rate of the generated trace")
+    common.add_argument("--trace-qps", type=positive_number, help="arrival rate of the generated trace")
     common.add_argument("--profile", type=Path, help="cost-model file (relay_engine.profile --fit, or an "
                         "accelerator's); default: the reference profile (run, project) or measured here (validate)")
     common.add_argument("--instances", type=int, default=2)
     common.add_argument("--rank-threads", type=int, default=BenchSettings.rank_threads)
-    common.add_argument("--slo-ms", type=_positive(float), default=BenchSettings.slo_ms)
+    common.add_argument("--slo-ms", type=positive_number, default=BenchSettings.slo_ms)
     common.add_argument("--seed", type=int, default=0)
     run = sub.add_parser("run", parents=[common], help="replay a whole trace through N simulated instances")
     run.add_argument("--modes", default="baseline,relay", help=f"comma-separated, of {', '.join(MODES_BY_NAME)}")
-    run.add_argument("--load", type=_positive(float), default=1.0, help="× the trace's own arrival rate")
+    run.add_argument("--load", type=positive_number, default=1.0, help="× the trace's own arrival rate")
     run.add_argument("--cap", type=int, default=None, help="prefix cap (default: none)")
     run.add_argument("--prime-share", type=float, default=0.1, help="share of the trace that primes the caches")
     run.add_argument("--warmup-share", type=float, default=0.05, help="next share, replayed and not measured")
-    run.add_argument("--time-scale", type=_time_scale, default=1.0, metavar="K|auto",
+    run.add_argument("--time-scale", type=time_scale_flag, default=1.0, metavar="K|auto",
                      help="× every time constant (default 1: the profile's device runs the trace as it is)")
     run.add_argument("--out", help="JSON file")
     project = sub.add_parser("project", parents=[common], help="the benchmark's sweeps in the simulator")
-    project.add_argument("--ref-qps", type=_positive(float), help="reference load (QPS of the profiled device)")
+    project.add_argument("--ref-qps", type=positive_number, help="reference load (the reference device's QPS)")
     project.add_argument("--cap-sweep", action="store_true")
     project.add_argument("--quick", action="store_true")
-    project.add_argument("--time-scale", type=_time_scale, default=1.0, metavar="K|auto")
+    project.add_argument("--time-scale", type=time_scale_flag, default=1.0, metavar="K|auto")
     project.add_argument("--out", default="artifacts/projection.json")
     val = sub.add_parser("validate", parents=[common], help="simulator vs the real fleet, error per point")
-    val.add_argument("--ref-qps", type=_positive(float))
+    val.add_argument("--ref-qps", type=positive_number)
     val.add_argument("--quick", action="store_true", help="small model, short points (a smoke run)")
-    val.add_argument("--time-scale", type=_time_scale, default=None, metavar="K|auto",
+    val.add_argument("--time-scale", type=time_scale_flag, default=None, metavar="K|auto",
                      help="default auto, as the benchmark")
     val.add_argument("--out", required=True)
     args = parser.parse_args(argv)

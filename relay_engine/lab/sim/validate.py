@@ -56,7 +56,7 @@ def validate(settings: BenchSettings, queries: Sequence[TraceQuery], out: Path,
         sim = SimMeasure(settings, cal.cost, queries, cal.windows, cal.regime)
         for mode_name, cap, load in points:
             mode = MODES_BY_NAME[mode_name]
-            qps = settings.ref_qps * load
+            qps = settings.ref_qps / cal.time_scale * load
             measured = real(mode, min(cap, max(settings.caps)), qps).summary()
             simulated = sim(mode, min(cap, max(settings.caps)), qps).summary()
             rows.append({"mode": mode_name, "cap": measured["cap"], "qps": measured["qps"], "n": measured["n"],
