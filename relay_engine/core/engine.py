@@ -156,11 +156,12 @@ _TOO_LATE = "too_late"  # _prefix_kv: a computation is in flight but would finis
 class RankingGate:
     """Where pre-inference yields to ranking, between two layers of a prefill.
 
-    While ranking requests are running on the instance, a prefill pauses after each layer, until
-    none is or for at most (1 − share) ÷ share times that layer's duration: pre-inference keeps about
-    its compute share when ranking never stops, and ranking runs alone — without the prefill's
-    compute, or its hold on the interpreter lock — as soon as it starts. Real time throughout: this
-    paces real compute (the simulator models the share directly)."""
+    While ranking requests are running on the instance, a prefill that got more than its compute
+    share over its last layer — its CPU time over that layer's wall time: all of it when ranking
+    runs on another core and only the interpreter lock is shared, about the share when they share a
+    core (the lane's nice value does that) — pauses until ranking ends or until its share is back
+    to ``share``. So pre-inference keeps its share and no more, and ranking runs alone as soon as it
+    can. Real time throughout: this paces real compute (the simulator models the share directly)."""
 
     def __init__(self) -> None:
         self._active = 0
@@ -182,15 +183,15 @@ class RankingGate:
 
     def pacer(self, share: float) -> Callable[[], None]:
         """The ``between_layers`` hook of one prefill at the given compute share."""
-        last = [time.perf_counter()]
-        ratio = (1.0 - share) / share
+        last = [time.perf_counter(), time.thread_time()]
 
         def between_layers() -> None:
-            layer_s = time.perf_counter() - last[0]
-            if self._active:
+            wall_s, cpu_s = time.perf_counter() - last[0], time.thread_time() - last[1]
+            pause_s = cpu_s / share - wall_s  # the pause that brings cpu ÷ (wall + pause) to the share
+            if self._active and pause_s > 0:
                 with self._idle:
-                    self._idle.wait_for(lambda: not self._active, timeout=layer_s * ratio)
-            last[0] = time.perf_counter()
+                    self._idle.wait_for(lambda: not self._active, timeout=pause_s)
+            last[0], last[1] = time.perf_counter(), time.thread_time()
 
         return between_layers
 
@@ -429,6 +430,7 @@ class RelayEngine:
         full_ms = state.policy.trigger.predicted_full_ms(len(request.prefix))
         if remaining_s is not None and full_ms is not None and remaining_s > full_ms / 1000:
             limit_s = remaining_s - full_ms / 1000
+        self.ranking_gate.leave()  # waiting for that computation is not competing with it
         try:
             kv = self._wait(running, limit_s)
         except FutureTimeout:
@@ -438,6 +440,8 @@ class RelayEngine:
                 from None
         except Exception:  # noqa: BLE001 — that computation failed; this request computes its own
             return None
+        finally:
+            self.ranking_gate.enter()
         self._count("inflight_joins")
         return kv
 

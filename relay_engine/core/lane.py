@@ -7,7 +7,9 @@ ranking by at most 1 / (1 − share). On the CPU the share is the lane thread's 
 against ranking's (Linux CFS weighs nice n as 1024 / 1.25ⁿ, nice 0 as 1024: a share of 0.25 is
 nice 5); a thread may raise its own nice but not lower it, so a larger share starts a fresh thread.
 On CUDA the lane queues on the lowest-priority stream (strict priority there: the share is not
-exact). The fleet simulator replaces the lane with one on its virtual clock (``Lane`` protocol).
+exact). Where the lane and ranking do not share a core, the engine's ``RankingGate`` keeps the
+share between the prefill's layers instead. The fleet simulator replaces the lane with one on its
+virtual clock (``Lane`` protocol).
 """
 
 from __future__ import annotations

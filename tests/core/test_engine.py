@@ -232,7 +232,7 @@ def test_a_submitted_pre_inference_runs_on_the_lane_and_ranking_finds_it():
 
 def test_a_rank_recomputes_instead_of_waiting_on_a_prefill_that_would_finish_too_late():
     policy = parse_policy({"trigger": {"at_risk_seq_len": 100,
-                                       "latency_model": {"base_ms": 200.0}}})  # a recompute: 200 ms
+                                       "latency_model": {"base_ms": 1000.0}}})  # a recompute: 1 s
     model = engine_with().model
     forwards = _HeldPrefill(model)
     engine = RelayEngine(model=model, device="cpu", policy=policy, forwards=forwards)
@@ -240,7 +240,7 @@ def test_a_rank_recomputes_instead_of_waiting_on_a_prefill_that_would_finish_too
     assert engine.submit_pre_infer(PreInferRequest("jay", prefix)).admitted
     assert forwards.started.wait(10)
     try:
-        result = rank(engine, "jay", prefix, deadline_s=time.time() + 0.5)  # waits ~0.3 s, then recomputes
+        result = rank(engine, "jay", prefix, deadline_s=time.time() + 2.0)  # waits ~1 s, then recomputes
         assert result.source == "miss"
         assert not forwards.release.is_set() and engine.producing.running(engine.cache_key("jay", prefix))
     finally:
@@ -251,16 +251,36 @@ def test_a_rank_recomputes_instead_of_waiting_on_a_prefill_that_would_finish_too
     assert engine.stats().counters["misses"] == 1 and engine.stats().counters["inflight_joins"] == 0
 
 
+def _busy(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 def test_a_prefill_between_layers_waits_while_ranking_runs():
     engine = engine_with()
     pace = engine.ranking_gate.pacer(share=0.001)  # would wait ~1000 × its last layer if ranking never ended
-    time.sleep(0.01)
+    _busy(0.01)  # a layer's compute
     engine.ranking_gate.enter()
     threading.Timer(0.05, engine.ranking_gate.leave).start()
     t0 = time.monotonic()
     pace()
     waited = time.monotonic() - t0
     assert 0.03 <= waited < 5.0  # until ranking ended, not the whole allowance
+    _busy(0.01)
     t0 = time.monotonic()
     pace()  # nothing ranking: no pause
     assert time.monotonic() - t0 < 0.5
+
+
+def test_a_prefill_within_its_share_does_not_pause():
+    engine = engine_with()
+    pace = engine.ranking_gate.pacer(share=0.5)
+    engine.ranking_gate.enter()
+    try:
+        time.sleep(0.05)  # the layer's wall time, with little CPU of its own: it was sharing already
+        t0 = time.monotonic()
+        pace()
+        assert time.monotonic() - t0 < 0.04
+    finally:
+        engine.ranking_gate.leave()
