@@ -61,10 +61,11 @@ class PreInferLane:
         self.device = device
         self.name = name
         self._share = share
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self._nice = nice_for_share(share)
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._retired: list[threading.Thread] = []  # earlier threads finishing the jobs queued to them
 
     @property
     def share(self) -> float:
@@ -74,31 +75,32 @@ class PreInferLane:
         with self._lock:
             if self._thread is None:
                 self._start()
-        self._jobs.put(job)
+            self._jobs.put(job)
 
     def set_share(self, share: float) -> None:
         with self._lock:
             self._share = share
             nice = nice_for_share(share)
-            if nice == self._nice:
-                return
             lowering = nice < self._nice
             self._nice = nice
             if self._thread is not None and lowering:
-                # The running thread cannot lower its own nice: a fresh one (created by this thread,
-                # at its priority) takes over; the old one exits at the sentinel, after its current job.
+                # The running thread cannot lower its own nice: it finishes the jobs queued to it and
+                # stops; a fresh one (created by this thread, at its priority) takes the new jobs.
                 self._jobs.put(None)
+                self._retired = [t for t in self._retired if t.is_alive()] + [self._thread]
+                self._jobs = queue.SimpleQueue()
                 self._start()
 
     def _start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(self._jobs, self._nice), name=self.name,
+                                        daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
-        applied = None
+    def _run(self, jobs: queue.SimpleQueue, nice: int) -> None:
+        applied = self._apply_nice(nice)
         with devices.low_priority_stream(self.device):
-            while (job := self._jobs.get()) is not None:
-                if applied != self._nice:
+            while (job := jobs.get()) is not None:
+                if jobs is self._jobs and applied != self._nice:  # a retired thread keeps its nice
                     applied = self._apply_nice(self._nice)
                 try:
                     job()
@@ -115,8 +117,12 @@ class PreInferLane:
         return nice
 
     def close(self) -> None:
+        """Finish every queued job and stop the lane's threads."""
         with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._jobs.put(None)
+            threads = self._retired + ([self._thread] if self._thread is not None else [])
+            if self._thread is not None:
+                self._jobs.put(None)
+            self._thread, self._retired = None, []
+            self._jobs = queue.SimpleQueue()
+        for thread in threads:
             thread.join(30)

@@ -62,7 +62,7 @@ def quick_settings(base: BenchSettings) -> BenchSettings:
     return replace(
         base, time_scale=base.time_scale or 1.0, ref_qps=20.0, caps=(256, 1024, 4096), throughput_caps=(256, 1024),
         load_steps=(0.5, 1.0, 2.0, 4.0), windows=1, warmup_queries=20, measured_queries=60, prime_ttls=0.05,
-        hbm_budget_mb=16.0, dram_budget_mb=64.0, overhead_queries=4, overhead_repeats=2, profile_repeats=1,
+        hbm_budget_mb=16.0, dram_budget_mb=64.0, overhead_queries=6, overhead_repeats=3, profile_repeats=1,
         bootstrap_replicates=200, model=ModelConfig(embed_dim=64, num_layers=2, num_heads=2, head_dim=32),
         ablations=True, cap_sweep=False, max_redo=0,
     )
