@@ -147,7 +147,7 @@ class _Admission:
 
     key: CacheKey
     prefix: History
-    edit: HeadBias
+    state: _State  # the policy and edit it was admitted under
 
 
 _TOO_LATE = "too_late"  # _prefix_kv: a computation is in flight but would finish past the wait limit
@@ -327,14 +327,15 @@ class RelayEngine:
         if not decision.admit:
             return PreInferResult(False, decision.reason, len(prefix))
         self._count("preinfer_admitted")
-        return _Admission(key, prefix, state.edit)
+        return _Admission(key, prefix, state)
 
     def _produce(self, admission: _Admission) -> PreInferResult:
         key = admission.key
         t0 = self.clock()
-        pace = self.ranking_gate.pacer(self._state.policy.trigger.preinfer_compute_share)
+        state = admission.state
+        pace = self.ranking_gate.pacer(state.policy.trigger.preinfer_compute_share)
         try:
-            kv = self.forwards.prefill(admission.prefix, admission.edit, between_layers=pace)
+            kv = self.forwards.prefill(admission.prefix, state.edit, between_layers=pace)
             devices.synchronize_current_stream(self.device)  # ranking reads it from another stream
         except BaseException as exc:
             self.hbm.abort(key)
