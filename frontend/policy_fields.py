@@ -37,6 +37,9 @@ FIELD_GROUPS: tuple[FieldGroup, ...] = (
                     "Per instance; further signals are refused (reason token_rate_limit)."),
         PolicyField("trigger.ranking_p99_slo_ms", "Ranking P99 SLO", "ms", "float",
                     "The ranking latency objective; the dashboards draw it as the SLO line."),
+        PolicyField("trigger.preinfer_compute_share", "Pre-inference compute share", "ratio (0–1]", "float",
+                    "Share of an instance's compute pre-inference gets while ranking also runs (alone it "
+                    "takes all); ranking keeps the rest."),
         PolicyField("trigger.admit_all", "Admit every signal", "", "bool",
                     "Ignore the at-risk length (budgets still apply). For ablations only."),
     )),

@@ -2,7 +2,7 @@
 
 import sys
 
-from relay_engine.lab.bench.runner import main
+from relay_engine.lab.bench.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,15 +13,22 @@ a small grace for the answer in flight): it returns a ``RankReply`` or raises ``
 The request also carries Celery ``expires`` at its deadline, so a request that sat in a queue past
 it is revoked there, not run.
 
+The answer comes back on a private reply list (``PoolKeys.reply``, named in the message's
+``reply_to``): the worker pushes it, the client is blocked on ``BLPOP`` — one Redis round trip each
+way, where Celery's result store costs a subscription, a stored result and a notification per
+request. The result store is skipped for these requests (``ignore_result``).
+
 Thread-safe: one client serves many threads (the replayer's pool).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -31,11 +38,20 @@ from celery.exceptions import TaskRevokedError
 from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError as KombuOperationalError
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from relay_engine.core import fields
 from relay_engine.core.engine import DeadlineExceeded
 from relay_engine.core.router import AffinityRouter
-from workers.app import PRE_INFER_TASK, RANK_TASK, make_app, redis_client
+from workers.app import (
+    PRE_INFER_TASK,
+    RANK_TASK,
+    SOCKET_CONNECT_TIMEOUT_S,
+    SOCKET_TIMEOUT_S,
+    make_app,
+    redis_client,
+)
 from workers.membership import live_members
 from workers.payloads import DEADLINE_EXCEEDED, INTERNAL, PreInferPayload, RankPayload
 from workers.settings import Settings
@@ -96,35 +112,78 @@ class RankReply:
     instance: str
 
 
-class PendingRank:
-    """A ranking request on its way; ``wait()`` returns its reply or raises, by the deadline."""
+class ReplyList:
+    """Where one ranking request's answer arrives: a private Redis list the worker pushes to."""
 
-    def __init__(self, result: AsyncResult, instance: str, deadline_s: float, sent_at: float, grace_s: float):
+    # A BLPOP longer than the socket timeout would be cut by it: wait in slices below it.
+    SLICE_S = SOCKET_TIMEOUT_S - 1.0
+
+    def __init__(self, client: redis.Redis, key: str):
+        self.client = client
+        self.key = key
+
+    def pop(self, timeout_s: float) -> dict | None:
+        """The answer, or None after timeout_s. Raises redis errors (no retries: fail fast)."""
+        end = time.monotonic() + timeout_s
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raw = self.client.lpop(self.key)
+            else:
+                popped = self.client.blpop([self.key], timeout=min(self.SLICE_S, max(0.001, remaining)))
+                raw = popped[1] if popped else None
+            if raw is not None:
+                return json.loads(raw)
+            if remaining <= self.SLICE_S:
+                return None
+
+
+class PendingRank:
+    """A ranking request on its way; ``wait()`` returns its reply or raises, by the deadline.
+    ``result`` is the request's reply list, or (sent without one) its Celery ``AsyncResult``."""
+
+    def __init__(self, result: ReplyList | AsyncResult, instance: str, deadline_s: float, sent_at: float,
+                 grace_s: float):
         self.result = result
         self.instance = instance
         self.deadline_s = deadline_s
         self.sent_at = sent_at
         self.grace_s = grace_s
 
-    def wait(self) -> RankReply:
-        timeout_s = max(0.0, self.deadline_s - time.time()) + self.grace_s
+    def _late(self) -> RankDeadlineExceeded:
+        return RankDeadlineExceeded(f"no answer from {self.instance} by the deadline (+{self.grace_s * 1000:.0f} ms "
+                                    f"grace): the instance may be overloaded or gone", instance=self.instance)
+
+    def _lost(self, exc: BaseException) -> RelayUnavailable:
+        return RelayUnavailable(f"lost Redis while waiting for {self.instance}'s answer: {type(exc).__name__}: {exc}")
+
+    def _receive(self, timeout_s: float):
+        if isinstance(self.result, ReplyList):
+            try:
+                data = self.result.pop(timeout_s)
+            except (redis.RedisError, OSError) as exc:
+                raise self._lost(exc) from None
+            if data is None:
+                raise self._late()
+            return data
         result = self.result
         try:
-            data = result.get(timeout=timeout_s, propagate=True)
+            return result.get(timeout=timeout_s, propagate=True)
         except CeleryTimeout:
             _stop_waiting(result)
-            raise RankDeadlineExceeded(f"no answer from {self.instance} by the deadline (+{self.grace_s * 1000:.0f} ms "
-                                       f"grace): the instance may be overloaded or gone", instance=self.instance) from None
+            raise self._late() from None
         except TaskRevokedError:
             raise RankDeadlineExceeded(f"the request expired in {self.instance}'s queue before it was picked up",
                                        instance=self.instance) from None
         except Exception as exc:  # noqa: BLE001 — Redis lost, or the task itself failed (not our tasks' contract)
             if _unreachable(exc):
                 _stop_waiting(result)
-                raise RelayUnavailable(f"lost Redis while waiting for {self.instance}'s answer: "
-                                       f"{type(exc).__name__}: {exc}") from None
+                raise self._lost(exc) from None
             raise RankError(INTERNAL, f"rank task failed on {self.instance}: {type(exc).__name__}: {exc}",
                             instance=self.instance) from None
+
+    def wait(self) -> RankReply:
+        data = self._receive(max(0.0, self.deadline_s - time.time()) + self.grace_s)
         round_trip_ms = (time.perf_counter() - self.sent_at) * 1000
         if not isinstance(data, dict) or not data.get("ok"):
             data = data if isinstance(data, dict) else {"error": INTERNAL, "message": f"unexpected result {data!r}"}
@@ -161,6 +220,11 @@ class RelayClient:
         self.keys = settings.keys
         self.app = make_app(settings)
         self.redis = redis_client(settings)
+        # Blocking waits for answers, on their own connections, without retries: a lost Redis fails
+        # the waiting request at once rather than holding it past its deadline.
+        self.replies = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S,
+                                            socket_connect_timeout=SOCKET_CONNECT_TIMEOUT_S,
+                                            retry=Retry(NoBackoff(), 0))
         self.refresh_s = refresh_s
         self.grace_s = grace_s
         self.epsilon = epsilon
@@ -249,11 +313,12 @@ class RelayClient:
         if time.time() >= deadline_s:
             raise RankDeadlineExceeded(f"the deadline passed {(time.time() - deadline_s) * 1000:.1f} ms before "
                                        f"the request could be sent", instance=instance)
+        reply = ReplyList(self.replies, self.keys.reply(uuid.uuid4().hex))
         sent_at = time.perf_counter()
         with _sending(instance):
-            result = self.app.send_task(RANK_TASK, args=[data], queue=self.keys.rank_queue(instance),
-                                        expires=datetime.fromtimestamp(deadline_s, tz=UTC))
-        return PendingRank(result, instance, deadline_s, sent_at, self.grace_s)
+            self.app.send_task(RANK_TASK, args=[data], queue=self.keys.rank_queue(instance), reply_to=reply.key,
+                               ignore_result=True, expires=datetime.fromtimestamp(deadline_s, tz=UTC))
+        return PendingRank(reply, instance, deadline_s, sent_at, self.grace_s)
 
     def rank(self, user_id: str, *, deadline_s: float | None = None, **fields: Any) -> RankReply:
         """Rank and wait: a reply by the deadline (default: ``DEFAULT_RANK_TIMEOUT_S`` from now) or an error."""
@@ -265,6 +330,7 @@ class RelayClient:
     def close(self) -> None:
         self.app.close()
         self.redis.close()
+        self.replies.close()
 
     def __enter__(self) -> RelayClient:
         return self

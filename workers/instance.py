@@ -5,7 +5,7 @@
 Settings not given as flags come from the environment (``workers.settings``). The process builds
 one ``RelayEngine``, applies the pool's desired revision, then runs a Celery worker on the
 ``threads`` pool (torch releases the GIL) that consumes ``P.{inst}.rank`` and ``P.{inst}.preinfer``.
-Beside it run: the pre-inference thread, the reconciler, the telemetry publisher, and the heartbeat,
+Beside it run: the engine's pre-inference lane, the reconciler, the telemetry publisher, and the heartbeat,
 which starts only once Celery consumes, so clients never route to an instance that is not serving.
 On shutdown the instance leaves the live set first, so its users move at once.
 """
@@ -77,7 +77,7 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
         heartbeat_ts=started_at, started_at=started_at, **engine_gauges(engine),
     ), lambda: engine_gauges(engine), counts, settings.heartbeat_interval_s,
         RevisionStore(settings.revision_path(name)))
-    runtime = InstanceRuntime(engine, SyntheticFeatures(engine.model.config), counts)
+    runtime = InstanceRuntime(engine, SyntheticFeatures(engine.model.config), counts, replies=client, keys=keys)
     app = make_app(settings)
     register_tasks(app, runtime)
 
@@ -91,7 +91,6 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     def _leave(**_: Any) -> None:
         loops.leave()
 
-    runtime.runner.start()
     loops.start()  # applies the desired revision (or the last applied one) before anything is consumed
     # Nothing known yet (no revision on disk, none in Redis): join no live set, serve no schema defaults.
     loops.reconciler.wait_until_known(on_wait=lambda: log.warning(
@@ -101,7 +100,7 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
         return app.worker_main(celery_argv(settings, name, loglevel)) or 0
     finally:
         loops.stop()
-        runtime.runner.stop()
+        engine.close()
 
 
 def main(argv: list[str] | None = None) -> int:

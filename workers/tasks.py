@@ -1,33 +1,39 @@
 """The two tasks, thin: validate the payload, call the engine, return plain data.
 
-``rank`` runs on the Celery threads and returns scores or an error result (``payloads``);
-``pre_infer`` validates and hands the prefill to the instance's ``PreInferRunner``, returning at
-once, so a backlog of pre-infer signals never holds a thread that ranking needs. Neither task
-raises for bad input or a missed deadline: every outcome is a result the client can act on, and
-the worker stays up whatever arrives on its queues.
+``rank`` runs on the Celery threads and returns scores or an error result (``payloads``). When the
+sender named a reply list (the message's ``reply_to``, a ``PoolKeys.reply`` key), the answer is
+pushed there too — one ``RPUSH`` + ``EXPIRE`` the sender is blocked on with ``BLPOP`` — instead of
+going through Celery's result store; a request revoked in the queue (past its deadline) gets a
+deadline error there at once. ``pre_infer`` validates and calls ``engine.submit_pre_infer``: the
+trigger decides at once and an admitted prefill runs on the engine's pre-inference lane (its own
+thread, at the policy's compute share), so a backlog of pre-infer signals never holds a thread that
+ranking needs nor takes more than its share of the compute. Neither task raises for bad input or a
+missed deadline: every outcome is a result the client can act on, and the worker stays up whatever
+arrives on its queues.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
+import redis
 from celery import Celery, signals
 
 from relay_engine.core.engine import DeadlineExceeded, EngineInputError, RelayEngine
 from relay_engine.core.features import SyntheticFeatures
+from relay_engine.core.wire import REPLY_TTL_S, PoolKeys
 from workers.app import PRE_INFER_TASK, RANK_TASK
 from workers.payloads import (
     DEADLINE_EXCEEDED,
     INTERNAL,
     INVALID_INPUT,
-    REFUSED,
     PayloadError,
     PreInferPayload,
     RankPayload,
     error_result,
 )
-from workers.preinfer import PreInferRunner
 from workers.telemetry_publisher import WorkerCounts
 
 log = logging.getLogger(__name__)
@@ -36,12 +42,13 @@ log = logging.getLogger(__name__)
 class InstanceRuntime:
     """What the tasks of one worker process call into: its engine and the work around it."""
 
-    def __init__(self, engine: RelayEngine, features: SyntheticFeatures, counts: WorkerCounts):
+    def __init__(self, engine: RelayEngine, features: SyntheticFeatures, counts: WorkerCounts,
+                 replies: redis.Redis | None = None, keys: PoolKeys | None = None):
         self.engine = engine
         self.features = features
         self.counts = counts
-        self.runner = PreInferRunner(engine, on_refused=lambda: counts.count("preinfer_signals",
-                                                                            refusal="inflight_limit"))
+        self.replies = replies  # where answers are pushed for senders blocked on a reply list
+        self.keys = keys
 
     @property
     def name(self) -> str:
@@ -75,16 +82,32 @@ class InstanceRuntime:
             return error_result(INVALID_INPUT, str(exc), field=exc.field, errors=exc.errors, instance=self.name)
         except EngineInputError as exc:
             return error_result(INVALID_INPUT, str(exc), field=exc.field, instance=self.name)
-        if not self.runner.submit(request):
-            return error_result(REFUSED, f"{self.runner.pending} pre-inferences already queued or running "
-                                         f"(trigger.max_preinfer_inflight)", reason="inflight_limit",
-                                instance=self.name)
-        return {"ok": True, "instance": self.name, "queued": True}
+        try:
+            decision = self.engine.submit_pre_infer(request)
+        except EngineInputError as exc:
+            return error_result(INVALID_INPUT, str(exc), field=exc.field, instance=self.name)
+        return {"ok": True, "instance": self.name, "admitted": decision.admitted, "reason": decision.reason}
 
-    def on_revoked(self, task_name: str, expired: bool) -> None:
-        """A ranking request that expired in the queue never reaches the engine: count it here."""
+    def reply(self, reply_to: object, result: dict[str, Any]) -> None:
+        """Push a ranking answer to its sender's reply list (when it named one of ours)."""
+        if self.replies is None or self.keys is None or not self.keys.is_reply(reply_to):
+            return
+        try:
+            pipe = self.replies.pipeline(transaction=True)
+            pipe.rpush(reply_to, json.dumps(result, separators=(",", ":")))
+            pipe.expire(reply_to, REPLY_TTL_S)
+            pipe.execute()
+        except redis.RedisError as exc:  # Redis gone: the sender's wait fails fast on its side too
+            log.warning("could not push the answer to %s: %s", reply_to, exc)
+
+    def on_revoked(self, task_name: str, expired: bool, reply_to: object = None) -> None:
+        """A ranking request that expired in the queue never reaches the engine: count it here, and
+        tell a sender waiting on a reply list at once."""
         if task_name == RANK_TASK:
             self.counts.count("rank_requests", "rank_errors", *(("rank_deadline_exceeded",) if expired else ()))
+            self.reply(reply_to, error_result(DEADLINE_EXCEEDED, f"the request expired in {self.name}'s queue "
+                                                                 f"before it was picked up", instance=self.name,
+                                              expired_in_queue=True))
 
 
 def _single_payload(args: tuple, kwargs: dict) -> Any:
@@ -97,9 +120,11 @@ def _single_payload(args: tuple, kwargs: dict) -> Any:
 def register_tasks(app: Celery, runtime: InstanceRuntime) -> None:
     """Bind the task names to this process's runtime (the worker calls this once at start)."""
 
-    @app.task(name=RANK_TASK, ignore_result=False)
-    def rank(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        return runtime.rank(args, kwargs)
+    @app.task(name=RANK_TASK, ignore_result=False, bind=True)
+    def rank(task, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        result = runtime.rank(args, kwargs)
+        runtime.reply(task.request.reply_to, result)
+        return result
 
     # Fire-and-forget: no result is stored unless the sender asks (apply_async(ignore_result=False)).
     @app.task(name=PRE_INFER_TASK, ignore_result=True)
@@ -108,4 +133,4 @@ def register_tasks(app: Celery, runtime: InstanceRuntime) -> None:
 
     @signals.task_revoked.connect(weak=False)
     def _count_revoked(sender=None, request=None, expired=False, **_: Any) -> None:
-        runtime.on_revoked(getattr(sender, "name", ""), bool(expired))
+        runtime.on_revoked(getattr(sender, "name", ""), bool(expired), getattr(request, "reply_to", None))

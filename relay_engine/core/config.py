@@ -81,11 +81,23 @@ class TriggerPolicy:
     max_preinfer_tokens_per_s: float = 2_000_000.0
     ranking_p99_slo_ms: float = 50.0
 
-    def effective_at_risk_seq_len(self) -> int:
+    # Share of the instance's compute pre-inference gets while ranking also wants it (work-conserving:
+    # alone, it takes all). CPU: the pre-inference thread's scheduling weight against ranking's;
+    # CUDA: a low-priority stream. Ranking keeps the rest, so a backlog of prefills cannot starve it.
+    preinfer_compute_share: float = 0.25
+
+    def effective_at_risk_seq_len(self, ranking_wait_ms: float = 0.0) -> int:
+        """The at-risk length in force: the fixed one, or — derived from the latency model — the
+        shortest prefix whose full inference, after the ranking wait the instance sees now, breaks
+        the SLO (so under load the threshold falls and more requests are pre-inferred)."""
         if self.at_risk_seq_len is not None:
             return self.at_risk_seq_len
         assert self.latency_model is not None  # guaranteed by validation
-        return self.latency_model.at_risk_seq_len(self.ranking_p99_slo_ms)
+        return self.latency_model.at_risk_seq_len(max(0.0, self.ranking_p99_slo_ms - max(0.0, ranking_wait_ms)))
+
+    def predicted_full_ms(self, seq_len: int) -> float | None:
+        """Full inference of seq_len prefix tokens by the latency model, None without one."""
+        return None if self.latency_model is None else self.latency_model.predict_ms(seq_len)
 
 
 @dataclass(frozen=True)
@@ -312,6 +324,8 @@ def _trigger(data: Any, path: str, errs: FieldErrors) -> TriggerPolicy:
         ),
         ranking_p99_slo_ms=_float(obj, "ranking_p99_slo_ms", path, 0.0, 60_000.0, d.ranking_p99_slo_ms, errs,
                                   lo_open=True),
+        preinfer_compute_share=_float(obj, "preinfer_compute_share", path, 0.0, 1.0, d.preinfer_compute_share,
+                                      errs, lo_open=True),
     )
 
 

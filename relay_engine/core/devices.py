@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
@@ -72,3 +73,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "npu":
         torch.npu.synchronize(device)
+
+
+def low_priority_stream(device: torch.device):
+    """A context in which work is queued at the device's lowest stream priority (CUDA), so ranking on
+    the default stream goes first; a no-op context where the backend has no stream priorities."""
+    if device.type == "cuda":
+        _, lowest = torch.cuda.Stream.priority_range()
+        return torch.cuda.stream(torch.cuda.Stream(device, priority=lowest))
+    return contextlib.nullcontext()
+
+
+def synchronize_current_stream(device: torch.device) -> None:
+    """Wait for the work this thread queued on its current stream (before another stream reads it)."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+    elif device.type == "npu":
+        torch.npu.current_stream(device).synchronize()

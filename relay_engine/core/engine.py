@@ -1,14 +1,20 @@
 """One RelayGR instance: a model on a device, the HBM and DRAM tiers, the trigger and the policy.
 
-``pre_infer`` runs when the retrieval stage sends its signal; ``rank`` tens of milliseconds
-later. ``rank`` takes, in order: the HBM entry; a pre-inference or reload already in flight for
-the same key (joined, not repeated); the DRAM entry promoted back to HBM; or a recompute (a miss,
-whose prefix KV is then kept for the user's next request when the budget allows).
+``submit_pre_infer`` runs when the retrieval stage sends its signal: the trigger decides at once,
+and an admitted prefill runs on the engine's pre-inference lane (its own thread and compute share,
+``lane.PreInferLane``), never on a ranking thread; ``pre_infer`` does the same in the calling
+thread. ``rank`` tens of milliseconds later takes, in order: the HBM entry; a pre-inference or
+reload already in flight for the same key (joined, not repeated — unless it would finish too late:
+a rank that would wait past the point where a recompute could still meet its deadline recomputes
+instead); the DRAM entry promoted back to HBM; or a recompute (a miss, whose prefix KV is then kept
+for the user's next request when the budget allows).
 
-Thread-safe: the worker runs pre-inference and ranking on separate threads so ranking never
-queues behind a long prefill. ``apply_policy`` swaps one immutable state object; each request
-reads that reference once at its start, so a policy applies between requests, never halfway
-through one.
+Thread-safe. ``apply_policy`` swaps one immutable state object; each request reads that reference
+once at its start, so a policy applies between requests, never halfway through one.
+
+Two seams make the same policy code run on a virtual clock (the fleet simulator): ``clock`` /
+``wall_clock``, and ``forwards`` (the forward passes: the model, or a cost model) with ``waiter``
+(how a request waits for a computation in flight) and ``preinfer_lane``.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -27,9 +35,10 @@ from relay_engine.core import devices
 from relay_engine.core.config import PolicySpec, default_policy
 from relay_engine.core.expander import MemoryAwareExpander, SingleFlight
 from relay_engine.core.kvcache import CacheKey, HBMCache
+from relay_engine.core.lane import Lane, PreInferLane
 from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
 from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, LatencyHistogram
-from relay_engine.core.trigger import CACHE_BUDGET, CacheFootprint, SequenceAwareTrigger
+from relay_engine.core.trigger import CACHE_BUDGET, CacheFootprint, RankingLoad, SequenceAwareTrigger
 
 EngineInputError = ModelInputError
 
@@ -44,6 +53,31 @@ class PolicyApplyError(ValueError):
     def __init__(self, field_name: str, message: str):
         self.field = field_name
         super().__init__(f"{field_name}: {message}")
+
+
+class Forwards(Protocol):
+    """The forward passes the engine runs: ``HSTUModel`` itself, or a cost model on a virtual clock."""
+
+    def prefill(self, prefix: History, edit: EditTensors | None = None, *,
+                between_layers: Callable[[], None] | None = None) -> PrefixKV: ...
+
+    def rank(self, prefix_kv: PrefixKV, short_term: History, candidates: torch.Tensor,
+             query_timestamp: int | None = None, edit: EditTensors | None = None) -> torch.Tensor: ...
+
+    def rank_full(self, prefix: History, short_term: History, candidates: torch.Tensor,
+                  query_timestamp: int | None = None, edit: EditTensors | None = None) -> torch.Tensor: ...
+
+    def rank_full_keeping_prefix(self, prefix: History, short_term: History, candidates: torch.Tensor,
+                                 query_timestamp: int | None = None,
+                                 edit: EditTensors | None = None) -> tuple[torch.Tensor, PrefixKV]: ...
+
+
+Waiter = Callable[[Future, "float | None"], Any]
+
+
+def wait_for_future(future: Future, timeout_s: float | None) -> Any:
+    """The real waiter: block this thread (FutureTimeout after timeout_s)."""
+    return future.result(timeout=timeout_s)
 
 
 @dataclass(frozen=True)
@@ -107,6 +141,61 @@ class _State:
     slo_ms: float
 
 
+@dataclass(frozen=True)
+class _Admission:
+    """An admitted pre-inference: its key is reserved in HBM and registered as producing."""
+
+    key: CacheKey
+    prefix: History
+    state: _State  # the policy and edit it was admitted under
+
+
+_TOO_LATE = "too_late"  # _prefix_kv: a computation is in flight but would finish past the wait limit
+
+
+class RankingGate:
+    """Where pre-inference yields to ranking, between two layers of a prefill.
+
+    While ranking requests are running on the instance, a prefill that got more than its compute
+    share over its last layer — its CPU time over that layer's wall time: all of it when ranking
+    runs on another core and only the interpreter lock is shared, about the share when they share a
+    core (the lane's nice value does that) — pauses until ranking ends or until its share is back
+    to ``share``. So pre-inference keeps its share and no more, and ranking runs alone as soon as it
+    can. Real time throughout: this paces real compute (the simulator models the share directly)."""
+
+    def __init__(self) -> None:
+        self._active = 0
+        self._idle = threading.Condition()
+
+    def enter(self) -> None:
+        with self._idle:
+            self._active += 1
+
+    def leave(self) -> None:
+        with self._idle:
+            self._active -= 1
+            if not self._active:
+                self._idle.notify_all()
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def pacer(self, share: float) -> Callable[[], None]:
+        """The ``between_layers`` hook of one prefill at the given compute share."""
+        last = [time.perf_counter(), time.thread_time()]
+
+        def between_layers() -> None:
+            wall_s, cpu_s = time.perf_counter() - last[0], time.thread_time() - last[1]
+            pause_s = cpu_s / share - wall_s  # the pause that brings cpu ÷ (wall + pause) to the share
+            if self._active and pause_s > 0:
+                with self._idle:
+                    self._idle.wait_for(lambda: not self._active, timeout=pause_s)
+            last[0], last[1] = time.perf_counter(), time.thread_time()
+
+        return between_layers
+
+
 def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -114,14 +203,22 @@ def host_memory_bytes() -> int:
 class RelayEngine:
     def __init__(self, model_config: ModelConfig | None = None, *, device: str | torch.device | None = None,
                  policy: PolicySpec | None = None, name: str = "engine", model: HSTUModel | None = None,
-                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+                 forwards: Forwards | None = None, waiter: Waiter = wait_for_future,
+                 preinfer_lane: Lane | None = None):
         self.name = name
         self.device = device if isinstance(device, torch.device) else devices.select_device(device)
         self.model = model if model is not None else HSTUModel(model_config, self.device)
         if self.model.device != self.device:
             raise ValueError(f"model is on {self.model.device}, engine on {self.device}")
         self.clock, self.wall_clock = clock, wall_clock
+        self.forwards: Forwards = forwards if forwards is not None else self.model
+        self._wait = waiter
         policy = policy or default_policy()
+        self._lane: Lane = preinfer_lane if preinfer_lane is not None else \
+            PreInferLane(self.device, policy.trigger.preinfer_compute_share, name=f"{name}-preinfer")
+        self.ranking_load = RankingLoad()
+        self.ranking_gate = RankingGate()
         self._check_applicable(policy)
         self.hbm = HBMCache(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000, clock=clock)
         self.dram = MemoryAwareExpander(self.hbm, self.device, policy.cache.dram_budget_bytes,
@@ -169,6 +266,7 @@ class RelayEngine:
         with self._apply_lock:
             old = self._state
             self.trigger.update_policy(policy.trigger)
+            self._lane.set_share(policy.trigger.preinfer_compute_share)
             self.hbm.resize(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000)
             self.dram.resize(policy.cache.dram_budget_bytes, policy.cache.dram_ttl_ms / 1000)
             if edit.content_hash != old.edit.content_hash:
@@ -184,7 +282,28 @@ class RelayEngine:
         return CacheKey(str(user_id), prefix.digest(), self.model.version, edit.content_hash)
 
     def pre_infer(self, request: PreInferRequest) -> PreInferResult:
-        """Pre-infer the long-term prefix if the trigger admits it; runs in the calling thread."""
+        """Pre-infer the long-term prefix if the trigger admits it, in the calling thread."""
+        admission = self._admit(request)
+        if isinstance(admission, PreInferResult):
+            return admission
+        return self._produce(admission)
+
+    def submit_pre_infer(self, request: PreInferRequest) -> PreInferResult:
+        """Decide now; an admitted prefill runs on the pre-inference lane (its own thread and compute
+        share), and a ranking request that arrives meanwhile joins it. Returns the decision."""
+        admission = self._admit(request)
+        if isinstance(admission, PreInferResult):
+            return admission
+        self._lane.submit(lambda: self._produce(admission))
+        return PreInferResult(True, None, len(admission.prefix), self.model.prefix_nbytes(
+            len(admission.prefix), admission.prefix.timestamps is not None))
+
+    def close(self) -> None:
+        """Finish the queued pre-inferences and stop the lane's thread."""
+        self._lane.close()
+
+    def _admit(self, request: PreInferRequest) -> _Admission | PreInferResult:
+        """The trigger's decision; an admission reserves the bytes and registers the key as producing."""
         state = self._state
         prefix = request.prefix
         self.model.check_history(prefix, "prefix", allow_empty=False)
@@ -192,12 +311,14 @@ class RelayEngine:
         self._maybe_expire()
         key = self.cache_key(request.user_id, prefix, state.edit)
         nbytes = self.model.prefix_nbytes(len(prefix), prefix.timestamps is not None)
+        now = self.clock()
+        ranking_wait_ms = self.ranking_load.tail_wait_ms(now)
         with self._admit_lock:
             cached = key in self.hbm or key in self.dram or self.producing.running(key) is not None
             decision = self.trigger.decide(
                 len(prefix), already_cached=cached, inflight=len(self.producing),
                 footprint=CacheFootprint(nbytes, self.hbm.pinned_bytes, self.hbm.budget_bytes),
-                now_s=self.clock(),
+                now_s=now, ranking_wait_ms=ranking_wait_ms,
             )
             if decision.admit and not self.hbm.reserve(key, nbytes):
                 decision = self.trigger.overrule(CACHE_BUDGET)
@@ -206,9 +327,16 @@ class RelayEngine:
         if not decision.admit:
             return PreInferResult(False, decision.reason, len(prefix))
         self._count("preinfer_admitted")
+        return _Admission(key, prefix, state)
+
+    def _produce(self, admission: _Admission) -> PreInferResult:
+        key = admission.key
         t0 = self.clock()
+        state = admission.state
+        pace = self.ranking_gate.pacer(state.policy.trigger.preinfer_compute_share)
         try:
-            kv = self.model.prefill(prefix, state.edit)
+            kv = self.forwards.prefill(admission.prefix, state.edit, between_layers=pace)
+            devices.synchronize_current_stream(self.device)  # ranking reads it from another stream
         except BaseException as exc:
             self.hbm.abort(key)
             self.producing.finish(key, error=exc)
@@ -218,7 +346,7 @@ class RelayEngine:
             self._count("preinfer_stale_edit")
         self.producing.finish(key, kv)
         self._count("preinfer_completed")
-        return PreInferResult(True, None, len(prefix), kv.nbytes, (self.clock() - t0) * 1000)
+        return PreInferResult(True, None, len(admission.prefix), kv.nbytes, (self.clock() - t0) * 1000)
 
     def rank(self, request: RankRequest) -> RankResult:
         """Score the candidates, from the cached prefix when there is one. Raises DeadlineExceeded
@@ -226,6 +354,7 @@ class RelayEngine:
         t0 = self.clock()
         state = self._state
         self._count("rank_requests")
+        self.ranking_gate.enter()
         try:
             self._check_deadline(request, "on arrival")
             m = self.model
@@ -237,11 +366,17 @@ class RelayEngine:
                                       f"the model takes at most {m.config.max_seq_len}")
             candidates = m.check_candidates(request.candidates)
             kv, source = self._prefix_kv(request, state)
-            if kv is None:  # a miss: one full forward gives the scores and the prefix KV to keep
+            if source == _TOO_LATE:  # the computation in flight would finish too late: recompute alone
+                source = "miss"
+                self._count("misses")
+                scores = self.forwards.rank_full(request.prefix, request.short_term, candidates,
+                                                 request.query_timestamp, state.edit)
+            elif kv is None:  # a miss: one full forward gives the scores and the prefix KV to keep
                 scores = self._recompute(request, candidates, state)
             else:
                 self._check_deadline(request, f"after fetching the prefix cache ({source})")
-                scores = m.rank(kv, request.short_term, candidates, request.query_timestamp, state.edit)
+                scores = self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp,
+                                            state.edit)
             result = scores.tolist()
             self._check_deadline(request, "after scoring")
         except DeadlineExceeded:
@@ -251,6 +386,9 @@ class RelayEngine:
         except BaseException:
             self._count("rank_errors")
             raise
+        finally:
+            self.ranking_gate.leave()
+            self.ranking_load.record(t0, self.clock())
         latency_ms = (self.clock() - t0) * 1000
         with self._counter_lock:
             self._rank_latency.record(latency_ms)
@@ -261,15 +399,19 @@ class RelayEngine:
 
     def _prefix_kv(self, request: RankRequest, state: _State) -> tuple[PrefixKV | None, str]:
         """The prefix KV from the HBM tier, a computation in flight or the DRAM tier; (None, "miss")
-        when none has it."""
+        when none has it, (None, _TOO_LATE) when the one in flight would finish too late."""
         key = self.cache_key(request.user_id, request.prefix, state.edit)
         kv = self.hbm.get(key)
         if kv is not None:
             self._count("hbm_hits")
             return kv, "hbm"
-        kv = self._join_inflight(request, key)
-        if kv is not None:
-            return kv, "inflight"
+        running = self.producing.running(key)
+        if running is not None:
+            kv = self._join_inflight(request, running, state)
+            if kv is _TOO_LATE:
+                return None, _TOO_LATE
+            if kv is not None:
+                return kv, "inflight"
         try:
             kv, joined = self.dram.promote(key, timeout_s=self._remaining_s(request))
         except FutureTimeout:
@@ -279,18 +421,30 @@ class RelayEngine:
             return kv, "inflight" if joined else "dram"
         return None, "miss"
 
-    def _join_inflight(self, request: RankRequest, key: CacheKey) -> PrefixKV | None:
-        """Wait for a pre-inference (or another request's recompute) of key already running."""
-        running = self.producing.running(key)
-        if running is None:
-            return None
+    def _join_inflight(self, request: RankRequest, running: Future, state: _State) -> PrefixKV | str | None:
+        """Wait for a pre-inference (or another request's recompute) of the key already running.
+
+        Waits only while a recompute could still meet the deadline (remaining time minus the latency
+        model's full inference): past that, _TOO_LATE — recomputing now is the better bet than a
+        prefill that may be queued or starved. None when that computation failed. When even a
+        recompute would be late, waits to the deadline and raises DeadlineExceeded."""
+        remaining_s = self._remaining_s(request)
+        limit_s = remaining_s
+        full_ms = state.policy.trigger.predicted_full_ms(len(request.prefix))
+        if remaining_s is not None and full_ms is not None and remaining_s > full_ms / 1000:
+            limit_s = remaining_s - full_ms / 1000
+        self.ranking_gate.leave()  # waiting for that computation is not competing with it
         try:
-            kv = running.result(timeout=self._remaining_s(request))
+            kv = self._wait(running, limit_s)
         except FutureTimeout:
+            if limit_s != remaining_s:
+                return _TOO_LATE
             raise DeadlineExceeded(self._late_message(request, "waiting for the prefix computation in flight")) \
                 from None
         except Exception:  # noqa: BLE001 — that computation failed; this request computes its own
             return None
+        finally:
+            self.ranking_gate.enter()
         self._count("inflight_joins")
         return kv
 
@@ -300,13 +454,13 @@ class RelayEngine:
         key = self.cache_key(request.user_id, request.prefix, state.edit)
         future, leader = self.producing.begin(key)
         if not leader:
-            kv = self._join_inflight(request, key)
-            if kv is not None:
-                return self.model.rank(kv, request.short_term, candidates, request.query_timestamp, state.edit)
+            kv = self._join_inflight(request, future, state)
+            if isinstance(kv, PrefixKV):
+                return self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp, state.edit)
         self._count("misses")
         try:
-            scores, kv = self.model.rank_full_keeping_prefix(request.prefix, request.short_term, candidates,
-                                                             request.query_timestamp, state.edit)
+            scores, kv = self.forwards.rank_full_keeping_prefix(request.prefix, request.short_term, candidates,
+                                                                request.query_timestamp, state.edit)
         except BaseException as exc:
             if leader:
                 self.producing.finish(key, error=exc)
@@ -346,8 +500,10 @@ class RelayEngine:
             self._counters[name] += n
 
     def _maybe_expire(self) -> None:
+        """Free expired entries now and then: a tenth of the shorter TTL, at least every second (a read
+        checks its entry's TTL anyway; this only returns the memory)."""
         now = self.clock()
-        if now - self._last_expiry >= 1.0:
+        if now - self._last_expiry >= max(1.0, min(self.hbm.ttl_s, self.dram.ttl_s) / 10):
             self._last_expiry = now
             self.hbm.expire()
             self.dram.expire()

@@ -12,6 +12,7 @@ Invariant, checked by a property test: ``ready_bytes + reserved_bytes ≤ budget
 from __future__ import annotations
 
 import enum
+import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -48,17 +49,21 @@ class CacheEntry:
 
 
 class EvictionPolicy(Protocol):
-    def order(self, entries: Iterable[CacheEntry]) -> list[CacheEntry]:
-        """Evictable entries, first victim first. Entries still producing are never offered."""
+    def order(self, entries: Iterable[CacheEntry]) -> Iterable[CacheEntry]:
+        """Evictable entries, first victim first (the cache takes only as many as it needs). Entries
+        still producing are never offered. ``entries`` come least recently used first."""
 
 
 class LRUPolicy:
     """Consumed entries before ready-but-unread ones (a ranking request is about to read those),
-    least recently used first within each group."""
+    least recently used first within each group. Lazy: the cache's entries are already in
+    last-use order, so the first victims come without sorting every entry."""
 
-    def order(self, entries: Iterable[CacheEntry]) -> list[CacheEntry]:
-        candidates = [e for e in entries if e.state is not EntryState.PRODUCING]
-        return sorted(candidates, key=lambda e: (e.state is EntryState.READY, e.last_access))
+    def order(self, entries: Iterable[CacheEntry]) -> Iterable[CacheEntry]:
+        if iter(entries) is entries:  # a one-shot iterator: the two passes below need a collection
+            entries = list(entries)
+        return itertools.chain((e for e in entries if e.state is EntryState.CONSUMED),
+                               (e for e in entries if e.state is EntryState.READY))
 
 
 @dataclass
@@ -88,6 +93,7 @@ class HBMCache:
         self._lock = threading.RLock()
         self.ready_bytes = 0
         self.reserved_bytes = 0
+        self.unread_bytes = 0  # ready entries no request has read yet (part of ready_bytes)
         self.counters = TierCounters()
 
     # --- accounting --------------------------------------------------------------------------
@@ -100,8 +106,7 @@ class HBMCache:
     def pinned_bytes(self) -> int:
         """Bytes that eviction cannot free now: reservations and entries no request has read yet."""
         with self._lock:
-            unread = sum(e.nbytes for e in self._entries.values() if e.state is EntryState.READY)
-            return self.reserved_bytes + unread
+            return self.reserved_bytes + self.unread_bytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -157,6 +162,7 @@ class HBMCache:
                 entry.last_access = self.clock()
                 self._entries[key] = entry
                 self.ready_bytes += kv.nbytes
+                self.unread_bytes += kv.nbytes
                 self._note_peak()
                 ok = True
         self._hand_off(evicted)
@@ -180,8 +186,8 @@ class HBMCache:
         if ok and consumed:
             with self._lock:
                 entry = self._entries.get(key)
-                if entry is not None:
-                    entry.state = EntryState.CONSUMED
+                if entry is not None and entry.state is EntryState.READY:
+                    self._consume(entry)
         return ok
 
     def get(self, key: CacheKey) -> PrefixKV | None:
@@ -195,7 +201,7 @@ class HBMCache:
                 self._drop(entry)
                 self.counters.expirations += 1
                 return None
-            entry.state = EntryState.CONSUMED
+            self._consume(entry)
             entry.last_access = now
             entry.hits += 1
             self._entries.move_to_end(key)
@@ -255,12 +261,19 @@ class HBMCache:
             evicted.append(victim)
         return True
 
+    def _consume(self, entry: CacheEntry) -> None:
+        if entry.state is EntryState.READY:
+            self.unread_bytes -= entry.nbytes
+        entry.state = EntryState.CONSUMED
+
     def _drop(self, entry: CacheEntry) -> None:
         del self._entries[entry.key]
         if entry.state is EntryState.PRODUCING:
             self.reserved_bytes -= entry.nbytes
         else:
             self.ready_bytes -= entry.nbytes
+            if entry.state is EntryState.READY:
+                self.unread_bytes -= entry.nbytes
 
     def _hand_off(self, evicted: list[CacheEntry]) -> None:
         if self.on_evict is None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -451,8 +451,10 @@ class HSTUModel(nn.Module):
         return (seq_len - tail) * self.config.kv_bytes_per_token(with_timestamps) + tail_bytes
 
     @torch.no_grad()
-    def prefill(self, prefix: History, edit: EditTensors | None = None) -> PrefixKV:
-        """Pre-infer a long-term prefix: its per-layer K/V, ready for ``rank``, under ``edit`` (none by default)."""
+    def prefill(self, prefix: History, edit: EditTensors | None = None, *,
+                between_layers: Callable[[], None] | None = None) -> PrefixKV:
+        """Pre-infer a long-term prefix: its per-layer K/V, ready for ``rank``, under ``edit`` (none by default).
+        ``between_layers`` is called before every layer but the first (where pre-inference yields to ranking)."""
         edit = self._edit_or_none(edit)
         self.check_history(prefix, "prefix", allow_empty=False)
         prefix = prefix.to(self.device)
@@ -460,7 +462,7 @@ class HSTUModel(nn.Module):
         if settled:
             # With query time "next" the last settled row queries at the tail's timestamp.
             next_ts = None if prefix.timestamps is None or settled == len(prefix) else int(prefix.timestamps[settled])
-            kv, _ = self._forward(None, prefix[:settled], None, next_ts, edit)
+            kv, _ = self._forward(None, prefix[:settled], None, next_ts, edit, between_layers=between_layers)
         else:
             c = self.config
             kv = torch.empty(c.num_layers, 2, c.num_heads, 0, c.head_dim, device=self.device)
@@ -593,8 +595,8 @@ class HSTUModel(nn.Module):
                              self._edit_or_none(edit), head_capture)
 
     def _forward(self, cached: PrefixKV | None, history: History, candidates: torch.Tensor | None,
-                 query_timestamp: int | None, edit: EditTensors,
-                 head_capture: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 query_timestamp: int | None, edit: EditTensors, head_capture: list[torch.Tensor] | None = None,
+                 between_layers: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run new history tokens (after an optional cached prefix) and optional candidates.
 
         Returns (kv of the history tokens run [layers, 2, H, Tn, D], candidate scores [C] or None).
@@ -645,6 +647,8 @@ class HSTUModel(nn.Module):
         kp = cached.kv[:, 0] if cached is not None else None  # [layers, H, Tp, D]
         vp = cached.kv[:, 1] if cached is not None else None
         for li, layer in enumerate(self.layers):
+            if li and between_layers is not None:
+                between_layers()
             normed = F.layer_norm(x, (E,), eps=c.ln_eps)
             uvqk = F.silu(torch.addmm(layer.uvqk_bias, normed, layer.uvqk_weight))  # [rows, 4·H·D]
             u, v, q, k = (t.reshape(rows, H, D).transpose(0, 1) for t in uvqk.split(c.attn_dim, dim=1))

@@ -41,6 +41,7 @@ class AffinityRouter:
         # keyed once here, a weight is then a copy and one update (the key block is not hashed again).
         self._hashers = {n: hashlib.blake2b(digest_size=8, key=salt) for n, salt in self._salts.items()}
         self._heaviest_cached = functools.lru_cache(maxsize=ROUTE_CACHE_SIZE)(self._heaviest)
+        self._ranking_cached = functools.lru_cache(maxsize=ROUTE_CACHE_SIZE)(self._ranking)
 
     def _weights(self, user_id: str) -> dict[str, int]:
         data = user_id.encode()
@@ -55,10 +56,14 @@ class AffinityRouter:
         weights = self._weights(user_id)
         return max(weights, key=weights.__getitem__)
 
-    def ranking(self, user_id: str) -> list[str]:
-        """Instances in the user's preference order (highest weight first)."""
+    def _ranking(self, user_id: str) -> tuple[str, ...]:
         weights = self._weights(user_id)
-        return sorted(self._instances, key=weights.__getitem__, reverse=True)
+        return tuple(sorted(self._instances, key=weights.__getitem__, reverse=True))
+
+    def ranking(self, user_id: str) -> list[str]:
+        """Instances in the user's preference order (highest weight first); remembered per member set
+        for the most recent users, as the bounded-load fallback walks it on every loaded route."""
+        return list(self._ranking_cached(user_id))
 
     def route(self, user_id: str, loads: Mapping[str, float] | None = None) -> str:
         """The instance for user_id. ``loads`` (e.g. requests in flight per instance) enables the
@@ -67,9 +72,9 @@ class AffinityRouter:
             raise LookupError("no live instances to route to")
         if not loads:
             return self._heaviest_cached(user_id)
-        total = sum(max(0.0, loads.get(n, 0.0)) for n in self._instances)
+        total = sum(max(0.0, load) for name, load in loads.items() if name in self._salts)
         capacity = (1.0 + self.epsilon) * (total + 1.0) / len(self._instances)
-        ranked = self.ranking(user_id)
+        ranked = self._ranking_cached(user_id)
         for name in ranked:
             if loads.get(name, 0.0) + 1.0 <= capacity:
                 return name

@@ -1,13 +1,19 @@
 """The sequence-aware trigger: pre-infer only requests at risk, within cache and load budgets.
 
-Pure decision logic over plain numbers (no torch): the engine passes the cache's byte figures and
-the in-flight count; the trigger keeps its own token bucket for the pre-inference token rate and
-counts every refusal by reason.
+Pure decision logic over plain numbers (no torch): the engine passes the cache's byte figures, the
+in-flight count and the ranking wait it measures (``RankingLoad``); the trigger keeps its own token
+bucket for the pre-inference token rate and counts every refusal by reason.
+
+"At risk" is judged under load: with a latency model, a prefix is at risk when its full inference
+*after the wait ranking sees at its tail now* would break the P99 SLO. An idle instance pre-infers
+only prefixes whose full inference alone is too slow; a loaded one, where requests queue, more.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import math
+import threading
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from relay_engine.core.config import TriggerPolicy
@@ -35,6 +41,43 @@ class CacheFootprint:
     budget_bytes: int
 
 
+class RankingLoad:
+    """The ranking lane's recent load on the engine's clock: the utilisation u and mean service time
+    S of the ranks that ended in the last ``window_s``, and from them the wait a ranking request sees
+    at the P99 of waits, S·ln(100·u)/(1 − u) (the M/M/1 queue's waiting-time tail). Thread-safe."""
+
+    MAX_UTILISATION = 0.95  # the formula's pole: beyond it, "saturated" is all it says
+    TAIL = 0.99
+
+    def __init__(self, window_s: float = 2.0):
+        self.window_s = window_s
+        self._ended: deque[tuple[float, float]] = deque()  # (end instant, service seconds)
+        self._busy_s = 0.0
+        self._lock = threading.Lock()
+
+    def record(self, started_s: float, ended_s: float) -> None:
+        with self._lock:
+            service = max(0.0, ended_s - started_s)
+            self._ended.append((ended_s, service))
+            self._busy_s += service
+            self._trim(ended_s)
+
+    def _trim(self, now_s: float) -> None:
+        while self._ended and self._ended[0][0] < now_s - self.window_s:
+            self._busy_s -= self._ended.popleft()[1]
+
+    def tail_wait_ms(self, now_s: float) -> float:
+        with self._lock:
+            self._trim(now_s)
+            if not self._ended:
+                return 0.0
+            u = min(self.MAX_UTILISATION, self._busy_s / self.window_s)
+            if u <= 1.0 - self.TAIL:  # a request waits at all with probability u: not at the tail
+                return 0.0
+            mean_service_s = self._busy_s / len(self._ended)
+            return 1000.0 * mean_service_s * math.log(u / (1.0 - self.TAIL)) / (1.0 - u)
+
+
 class SequenceAwareTrigger:
     def __init__(self, policy: TriggerPolicy, now_s: float = 0.0):
         self.refusals: Counter[str] = Counter()
@@ -55,13 +98,15 @@ class SequenceAwareTrigger:
         self._tokens = min(self._burst, self._tokens + elapsed * self.policy.max_preinfer_tokens_per_s)
 
     def decide(self, seq_len: int, *, already_cached: bool, inflight: int, footprint: CacheFootprint,
-               now_s: float) -> Decision:
-        """Admit or refuse one pre-infer signal; an admission consumes seq_len tokens of the rate."""
+               now_s: float, ranking_wait_ms: float = 0.0) -> Decision:
+        """Admit or refuse one pre-infer signal; an admission consumes seq_len tokens of the rate.
+        ``ranking_wait_ms``: the wait ranking sees now, which lowers a derived at-risk length."""
         p = self.policy
         self._refill(now_s)
         if p.max_preinfer_inflight == 0 or p.max_preinfer_tokens_per_s == 0:
             return self._refuse(DISABLED)
-        if not p.admit_all and seq_len < self.at_risk_seq_len:
+        at_risk = self.at_risk_seq_len if ranking_wait_ms <= 0 else p.effective_at_risk_seq_len(ranking_wait_ms)
+        if not p.admit_all and seq_len < at_risk:
             return self._refuse(NOT_AT_RISK)
         if already_cached:
             return self._refuse(ALREADY_CACHED)

@@ -17,6 +17,7 @@ Keys (``P`` = prefix, ``pool`` = pool name, ``inst`` = instance name ``<pool>.<i
 | ``P:pool:{pool}:rollup:{tier}:{t}`` | hash, TTL | workers (HINCRBY) | the pool's counts of tier period ``t`` (``telemetry.rollup_contribution``) |
 | ``P:pool:{pool}:reporting`` | sorted set | workers | inst → time of its last telemetry snapshot (unix s) |
 | ``P:pool:{pool}:claim:{index}`` | string, TTL | workers | owner of an instance index (scaled replicas) |
+| ``P:pool:{pool}:reply:{token}`` | list, TTL | workers | the answer to one ranking request (JSON), for its sender's BLPOP |
 
 Celery queues: ``P.{inst}.rank`` and ``P.{inst}.preinfer`` (ranking never waits behind pre-infer).
 
@@ -42,6 +43,7 @@ KEY_PREFIX_ENV = "RELAYGR_KEY_PREFIX"
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TIMEOUT_S = 5.0  # an instance silent this long leaves the live set; its users move
 STATUS_TTL_S = 3600  # a dead instance's last status stays readable for an hour
+REPLY_TTL_S = 60  # an answer nobody waits for any more disappears with its list
 
 # Telemetry tiers: name → (seconds between snapshots, snapshots kept). 1 s for the last 10 min,
 # 10 s for 2 h, 60 s for 25 h: a 24 h chart of 8 instances merges ~12k small snapshots.
@@ -132,6 +134,13 @@ class PoolKeys:
 
     def claim(self, index: int) -> str:
         return f"{self.base}:claim:{index}"
+
+    def reply(self, token: str) -> str:
+        """The private list one ranking request's answer is pushed to."""
+        return f"{self.base}:reply:{token}"
+
+    def is_reply(self, key: object) -> bool:
+        return isinstance(key, str) and key.startswith(f"{self.base}:reply:") and len(key) <= len(self.base) + 80
 
 
 def pools_key(prefix: str | None = None) -> str:

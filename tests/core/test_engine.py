@@ -213,10 +213,10 @@ class GatedPrefill(HSTUModel):
         super().__init__(config)
         self.started, self.release = threading.Event(), threading.Event()
 
-    def prefill(self, prefix, edit=None):
+    def prefill(self, prefix, edit=None, **kwargs):
         self.started.set()
         assert self.release.wait(30), "the test never released the prefill"
-        return super().prefill(prefix, edit)
+        return super().prefill(prefix, edit, **kwargs)
 
 
 def edited_policy(seed: int | None) -> dict:
@@ -285,3 +285,86 @@ def test_demoting_an_evicted_prefix_copies_it_off_the_ranking_thread():
     key_a, key_b = engine.cache_key("a", a), engine.cache_key("b", b)
     assert key_a in engine.hbm and key_a not in engine.dram  # the late copy did not bring it back
     assert key_b in engine.dram and key_b not in engine.hbm
+
+
+class _HeldPrefill:
+    """The model's forwards, with prefills held until released (a prefill that is slow to finish)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.release = threading.Event()
+        self.started = threading.Event()
+
+    def prefill(self, prefix, edit=None, *, between_layers=None):
+        self.started.set()
+        self.release.wait(30)
+        return self.model.prefill(prefix, edit, between_layers=between_layers)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def test_a_submitted_pre_inference_runs_on_the_lane_and_ranking_finds_it():
+    engine = engine_with(trigger={"at_risk_seq_len": 100})
+    prefix = make_history(300, SMALL, seed=11)
+    decision = engine.submit_pre_infer(PreInferRequest("ivy", prefix))
+    assert decision.admitted
+    engine.close()  # the lane drains
+    assert rank(engine, "ivy", prefix).source == "hbm"
+    assert engine.stats().counters["preinfer_completed"] == 1
+
+
+def test_a_rank_recomputes_instead_of_waiting_on_a_prefill_that_would_finish_too_late():
+    policy = parse_policy({"trigger": {"at_risk_seq_len": 100,
+                                       "latency_model": {"base_ms": 1000.0}}})  # a recompute: 1 s
+    model = engine_with().model
+    forwards = _HeldPrefill(model)
+    engine = RelayEngine(model=model, device="cpu", policy=policy, forwards=forwards)
+    prefix = make_history(300, SMALL, seed=12)
+    assert engine.submit_pre_infer(PreInferRequest("jay", prefix)).admitted
+    assert forwards.started.wait(10)
+    try:
+        result = rank(engine, "jay", prefix, deadline_s=time.time() + 2.0)  # waits ~1 s, then recomputes
+        assert result.source == "miss"
+        assert not forwards.release.is_set() and engine.producing.running(engine.cache_key("jay", prefix))
+    finally:
+        forwards.release.set()
+        engine.close()
+    full = model.rank_full(prefix, SHORT, CANDS)
+    assert relative_error(torch.tensor(result.scores), full) <= TOLERANCE
+    assert engine.stats().counters["misses"] == 1 and engine.stats().counters["inflight_joins"] == 0
+
+
+def _busy(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_a_prefill_between_layers_waits_while_ranking_runs():
+    engine = engine_with()
+    pace = engine.ranking_gate.pacer(share=0.001)  # would wait ~1000 × its last layer if ranking never ended
+    _busy(0.01)  # a layer's compute
+    engine.ranking_gate.enter()
+    threading.Timer(0.05, engine.ranking_gate.leave).start()
+    t0 = time.monotonic()
+    pace()
+    waited = time.monotonic() - t0
+    assert 0.03 <= waited < 5.0  # until ranking ended, not the whole allowance
+    _busy(0.01)
+    t0 = time.monotonic()
+    pace()  # nothing ranking: no pause
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_a_prefill_within_its_share_does_not_pause():
+    engine = engine_with()
+    pace = engine.ranking_gate.pacer(share=0.5)
+    engine.ranking_gate.enter()
+    try:
+        time.sleep(0.05)  # the layer's wall time, with little CPU of its own: it was sharing already
+        t0 = time.monotonic()
+        pace()
+        assert time.monotonic() - t0 < 0.04
+    finally:
+        engine.ranking_gate.leave()

@@ -52,7 +52,7 @@ def test_budget_is_never_exceeded_and_accounting_is_exact(budget, ops):
         elif op == "get":
             cache.get(key(i))
         elif op == "insert":
-            cache.insert(key(i), kv_of(nbytes))
+            cache.insert(key(i), kv_of(nbytes), consumed=bool(i % 2))
         elif op == "resize":
             cache.resize(nbytes, ttl_s=5.0)
         elif op == "expire":
@@ -63,6 +63,9 @@ def test_budget_is_never_exceeded_and_accounting_is_exact(budget, ops):
         assert cache.used_bytes <= cache.budget_bytes
         assert cache.reserved_bytes == sum(e.nbytes for e in entries if e.state is EntryState.PRODUCING)
         assert cache.ready_bytes == sum(e.nbytes for e in entries if e.state is not EntryState.PRODUCING)
+        assert cache.pinned_bytes == cache.reserved_bytes + sum(e.nbytes for e in entries
+                                                                if e.state is EntryState.READY)
+        assert [e.key for e in entries] == [e.key for e in sorted(entries, key=lambda e: e.last_access)]
     assert cache.counters.peak_bytes <= max(budget, *(n for op, _, n in ops if op == "resize"), 0)
 
 

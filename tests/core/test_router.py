@@ -80,3 +80,12 @@ def test_a_remembered_route_is_the_heaviest_instance_again():
     first = [router.route(u) for u in users]
     assert [router.route(u) for u in users] == first
     assert first == [router.ranking(u)[0] for u in users]
+
+
+def test_a_remembered_ranking_is_the_computed_one_and_follows_the_instance_set():
+    router = AffinityRouter(["a", "b", "c"])
+    first = router.ranking("u1")
+    assert router.ranking("u1") == first and sorted(first) == ["a", "b", "c"]
+    router.set_instances(["a", "b", "c", "d"])
+    assert sorted(router.ranking("u1")) == ["a", "b", "c", "d"]
+    assert router.route("u1") == router.ranking("u1")[0]

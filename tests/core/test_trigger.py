@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relay_engine.core.config import TriggerPolicy, parse_policy
-from relay_engine.core.trigger import CacheFootprint, SequenceAwareTrigger
+from relay_engine.core.trigger import CacheFootprint, RankingLoad, SequenceAwareTrigger
 
 ROOMY = CacheFootprint(needed_bytes=100, pinned_bytes=0, budget_bytes=10_000)
 
@@ -64,3 +64,26 @@ def test_every_refusal_is_counted():
         decide(t, 10)
     decide(t, 500, cached=True)
     assert dict(t.refusals) == {"not_at_risk": 3, "already_cached": 1}
+
+
+def test_under_load_a_derived_threshold_falls():
+    policy = parse_policy({"trigger": {"at_risk_seq_len": None, "ranking_p99_slo_ms": 50,
+                                       "latency_model": {"base_ms": 2, "per_token_sq_ms": 1e-5}}}).trigger
+    t = SequenceAwareTrigger(policy)
+    idle = t.decide(1500, already_cached=False, inflight=0, footprint=ROOMY, now_s=0.0)
+    loaded = t.decide(1500, already_cached=False, inflight=0, footprint=ROOMY, now_s=0.0, ranking_wait_ms=40.0)
+    assert idle.reason == "not_at_risk"  # 2 + 22.5 ms alone is within 50 ms
+    assert loaded.admit  # after a 40 ms wait it is not
+
+
+def test_ranking_load_sees_no_wait_when_idle_and_more_the_busier_ranking_is():
+    load = RankingLoad(window_s=2.0)
+    assert load.tail_wait_ms(10.0) == 0.0
+    for i in range(20):  # 20 ranks of 50 ms in 2 s: utilisation 0.5
+        load.record(8.0 + i * 0.1, 8.0 + i * 0.1 + 0.05)
+    half = load.tail_wait_ms(10.0)
+    for i in range(20):  # 20 more: 0.95 (capped)
+        load.record(8.0 + i * 0.1 + 0.05, 8.0 + i * 0.1 + 0.09)
+    busy = load.tail_wait_ms(10.0)
+    assert 0 < half < busy
+    assert load.tail_wait_ms(20.0) == 0.0  # the window moved past them

@@ -1,4 +1,4 @@
-"""The benchmark runs end to end (``--quick``) and writes the figures the issue asks for.
+"""The benchmark and the simulator run end to end (``--quick``) and write the figures the issue asks for.
 
 Shape only: a timed test on a shared machine would be flaky, so no assertion here is about speed.
 """
@@ -13,49 +13,89 @@ from pathlib import Path
 import pytest
 
 from relay_engine.core.trace import write_trace
-from relay_engine.lab.bench.runner import MODES
+from relay_engine.lab.bench.modes import MODES
 from relay_engine.lab.traffic import TraceSpec, generate_trace
 
 REPO = Path(__file__).resolve().parents[2]
-REFERENCE_KEYS = {"qps", "cap", "p50_ms", "p99_ms", "p999_ms", "hbm_hit_rate", "dram_hit_rate", "miss_rate",
-                  "preinfer", "deadline_missed", "hbm_peak_bytes", "hbm_budget_bytes", "dram_peak_bytes",
-                  "dram_budget_bytes", "within_budget"}
+POINT_KEYS = {"qps", "qps_unscaled", "cap", "n", "p50_ms", "p99_ms", "p99_ci_ms", "p99_ms_unscaled", "passed",
+              "within_slo_share", "hit_ratio", "hbm_hit_rate", "dram_hit_rate", "miss_rate", "preinfer",
+              "deadline_missed", "hbm_peak_bytes", "hbm_budget_bytes", "dram_peak_bytes", "dram_budget_bytes",
+              "within_budget", "host", "redone"}
 
 
-def run_bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "relay_engine.bench", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=280)
+def run_module(module: str, *args: str, timeout: int = 280) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "trace.jsonl"
+    write_trace(path, generate_trace(TraceSpec(queries=1500, seed=3)))
+    return path
 
 
 @pytest.mark.slow
-def test_quick_run_writes_every_mode_the_ratios_and_a_table(tmp_path):
-    trace = tmp_path / "trace.jsonl"
-    write_trace(trace, generate_trace(TraceSpec(queries=1500, seed=3)))
+def test_quick_run_writes_every_mode_the_ratios_with_intervals_a_table_and_plots(trace, tmp_path):
     out = tmp_path / "bench.json"
 
-    proc = run_bench("--quick", "--trace", str(trace), "--out", str(out))
+    proc = run_module("relay_engine.bench", "--quick", "--trace", str(trace), "--out", str(out))
 
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     assert set(result["modes"]) == {m.name for m in MODES}
-    for name, mode in result["modes"].items():
+    points = [p for m in result["modes"].values() for sw in m["sweeps"].values() for p in sw["points"]]
+    assert points and all(set(p) >= POINT_KEYS for p in points)
+    assert all(p["n"] == result["windows"]["measured_per_point"] for p in points)  # no early abort
+    for name in ("baseline", "relay"):
+        mode = result["modes"][name]
         assert isinstance(mode["max_seq_len_at_slo"], int), name
         assert isinstance(mode["slo_throughput_qps"], (int, float)), name
-        assert mode["within_budget"] is True, name
-        assert mode["probes"], name
-        assert set(mode["reference"]) >= REFERENCE_KEYS, name
-    assert set(result["ratios"]) == {"slo_throughput", "max_seq_len"}
+        assert mode["reference"]["within_budget"] is True, name
+    assert {"slo_throughput", "max_seq_len", "slo_throughput_ci", "max_seq_len_ci"} <= set(result["ratios"])
+    assert result["time_scale"]["time_scale"] > 0 and "meaning" in result["time_scale"]
     assert result["overhead"]["engine_over_bare_ratio"] > 0
     assert "| relay |" in proc.stdout and "| baseline |" in proc.stdout
+    assert [Path(p).name for p in result["plots"]] == ["bench-p99-vs-load.png", "bench-p99-vs-cap.png"]
+    assert all(Path(p).stat().st_size > 1000 for p in result["plots"])
 
 
 def test_a_malformed_trace_line_is_an_error_naming_the_line(tmp_path):
-    trace = tmp_path / "bad.jsonl"
+    bad = tmp_path / "bad.jsonl"
     good = generate_trace(TraceSpec(queries=2))[0].to_json()
-    trace.write_text(good + "\n" + '{"t_ms": 1, "user_id": "u1"}\n')
+    bad.write_text(good + "\n" + '{"t_ms": 1, "user_id": "u1"}\n')
 
-    proc = run_bench("--quick", "--trace", str(trace), "--out", str(tmp_path / "bench.json"))
+    proc = run_module("relay_engine.bench", "--quick", "--trace", str(bad), "--out", str(tmp_path / "bench.json"))
 
     assert proc.returncode == 2
     assert "line 2" in proc.stderr and "seq_len" in proc.stderr
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_the_simulator_replays_a_trace_per_mode_and_writes_its_figures(trace, tmp_path):
+    out = tmp_path / "sim.json"
+
+    proc = run_module("relay_engine.sim", "run", "--trace", str(trace), "--instances", "3",
+                      "--modes", "baseline,relay,relay_cache_only", "--out", str(out))
+
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert set(result["modes"]) == {"baseline", "relay", "relay_cache_only"}
+    for mode in result["modes"].values():
+        assert mode["n"] > 1000 and mode["p99_ms"] >= mode["p50_ms"] > 0
+    assert result["modes"]["baseline"]["hit_ratio"] == 0 < result["modes"]["relay"]["hit_ratio"]
+
+
+@pytest.mark.slow
+def test_validation_reports_the_simulators_error_at_every_point(trace, tmp_path):
+    out = tmp_path / "v.json"
+
+    proc = run_module("relay_engine.sim", "validate", "--quick", "--trace", str(trace), "--out", str(out))
+
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert len(result["points"]) >= 4
+    for p in result["points"]:
+        assert p["real"]["n"] == p["sim"]["n"] > 0
+        assert isinstance(p["p99_error"], float)
+    assert result["p99_target"] == 0.15 and "within_target" in result

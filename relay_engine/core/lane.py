@@ -1,0 +1,128 @@
+"""The pre-inference lane: admitted prefills run here, on their own thread with their own share of
+the instance's compute, never on the threads ranking runs on.
+
+A work-conserving priority, not a partition: alone, a prefill takes the whole device; while ranking
+also runs, pre-inference gets ``share`` of it and ranking the rest, so a backlog of prefills slows
+ranking by at most 1 / (1 − share). On the CPU the share is the lane thread's scheduling weight
+against ranking's (Linux CFS weighs nice n as 1024 / 1.25ⁿ, nice 0 as 1024: a share of 0.25 is
+nice 5); a thread may raise its own nice but not lower it, so a larger share starts a fresh thread.
+On CUDA the lane queues on the lowest-priority stream (strict priority there: the share is not
+exact). Where the lane and ranking do not share a core, the engine's ``RankingGate`` keeps the
+share between the prefill's layers instead. The fleet simulator replaces the lane with one on its
+virtual clock (``Lane`` protocol).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from relay_engine.core import devices
+
+log = logging.getLogger(__name__)
+
+# Linux CFS load weights of nice 0 … 19 (kernel/sched/core.c, sched_prio_to_weight).
+_CFS_WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
+
+
+def share_of_nice(nice: int) -> float:
+    """Compute share a thread at ``nice`` gets against one busy thread at nice 0."""
+    w = _CFS_WEIGHTS[nice]
+    return w / (w + _CFS_WEIGHTS[0])
+
+
+def nice_for_share(share: float) -> int:
+    """The nice value (0 … 19) whose share against a nice-0 thread is closest to ``share``; shares of
+    a half or more are nice 0 (a lower nice would need privileges)."""
+    return min(range(len(_CFS_WEIGHTS)), key=lambda n: abs(share_of_nice(n) - share))
+
+
+class Lane(Protocol):
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run job later, on the lane; job handles its own errors."""
+
+    def set_share(self, share: float) -> None:
+        """The compute share for jobs from now on."""
+
+    def close(self) -> None:
+        """Finish the queued jobs and stop."""
+
+
+class PreInferLane:
+    """One thread (started on the first job) running jobs in arrival order at the lane's share."""
+
+    def __init__(self, device: torch.device, share: float, name: str = "preinfer"):
+        self.device = device
+        self.name = name
+        self._share = share
+        self._nice = nice_for_share(share)
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._retired: list[threading.Thread] = []  # earlier threads finishing the jobs queued to them
+
+    @property
+    def share(self) -> float:
+        return self._share
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._start()
+            self._jobs.put(job)
+
+    def set_share(self, share: float) -> None:
+        with self._lock:
+            self._share = share
+            nice = nice_for_share(share)
+            lowering = nice < self._nice
+            self._nice = nice
+            if self._thread is not None and lowering:
+                # The running thread cannot lower its own nice: it finishes the jobs queued to it and
+                # stops; a fresh one (created by this thread, at its priority) takes the new jobs.
+                self._jobs.put(None)
+                self._retired = [t for t in self._retired if t.is_alive()] + [self._thread]
+                self._jobs = queue.SimpleQueue()
+                self._start()
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, args=(self._jobs, self._nice), name=self.name,
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, jobs: queue.SimpleQueue, nice: int) -> None:
+        applied = self._apply_nice(nice)
+        with devices.low_priority_stream(self.device):
+            while (job := jobs.get()) is not None:
+                if jobs is self._jobs and applied != self._nice:  # a retired thread keeps its nice
+                    applied = self._apply_nice(self._nice)
+                try:
+                    job()
+                except Exception:  # noqa: BLE001 — a failed job is the job's to report; the lane lives on
+                    log.exception("%s: a pre-inference job failed", self.name)
+
+    def _apply_nice(self, nice: int) -> int:
+        """Set this thread's nice (tried once per value: a refusal is logged, not retried per job)."""
+        if self.device.type == "cpu" and hasattr(os, "setpriority"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            except OSError as exc:  # not permitted (lowering), or no per-thread priorities here
+                log.warning("%s: cannot set nice %d (%s); pre-inference keeps its priority", self.name, nice, exc)
+        return nice
+
+    def close(self) -> None:
+        """Finish every queued job and stop the lane's threads."""
+        with self._lock:
+            threads = self._retired + ([self._thread] if self._thread is not None else [])
+            if self._thread is not None:
+                self._jobs.put(None)
+            self._thread, self._retired = None, []
+            self._jobs = queue.SimpleQueue()
+        for thread in threads:
+            thread.join(30)

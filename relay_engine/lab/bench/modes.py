@@ -1,0 +1,97 @@
+"""The modes the benchmark and the simulator compare, and the regime (time constants, budgets) they
+all run under.
+
+``baseline`` ranks with ``rank_full`` and no cache. The relay modes run ``RelayEngine``:
+``relay`` (trigger + affinity router + HBM tier + DRAM expander), and the ablations
+``relay_cache_only`` (no pre-inference: a miss keeps its prefix for the user's next request, so
+this is what caching alone buys), ``relay_no_dram`` (DRAM budget 0), ``relay_random_route``
+(pre-infer signal and ranking routed independently at random) and ``relay_preinfer_all`` (the
+trigger admits every length; budgets still apply).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from relay_engine.core.config import CacheBudget, LatencyModel, PolicySpec, TriggerPolicy
+from relay_engine.core.engine import DeadlineExceeded, Forwards, RankRequest
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    relay: bool = True
+    preinfer: bool = True  # pre-infer signals are sent
+    dram: bool = True
+    affinity: bool = True
+    admit_all: bool = False
+    what: str = ""
+
+
+MODES: tuple[Mode, ...] = (
+    Mode("baseline", relay=False, preinfer=False, what="no pre-inference, no cache; ranking runs rank_full"),
+    Mode("relay", what="trigger + affinity router + HBM tier + DRAM expander"),
+    Mode("relay_cache_only", preinfer=False, what="relay's caches without pre-inference (a miss keeps its prefix)"),
+    Mode("relay_no_dram", dram=False, what="relay without the DRAM tier"),
+    Mode("relay_random_route", affinity=False, what="relay, pre-infer signal and ranking routed at random"),
+    Mode("relay_preinfer_all", admit_all=True, what="relay, the trigger admits every prefix"),
+)
+MODES_BY_NAME = {m.name: m for m in MODES}
+
+
+@dataclass(frozen=True)
+class Regime:
+    """What every mode runs under, in this device's milliseconds (already × the time scale K)."""
+
+    slo_ms: float
+    deadline_ms: float
+    time_scale: float = 1.0  # K: every time constant of the trace (and the caches' TTLs) × K
+    hbm_budget_mb: float = CacheBudget().hbm_budget_mb
+    dram_budget_mb: float = CacheBudget().dram_budget_mb
+    entry_ttl_ms: float = CacheBudget().entry_ttl_ms
+    dram_ttl_ms: float = CacheBudget().dram_ttl_ms
+    # Full inference on this device; the trigger derives its at-risk length from it, under load.
+    latency_model: LatencyModel | None = None
+    at_risk_seq_len: int | None = None  # a fixed threshold instead (None: derived)
+    preinfer_compute_share: float = TriggerPolicy().preinfer_compute_share
+    max_preinfer_inflight: int = TriggerPolicy().max_preinfer_inflight
+
+    def scaled(self, k: float) -> Regime:
+        """The same regime on a device k times slower: every time constant × k."""
+        return replace(self, slo_ms=self.slo_ms * k, deadline_ms=self.deadline_ms * k,
+                       time_scale=self.time_scale * k, entry_ttl_ms=self.entry_ttl_ms * k,
+                       dram_ttl_ms=self.dram_ttl_ms * k)
+
+
+def mode_policy(mode: Mode, regime: Regime) -> PolicySpec | None:
+    """The policy a relay mode's instances run (None for the baseline)."""
+    if not mode.relay:
+        return None
+    derived = regime.at_risk_seq_len is None and regime.latency_model is not None
+    trigger = TriggerPolicy(
+        at_risk_seq_len=None if derived else (regime.at_risk_seq_len or TriggerPolicy().at_risk_seq_len),
+        latency_model=regime.latency_model, admit_all=mode.admit_all,
+        max_preinfer_inflight=regime.max_preinfer_inflight if mode.preinfer else 0,
+        ranking_p99_slo_ms=regime.slo_ms, preinfer_compute_share=regime.preinfer_compute_share)
+    cache = CacheBudget(hbm_budget_mb=regime.hbm_budget_mb, dram_budget_mb=regime.dram_budget_mb if mode.dram else 0.0,
+                        entry_ttl_ms=max(1, round(regime.entry_ttl_ms)), dram_ttl_ms=max(1, round(regime.dram_ttl_ms)))
+    return PolicySpec(trigger=trigger, cache=cache)
+
+
+class FullInference:
+    """The baseline's ranking: ``rank_full`` with the engine's deadline semantics, and no cache."""
+
+    def __init__(self, forwards: Forwards, wall_clock: Callable[[], float] = time.monotonic):
+        self.forwards = forwards
+        self.wall_clock = wall_clock
+
+    def rank(self, request: RankRequest) -> str:
+        if request.deadline_s is not None and self.wall_clock() > request.deadline_s:
+            raise DeadlineExceeded("on arrival")
+        scores = self.forwards.rank_full(request.prefix, request.short_term, request.candidates)
+        scores.tolist()
+        if request.deadline_s is not None and self.wall_clock() > request.deadline_s:
+            raise DeadlineExceeded("after scoring")
+        return "full"

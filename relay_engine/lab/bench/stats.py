@@ -1,0 +1,194 @@
+"""The statistics of a measured point and of a sweep: P99 with a bootstrap 95 % interval, the point's
+verdict on its estimate, and where a sweep crosses the SLO, with intervals for ratios of crossings.
+
+A point passes when its P99 estimate is within the SLO (no worst-k rule, no early abort). A sweep's
+crossing is where P99 reaches the SLO, interpolated (in log of the swept value) between the last
+passing and the first failing point; bootstrap replicates of every point's P99 give replicates of
+the crossing and of a ratio of two crossings, whose 2.5th and 97.5th percentiles are the interval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from relay_engine.lab.bench.workload import InstanceReport
+
+SLO_QUANTILE = 0.99
+BOOTSTRAP_REPLICATES = 1000
+RANKED = ("hbm", "dram", "inflight", "miss", "full")
+
+
+def quantile(values: np.ndarray, q: float) -> float | None:
+    return float(np.quantile(values, q, method="inverted_cdf")) if values.size else None
+
+
+def bootstrap_quantiles(values: np.ndarray, q: float, replicates: int, rng: np.random.Generator) -> np.ndarray:
+    """``replicates`` bootstrap replicates of the q-quantile of values (resampled with replacement)."""
+    if values.size == 0:
+        return np.full(replicates, np.nan)
+    idx = rng.integers(0, values.size, size=(replicates, values.size))
+    return np.quantile(values[idx], q, axis=1, method="inverted_cdf")
+
+
+def interval(replicates: np.ndarray) -> list[float] | None:
+    finite = replicates[np.isfinite(replicates)]
+    if finite.size < replicates.size * 0.9:  # mostly undefined (a ratio over zero): no interval
+        return None
+    lo, hi = np.percentile(finite, [2.5, 97.5])
+    return [round(float(lo), 3), round(float(hi), 3)]
+
+
+@dataclass
+class PointResult:
+    """One measured point: a mode at a prefix cap and an offered load, over the paired windows."""
+
+    mode: str
+    cap: int
+    qps: float  # offered, on this machine's (scaled) clock
+    time_scale: float
+    slo_ms: float
+    latencies_ms: np.ndarray  # measured ranking requests (a missed deadline counts at its latency)
+    outcomes: dict[str, int]
+    preinfer_signals: int
+    preinfer_admitted: int
+    preinfer_refused: dict[str, int]
+    hbm_peak_bytes: int
+    hbm_budget_bytes: int
+    dram_peak_bytes: int
+    dram_budget_bytes: int
+    wall_s: float = 0.0
+    host: dict = field(default_factory=dict)  # contention check (real runs)
+    redone: int = 0
+    p99_replicates: np.ndarray = field(default_factory=lambda: np.empty(0))
+    instance_hbm_peak_bytes: int = 0  # the largest peak of any one instance in any window
+    instance_dram_peak_bytes: int = 0
+
+    @property
+    def n(self) -> int:
+        return int(self.latencies_ms.size)
+
+    @property
+    def p99_ms(self) -> float | None:
+        return quantile(self.latencies_ms, SLO_QUANTILE)
+
+    @property
+    def passed(self) -> bool:
+        p99 = self.p99_ms
+        return p99 is not None and p99 <= self.slo_ms
+
+    @property
+    def within_slo_share(self) -> float | None:
+        return float((self.latencies_ms <= self.slo_ms).mean()) if self.n else None
+
+    def bootstrap(self, replicates: int, rng: np.random.Generator) -> None:
+        self.p99_replicates = bootstrap_quantiles(self.latencies_ms, SLO_QUANTILE, replicates, rng)
+
+    def rate(self, kind: str) -> float | None:
+        ranked = sum(n for k, n in self.outcomes.items() if k in RANKED)
+        return None if not ranked else round(self.outcomes.get(kind, 0) / ranked, 4)
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Share of ranked requests that found their prefix cached (HBM, DRAM or in flight)."""
+        ranked = sum(n for k, n in self.outcomes.items() if k in RANKED)
+        hits = sum(self.outcomes.get(k, 0) for k in ("hbm", "dram", "inflight"))
+        return None if not ranked else round(hits / ranked, 4)
+
+    def summary(self) -> dict:
+        k = self.time_scale
+
+        def ms(x: float | None) -> float | None:
+            return None if x is None else round(x, 2)
+
+        p99 = self.p99_ms
+        ci = interval(self.p99_replicates) if self.p99_replicates.size else None
+        return {
+            "mode": self.mode, "cap": self.cap, "qps": round(self.qps, 3), "qps_unscaled": round(self.qps * k, 3),
+            "n": self.n, "passed": self.passed,
+            "p50_ms": ms(quantile(self.latencies_ms, 0.5)), "p99_ms": ms(p99), "p99_ci_ms": ci,
+            "p999_ms": ms(quantile(self.latencies_ms, 0.999)),
+            "p99_ms_unscaled": ms(None if p99 is None else p99 / k),
+            "p99_ci_ms_unscaled": None if ci is None else [round(x / k, 3) for x in ci],
+            "within_slo_share": None if self.within_slo_share is None else round(self.within_slo_share, 4),
+            "deadline_missed": self.outcomes.get("deadline", 0),
+            "hit_ratio": self.hit_ratio, "hbm_hit_rate": self.rate("hbm"), "dram_hit_rate": self.rate("dram"),
+            "inflight_join_rate": self.rate("inflight"), "miss_rate": self.rate("miss"),
+            "outcomes": dict(self.outcomes),
+            "preinfer": {"signals": self.preinfer_signals, "admitted": self.preinfer_admitted,
+                         "refused": dict(self.preinfer_refused)},
+            "hbm_peak_bytes": self.hbm_peak_bytes, "hbm_budget_bytes": self.hbm_budget_bytes,
+            "dram_peak_bytes": self.dram_peak_bytes, "dram_budget_bytes": self.dram_budget_bytes,
+            "within_budget": self.hbm_peak_bytes <= self.hbm_budget_bytes
+            and self.dram_peak_bytes <= self.dram_budget_bytes,
+            "wall_s": round(self.wall_s, 2), "host": self.host, "redone": self.redone,
+        }
+
+
+def point_result(mode: str, cap: int, qps: float, time_scale: float, slo_ms: float,
+                 windows: Sequence[Sequence[InstanceReport]], wall_s: float = 0.0) -> PointResult:
+    """Merge every instance's report of every window into one point (peaks: the largest window's sum)."""
+    reports = [r for window in windows for r in window]
+    latencies = np.array([lat for r in reports for (_, lat, _, m) in r.ranks if m], dtype=np.float64)
+    outcomes = Counter(o for r in reports for (_, _, o, m) in r.ranks if m)
+    pre = [(a, reason) for r in reports for (_, a, reason, m) in r.preinfers if m]
+
+    def peak(attr: str) -> int:
+        return max((sum(getattr(r, attr) for r in window) for window in windows), default=0)
+
+    return PointResult(
+        mode, cap, qps, time_scale, slo_ms, latencies, dict(outcomes), len(pre), sum(1 for a, _ in pre if a),
+        dict(Counter(reason for a, reason in pre if not a)), peak("hbm_peak_bytes"), peak("hbm_budget_bytes"),
+        peak("dram_peak_bytes"), peak("dram_budget_bytes"), wall_s,
+        instance_hbm_peak_bytes=max((r.hbm_peak_bytes for r in reports), default=0),
+        instance_dram_peak_bytes=max((r.dram_peak_bytes for r in reports), default=0))
+
+
+# --- sweeps ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """Where a sweep's P99 reaches the SLO. ``bound``: "exact" (bracketed), "above" (every point
+    passed: at least value) or "below" (none passed: value is 0)."""
+
+    value: float
+    bound: str
+
+
+def crossing(xs: Sequence[float], p99s: Sequence[float | None], slo_ms: float) -> Crossing:
+    """Interpolated crossing of a sweep whose P99 rises with x (passing assumed monotone: the first
+    failing point ends the passing run)."""
+    pts = sorted((x, p) for x, p in zip(xs, p99s, strict=True))
+    last_pass = None
+    for x, p in pts:
+        if p is not None and p <= slo_ms:
+            last_pass = (x, p)
+            continue
+        if last_pass is None:
+            return Crossing(0.0, "below")
+        (x0, p0), x1, p1 = last_pass, x, (math.inf if p is None else p)
+        if not math.isfinite(p1) or p1 <= p0:
+            return Crossing(x0, "exact")
+        frac = (slo_ms - p0) / (p1 - p0)
+        return Crossing(math.exp(math.log(x0) + frac * (math.log(x1) - math.log(x0))), "exact")
+    return Crossing(last_pass[0], "above") if last_pass else Crossing(0.0, "below")
+
+
+def crossing_replicates(points: Sequence[PointResult], x_of, slo_ms: float) -> np.ndarray:
+    """The crossing recomputed from each bootstrap replicate of the points' P99s."""
+    if not points:
+        return np.empty(0)
+    reps = np.stack([p.p99_replicates for p in points])  # [points, replicates]
+    xs = [x_of(p) for p in points]
+    return np.array([crossing(xs, list(reps[:, b]), slo_ms).value for b in range(reps.shape[1])])
+
+
+def ratio_interval(num: np.ndarray, den: np.ndarray) -> list[float] | None:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+    return interval(ratios)

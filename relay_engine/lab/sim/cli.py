@@ -1,0 +1,200 @@
+"""``python -m relay_engine.sim``: the calibrated fleet simulator (see ``relay_engine.lab.sim``).
+
+    python -m relay_engine.sim run [--trace FILE] [--profile FILE] [--instances 64] [--load 40] [--modes …]
+    python -m relay_engine.sim project [--profile FILE] [--instances 2] [--cap-sweep] [--out FILE]
+    python -m relay_engine.sim validate --out v.json [--profile FILE] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from relay_engine.core.trace import TraceError, TraceQuery, read_trace
+from relay_engine.lab.bench import report
+from relay_engine.lab.bench.calibration import regime_for
+from relay_engine.lab.bench.cli import positive_number, time_scale_flag
+from relay_engine.lab.bench.modes import MODES, MODES_BY_NAME
+from relay_engine.lab.bench.run import SimMeasure, measure_sweeps, summarize
+from relay_engine.lab.bench.settings import REFERENCE_PROFILE, BenchSettings, quick_settings
+from relay_engine.lab.bench.workload import paired_windows, trace_qps
+from relay_engine.lab.costmodel import CostModel, CostModelError, time_scale_against
+from relay_engine.lab.sim.fleet import FleetSpec
+from relay_engine.lab.sim.preview import simulate_trace
+from relay_engine.lab.sim.validate import table, validate
+from relay_engine.lab.traffic import TraceSpec, describe, generate_trace
+
+
+def _queries(args: argparse.Namespace, default: TraceSpec) -> tuple[list[TraceQuery], str]:
+    if args.trace:
+        queries = read_trace(args.trace)
+        if len(queries) < 2:
+            raise TraceError(0, f"a trace needs at least 2 queries, got {len(queries)}", args.trace)
+        return queries, args.trace
+    spec = replace(default, **{k: v for k, v in (("queries", args.queries), ("qps", args.trace_qps)) if v})
+    return generate_trace(spec), f"generated: {spec}"
+
+
+def _cost(path: Path | None, fallback: Path | None) -> CostModel | None:
+    chosen = path or fallback
+    return None if chosen is None else CostModel.load(chosen)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Every query of the trace through N simulated instances, once per mode."""
+    queries, name = _queries(args, TraceSpec())
+    cost = _cost(args.profile, REFERENCE_PROFILE)
+    short, cands = int(np.median([q.short_len for q in queries])), int(np.median([q.n_candidates for q in queries]))
+    k = args.time_scale if args.time_scale is not None else \
+        time_scale_against(cost, CostModel.load(REFERENCE_PROFILE), short=short, candidates=cands)
+    settings = BenchSettings(slo_ms=args.slo_ms, instances=args.instances, rank_threads=args.rank_threads)
+    regime = regime_for(settings, cost, k, short, cands)
+    rate = trace_qps(queries)
+    qps = rate * args.load / k
+    rows = {}
+    print(f"{describe(queries, name)}\n{args.instances} instances, K = {k:g}, offered {qps:g} QPS here "
+          f"({qps * k:g} unscaled), SLO {regime.slo_ms:g} ms; cost model: {cost.device} ({cost.note[:80]}…)",
+          file=sys.stderr)
+    for mode_name in args.modes.split(","):
+        mode = MODES_BY_NAME[mode_name]
+        spec = FleetSpec.of_mode(mode, regime, args.instances, args.rank_threads, cost.device)
+        span_s = (queries[-1].t_ms - queries[0].t_ms) / 1000 * k / args.load
+        with tqdm(total=round(span_s, 1), unit="virtual s", desc=mode_name, file=sys.stderr, dynamic_ncols=True) as bar:
+            def progress(t: float, bar=bar) -> None:
+                bar.update(round(t, 1) - bar.n)
+
+            started = time.monotonic()
+            point = simulate_trace(queries, spec, cost, slo_ms=regime.slo_ms, cap=args.cap, qps=qps,
+                                   prime_share=args.prime_share, warmup_share=args.warmup_share, seed=args.seed,
+                                   progress=progress, name=mode_name)
+        point.bootstrap(500, np.random.default_rng(args.seed))
+        rows[mode_name] = {**point.summary(), "sim_wall_s": round(time.monotonic() - started, 1)}
+    print("| mode | n | P50 ms | P99 ms [95 % CI] | within SLO | hit ratio | pre-infer admitted | peak HBM / "
+          "instance (MB) | sim wall (s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for mode_name, r in rows.items():
+        ci = r["p99_ci_ms"] or ["–", "–"]
+        print(f"| {mode_name} | {r['n']} | {r['p50_ms']} | {r['p99_ms']} [{ci[0]}, {ci[1]}] | "
+              f"{r['within_slo_share']} | {r['hit_ratio']} | {r['preinfer']['admitted']} | "
+              f"{r['hbm_peak_bytes'] / 2**20 / args.instances:.0f} | {r['sim_wall_s']} |")
+    if args.out:
+        report.write_json(Path(args.out), {"trace": name, "instances": args.instances, "time_scale": k,
+                                           "qps": qps, "modes": rows, "cost_model": cost.to_dict()})
+    return 0
+
+
+def cmd_project(args: argparse.Namespace) -> int:
+    """The benchmark's sweeps, modes and ablations, in the simulator, on any device's cost model."""
+    queries, name = _queries(args, TraceSpec())
+    cost = _cost(args.profile, REFERENCE_PROFILE)
+    settings = BenchSettings(slo_ms=args.slo_ms, instances=args.instances, rank_threads=args.rank_threads,
+                             cap_sweep=args.cap_sweep, ref_qps=args.ref_qps or BenchSettings.ref_qps)
+    if args.quick:
+        settings = quick_settings(settings)
+    short, cands = int(np.median([q.short_len for q in queries])), int(np.median([q.n_candidates for q in queries]))
+    k = args.time_scale if args.time_scale is not None else \
+        time_scale_against(cost, CostModel.load(REFERENCE_PROFILE), short=short, candidates=cands)
+    regime = regime_for(settings, cost, k, short, cands)
+    prime = round(settings.entry_ttl_ms / 1000 * trace_qps(queries) * settings.prime_ttls)
+    windows = paired_windows(len(queries), settings.windows, settings.warmup_queries, settings.measured_queries,
+                             prime)
+    started = time.monotonic()
+    sim = SimMeasure(settings, cost, queries, windows, regime)
+    progress = tqdm(unit="point", file=sys.stderr, dynamic_ncols=True)
+
+    def measure(mode, cap, qps):
+        progress.set_description(f"{mode.name:<19} cap {cap:>5} @ {qps:7.2f} qps")
+        progress.update(1)
+        return sim(mode, cap, qps)
+
+    with progress:
+        sweeps, headline = measure_sweeps(settings, measure, None, regime, MODES)
+    result = summarize(settings, sweeps, MODES, headline, regime,
+                       {"time_scale": k, "how": "--time-scale (1: the profile's own device, no scaling)"},
+                       cost, windows)
+    replayed = sum(w.end - w.start for w in windows)
+    points = [p for m in sweeps.values() for sw, _ in m.values() for p in sw.points]
+    result.update({"trace": {"source": name, "queries": len(queries)}, "overhead": {"engine_over_bare_ratio": None},
+                   "points_measured": len(points),
+                   # what the real benchmark would spend replaying these points on its own clock
+                   "real_replay_estimate_s": round(sum(replayed / p.qps for p in points), 1),
+                   "settings": {"instances": settings.instances, "rank_threads": settings.rank_threads,
+                                "max_redo": 0, "projected": True, "profile": str(args.profile or REFERENCE_PROFILE)},
+                   "runtime_s": round(time.monotonic() - started, 1)})
+    result["markdown"] = report.markdown(result)
+    out = Path(args.out)
+    result["plots"] = report.plots(result, out.parent / "projection")
+    report.write_json(out, result)
+    print(result["markdown"])
+    print(f"\nwrote {out} in {result['runtime_s']:.0f} s (simulated, not measured)")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Simulator against the real fleet on the same points and windows."""
+    queries, _ = _queries(args, TraceSpec(queries=3_000) if args.quick else TraceSpec())
+    settings = BenchSettings(time_scale=args.time_scale, instances=args.instances, rank_threads=args.rank_threads)
+    if args.quick:
+        settings = quick_settings(settings)
+    if args.ref_qps:
+        settings = replace(settings, ref_qps=args.ref_qps)
+    result = validate(settings, queries, Path(args.out), cost=_cost(args.profile, None))
+    print(table(result))
+    print(f"\nwrote {args.out} in {result['runtime_s']:.0f} s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m relay_engine.sim", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--trace", help="trace file (JSON Lines); default: a generated trace")
+    common.add_argument("--queries", type=int, help="queries of the generated trace")
+    common.add_argument("--trace-qps", type=positive_number, help="arrival rate of the generated trace")
+    common.add_argument("--profile", type=Path, help="cost-model file (relay_engine.profile --fit, or an "
+                        "accelerator's); default: the reference profile (run, project) or measured here (validate)")
+    common.add_argument("--instances", type=int, default=2)
+    common.add_argument("--rank-threads", type=int, default=BenchSettings.rank_threads)
+    common.add_argument("--slo-ms", type=positive_number, default=BenchSettings.slo_ms)
+    common.add_argument("--seed", type=int, default=0)
+    run = sub.add_parser("run", parents=[common], help="replay a whole trace through N simulated instances")
+    run.add_argument("--modes", default="baseline,relay", help=f"comma-separated, of {', '.join(MODES_BY_NAME)}")
+    run.add_argument("--load", type=positive_number, default=1.0, help="× the trace's own arrival rate")
+    run.add_argument("--cap", type=int, default=None, help="prefix cap (default: none)")
+    run.add_argument("--prime-share", type=float, default=0.1, help="share of the trace that primes the caches")
+    run.add_argument("--warmup-share", type=float, default=0.05, help="next share, replayed and not measured")
+    run.add_argument("--time-scale", type=time_scale_flag, default=1.0, metavar="K|auto",
+                     help="× every time constant (default 1: the profile's device runs the trace as it is)")
+    run.add_argument("--out", help="JSON file")
+    project = sub.add_parser("project", parents=[common], help="the benchmark's sweeps in the simulator")
+    project.add_argument("--ref-qps", type=positive_number, help="reference load (the reference device's QPS)")
+    project.add_argument("--cap-sweep", action="store_true")
+    project.add_argument("--quick", action="store_true")
+    project.add_argument("--time-scale", type=time_scale_flag, default=1.0, metavar="K|auto")
+    project.add_argument("--out", default="artifacts/projection.json")
+    val = sub.add_parser("validate", parents=[common], help="simulator vs the real fleet, error per point")
+    val.add_argument("--ref-qps", type=positive_number)
+    val.add_argument("--quick", action="store_true", help="small model, short points (a smoke run)")
+    val.add_argument("--time-scale", type=time_scale_flag, default=None, metavar="K|auto",
+                     help="default auto, as the benchmark")
+    val.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if not 1 <= args.instances <= 256:
+        parser.error(f"--instances must be between 1 and 256, got {args.instances}")
+    if args.rank_threads < 1:
+        parser.error(f"--rank-threads must be ≥ 1, got {args.rank_threads}")
+    if args.command == "run":
+        unknown = [m for m in args.modes.split(",") if m not in MODES_BY_NAME]
+        if unknown:
+            parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES_BY_NAME)}")
+    try:
+        return {"run": cmd_run, "project": cmd_project, "validate": cmd_validate}[args.command](args)
+    except (TraceError, OSError, CostModelError, json.JSONDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

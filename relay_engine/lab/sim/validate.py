@@ -1,0 +1,97 @@
+"""The simulator against the real fleet: the same points (mode, cap, load) on the same paired windows,
+the same regime and the cost model measured inside the real instance 0; the relative error of the
+simulator at every point, as fractions: (simulated − measured) ÷ measured, for P99, within-SLO share,
+hit ratio and the HBM peak. The target is |P99 error| ≤ 15 % at every point."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from tqdm import tqdm
+
+from relay_engine.core.trace import TraceQuery
+from relay_engine.lab.bench.instances import Fleet
+from relay_engine.lab.bench.modes import MODES_BY_NAME
+from relay_engine.lab.bench.report import write_json
+from relay_engine.lab.bench.run import RealMeasure, SimMeasure, calibrate
+from relay_engine.lab.bench.settings import BenchSettings
+from relay_engine.lab.costmodel import CostModel
+
+P99_TARGET = 0.15
+# (mode, cap, load × the reference load): both sides of the relay/baseline comparison, light and loaded.
+DEFAULT_POINTS = (("baseline", 1024, 1.0), ("baseline", 2048, 0.5), ("relay", 2048, 1.0), ("relay", 4096, 0.5),
+                  ("relay_cache_only", 2048, 1.0))
+
+
+def relative_error(sim: float | None, real: float | None) -> float | None:
+    if sim is None or real is None or real == 0:
+        return None
+    return round((sim - real) / real, 4)
+
+
+def compare(real: dict, sim: dict) -> dict:
+    return {
+        "p99_error": relative_error(sim["p99_ms"], real["p99_ms"]),
+        "p50_error": relative_error(sim["p50_ms"], real["p50_ms"]),
+        "within_slo_error": relative_error(sim["within_slo_share"], real["within_slo_share"]),
+        "hit_ratio_error": relative_error(sim["hit_ratio"], real["hit_ratio"]),
+        "hbm_peak_error": relative_error(sim["hbm_peak_bytes"], real["hbm_peak_bytes"]),
+    }
+
+
+def validate(settings: BenchSettings, queries: Sequence[TraceQuery], out: Path,
+             points: Sequence[tuple[str, int, float]] = DEFAULT_POINTS, cost: CostModel | None = None) -> dict:
+    started = time.monotonic()
+    fleet = Fleet(settings)
+    progress = tqdm(unit="point", file=sys.stderr, dynamic_ncols=True)
+    rows = []
+    try:
+        progress.set_description("profiling instance 0 (the cost model)")
+        cal = calibrate(settings, queries, fleet, cost)
+        real = RealMeasure(settings, fleet, queries, cal.windows, cal.regime, progress)
+        sim = SimMeasure(settings, cal.cost, queries, cal.windows, cal.regime)
+        for mode_name, cap, load in points:
+            mode = MODES_BY_NAME[mode_name]
+            qps = settings.ref_qps / cal.time_scale * load
+            measured = real(mode, min(cap, max(settings.caps)), qps).summary()
+            simulated = sim(mode, min(cap, max(settings.caps)), qps).summary()
+            rows.append({"mode": mode_name, "cap": measured["cap"], "qps": measured["qps"], "n": measured["n"],
+                         "real": measured, "sim": simulated, **compare(measured, simulated)})
+    finally:
+        progress.close()
+        fleet.close()
+    p99_errors = [abs(r["p99_error"]) for r in rows if r["p99_error"] is not None]
+    result = {
+        "points": rows,
+        "max_abs_p99_error": max(p99_errors, default=None),
+        "p99_target": P99_TARGET,
+        "within_target": bool(p99_errors) and max(p99_errors) <= P99_TARGET,
+        "time_scale": cal.time_scale_how, "regime": {"slo_ms": cal.regime.slo_ms, "deadline_ms": cal.regime.deadline_ms},
+        "cost_model": cal.cost.to_dict(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items() if k != "model"},
+        "runtime_s": round(time.monotonic() - started, 1),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, result)
+    return result
+
+
+def table(result: dict) -> str:
+    lines = ["| mode | cap | QPS | n | P99 real (ms) | P99 sim (ms) | P99 error | within-SLO error | hit-ratio error "
+             "| HBM-peak error |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def pct(x):
+        return "–" if x is None else f"{100 * x:+.1f} %"
+
+    for r in result["points"]:
+        lines.append(f"| {r['mode']} | {r['cap']} | {r['qps']:g} | {r['n']} | {r['real']['p99_ms']} | "
+                     f"{r['sim']['p99_ms']} | {pct(r['p99_error'])} | {pct(r['within_slo_error'])} | "
+                     f"{pct(r['hit_ratio_error'])} | {pct(r['hbm_peak_error'])} |")
+    worst = result["max_abs_p99_error"]
+    lines.append(f"\nLargest |P99 error|: {'–' if worst is None else f'{100 * worst:.1f} %'} "
+                 f"(target ≤ {100 * result['p99_target']:.0f} %).")
+    return "\n".join(lines)

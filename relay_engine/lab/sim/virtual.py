@@ -1,0 +1,107 @@
+"""The engine's seams on the virtual clock: forward passes that cost time instead of computing, a KV
+that has a size but no storage, and a pre-inference lane that runs on the instance's shared compute.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from relay_engine.core.lane import nice_for_share, share_of_nice
+from relay_engine.core.model import EditTensors, History, ModelConfig, PrefixKV
+from relay_engine.lab.costmodel import CostModel
+from relay_engine.lab.sim.des import SharedCompute, Simulation
+
+
+class VirtualPrefixKV(PrefixKV):
+    """A prefix KV with the real shape and byte size but no storage (a ``meta`` tensor): the tiers
+    account for it exactly; moving it between tiers is free."""
+
+    def to(self, device: torch.device, *, pin: bool = False, non_blocking: bool = False) -> PrefixKV:
+        return self
+
+
+def lane_weight(share: float, device_type: str) -> float:
+    """The pre-inference lane's processor-sharing weight against a ranking job of weight 1. On a CPU
+    the share the lane really gets is its nice value's (``lane.nice_for_share``)."""
+    if device_type == "cpu":
+        share = share_of_nice(nice_for_share(share))
+    return 1e9 if share >= 1 else share / (1 - share)
+
+
+class CostForwards:
+    """``engine.Forwards`` from a cost model: each pass takes its modelled time on the instance's
+    compute (at the calling process's weight) and returns placeholder scores / a virtual KV."""
+
+    def __init__(self, cost: CostModel, compute: SharedCompute, config: ModelConfig, model_version: str):
+        self.cost = cost
+        self.compute = compute
+        self.config = config
+        self.model_version = model_version
+        self._scores: dict[int, torch.Tensor] = {}
+
+    def virtual_kv(self, length: int, edit: EditTensors | None = None) -> VirtualPrefixKV:
+        c = self.config
+        kv = torch.empty((c.num_layers, 2, c.num_heads, length, c.head_dim), device="meta")
+        return VirtualPrefixKV(kv, None, length, self.model_version, "none" if edit is None else edit.content_hash)
+
+    def _placeholder_scores(self, n: int) -> torch.Tensor:
+        if n not in self._scores:
+            self._scores[n] = torch.zeros(n)
+        return self._scores[n]
+
+    def prefill(self, prefix: History, edit: EditTensors | None = None, *,
+                between_layers: Callable[[], None] | None = None) -> PrefixKV:
+        self.compute.run(self.cost.prefill_ms(len(prefix)) / 1000)
+        return self.virtual_kv(len(prefix), edit)
+
+    def rank(self, prefix_kv: PrefixKV, short_term: History, candidates: torch.Tensor,
+             query_timestamp: int | None = None, edit: EditTensors | None = None) -> torch.Tensor:
+        c = int(torch.as_tensor(candidates).numel())
+        self.compute.run(self.cost.rank_ms(prefix_kv.length, len(short_term), c) / 1000)
+        return self._placeholder_scores(c)
+
+    def rank_full(self, prefix: History, short_term: History, candidates: torch.Tensor,
+                  query_timestamp: int | None = None, edit: EditTensors | None = None) -> torch.Tensor:
+        c = int(torch.as_tensor(candidates).numel())
+        self.compute.run(self.cost.rank_full_ms(len(prefix), len(short_term), c) / 1000)
+        return self._placeholder_scores(c)
+
+    def rank_full_keeping_prefix(self, prefix: History, short_term: History, candidates: torch.Tensor,
+                                 query_timestamp: int | None = None,
+                                 edit: EditTensors | None = None) -> tuple[torch.Tensor, PrefixKV]:
+        return self.rank_full(prefix, short_term, candidates, query_timestamp, edit), self.virtual_kv(len(prefix), edit)
+
+
+class VirtualLane:
+    """``lane.Lane`` on the virtual clock: one process runs the jobs in order at the lane's weight."""
+
+    def __init__(self, sim: Simulation, device_type: str, share: float):
+        self.sim = sim
+        self.device_type = device_type
+        self.weight = lane_weight(share, device_type)
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._running = False
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.append(job)
+        if not self._running:
+            self._running = True
+            self.sim.spawn(self._drain, weight=self.weight)
+
+    def _drain(self) -> None:
+        while self._jobs:
+            self._jobs.popleft()()
+        self._running = False
+
+    def set_share(self, share: float) -> None:
+        self.weight = lane_weight(share, self.device_type)
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def queued(self) -> int:
+        return len(self._jobs)

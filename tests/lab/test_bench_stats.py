@@ -1,0 +1,80 @@
+"""The benchmark's statistics and windows: crossings, intervals, verdicts, paired windows, priming."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from relay_engine.core.config import parse_policy
+from relay_engine.core.engine import RelayEngine
+from relay_engine.core.model import PrefixKV
+from relay_engine.lab.bench.stats import PointResult, bootstrap_quantiles, crossing, interval
+from relay_engine.lab.bench.warmup import prime
+from relay_engine.lab.bench.workload import paired_windows
+from tests.models import SMALL, make_history
+
+
+def point(latencies, slo_ms=100.0) -> PointResult:
+    return PointResult("m", 512, 10.0, 1.0, slo_ms, np.asarray(latencies, dtype=float), {}, 0, 0, {}, 0, 0, 0, 0)
+
+
+def test_the_crossing_is_interpolated_between_the_last_pass_and_the_first_failure():
+    c = crossing([1, 2, 4, 8], [50, 80, 120, 300], 100.0)
+    assert c.bound == "exact"
+    assert c.value == pytest.approx(2 * 2 ** ((100 - 80) / (120 - 80)))  # halfway in log2 between 2 and 4
+
+
+@pytest.mark.parametrize(("p99s", "bound", "value"), [([10, 20, 30], "above", 4.0), ([150, 200, 300], "below", 0.0)])
+def test_a_sweep_that_never_crosses_says_which_side_it_is_on(p99s, bound, value):
+    c = crossing([1, 2, 4], p99s, 100.0)
+    assert (c.bound, c.value) == (bound, value)
+
+
+def test_a_point_passes_on_its_p99_estimate_alone():
+    within = point([10.0] * 990 + [100.0] * 10)  # P99 exactly at the SLO
+    over = point([10.0] * 980 + [150.0] * 20)  # 2 % over: P99 over it
+    assert within.passed and not over.passed
+    assert within.n == 1000 and within.within_slo_share == 1.0
+
+
+def test_the_bootstrap_interval_brackets_the_p99():
+    rng = np.random.default_rng(0)
+    values = rng.exponential(20.0, 5000)
+    reps = bootstrap_quantiles(values, 0.99, 400, rng)
+    lo, hi = interval(reps)
+    estimate = np.quantile(values, 0.99)
+    assert lo < estimate < hi and hi - lo < estimate / 2
+
+
+def test_paired_windows_are_spread_over_the_trace_after_the_primed_part():
+    windows = paired_windows(10_000, 3, warmup=100, measured=1000, prime=2000)
+    assert len(windows) == 3
+    assert all(w.measured == 1000 and w.first_measured - w.start == 100 and w.primed == 2000 for w in windows)
+    assert windows[0].start == 2000 and windows[-1].end == 10_000
+    assert all(a.end <= b.first_measured for a, b in zip(windows, windows[1:], strict=False))
+
+
+def test_a_window_longer_than_the_trace_is_refused():
+    with pytest.raises(ValueError, match="needs 1100 queries"):
+        paired_windows(1000, 1, 100, 1000)
+
+
+def test_priming_leaves_the_tiers_as_serving_the_queries_would():
+    per_prefix = SMALL.kv_bytes_per_token() * 100
+    engine = RelayEngine(SMALL, device="cpu", policy=parse_policy(
+        {"cache": {"hbm_budget_mb": 2.5 * per_prefix / 2**20, "dram_budget_mb": 10 * per_prefix / 2**20}}))
+    prefixes = {u: make_history(100, SMALL, seed=i) for i, u in enumerate("abcd")}
+    order = ["a", "b", "a", "c", "d", "a"]
+
+    def zeros(prefix) -> PrefixKV:
+        c = SMALL
+        return PrefixKV(torch.zeros(c.num_layers, 2, c.num_heads, len(prefix), c.head_dim), None, len(prefix),
+                        engine.model.version, "none")
+
+    inserted = prime(engine, ((u, prefixes[u]) for u in order), zeros)
+    assert inserted == 4  # a repeat is a hit or a promotion, never a second insert
+    keys = {u: engine.cache_key(u, p) for u, p in prefixes.items()}
+    assert keys["a"] in engine.hbm and keys["d"] in engine.hbm  # the most recent stay in HBM
+    assert sum(k in engine.dram for k in keys.values()) == 2  # the others were demoted, none lost
+    assert engine.hbm.used_bytes <= engine.hbm.budget_bytes

@@ -1,0 +1,140 @@
+"""The fleet simulator: the real engine on a virtual clock. Exact, hand-checkable cases only."""
+
+from __future__ import annotations
+
+import greenlet
+import numpy as np
+import pytest
+
+from relay_engine.core.config import CacheBudget, LatencyModel, PolicySpec, TriggerPolicy
+from relay_engine.core.lane import nice_for_share, share_of_nice
+from relay_engine.core.trace import TraceQuery
+from relay_engine.lab.bench.modes import MODES, Regime
+from relay_engine.lab.bench.workload import Window, paired_windows, route, schedule, trace_qps, window_rng
+from relay_engine.lab.costmodel import OPS, TERMS, CostModel
+from relay_engine.lab.sim.des import SharedCompute, Simulation
+from relay_engine.lab.sim.fleet import FleetSpec
+from relay_engine.lab.sim.preview import preview, simulate_trace
+from relay_engine.lab.traffic import TraceSpec, generate_trace
+from tests.models import SMALL
+
+
+def constant_cost(prefill_ms: float = 0.0, rank_ms: float = 0.0, full_ms: float = 0.0) -> CostModel:
+    """Every operation takes a fixed time, whatever its shape."""
+    coef = {op: (0.0,) * len(TERMS[op]) for op in OPS}
+    coef["prefill"] = (prefill_ms, 0.0, 0.0)
+    coef["rank"] = (rank_ms,) + (0.0,) * 4
+    coef["rank_full"] = (full_ms,) + (0.0,) * 3
+    return CostModel(coef, device="test", model={k: getattr(SMALL, k) for k in SMALL.__dataclass_fields__})
+
+
+def evenly(n: int, gap_ms: float, *, user=lambda i: f"u{i}", seq_len: int = 64, delay_ms: float = 0.0):
+    return [TraceQuery(i * gap_ms, user(i), seq_len, 4, 8, delay_ms) for i in range(n)]
+
+
+def test_one_instance_is_the_hand_computed_fifo_queue():
+    # 20 requests 5 ms apart, each taking 10 ms alone, one ranking thread: request i waits 5·i ms.
+    queries = evenly(20, 5.0)
+    spec = FleetSpec(None, instances=1, deadline_ms=10_000, rank_threads=1)
+    point = simulate_trace(queries, spec, constant_cost(full_ms=10.0), slo_ms=100.0, warmup_share=0.0)
+    expected = np.array([10.0 + 5.0 * i for i in range(20)])
+    assert point.n == 20
+    assert np.allclose(np.sort(point.latencies_ms), expected)
+    assert point.p99_ms == pytest.approx(float(np.quantile(expected, 0.99, method="inverted_cdf")))
+
+
+def test_shared_compute_splits_by_weight_and_gives_all_to_a_job_alone():
+    sim = Simulation()
+    compute = SharedCompute(sim)
+    done = {}
+
+    def job(name, work_s):
+        compute.run(work_s)
+        done[name] = sim.now
+
+    sim.spawn(job, "ranking", 1.0, weight=1.0)
+    sim.spawn(job, "prefill", 0.5, weight=1 / 3)  # a quarter of the device while ranking runs
+    sim.run()
+    # ranking at 3/4 speed ends at 4/3 s; the prefill has done 1/3 s of work, the last 1/6 s alone.
+    assert done["ranking"] == pytest.approx(4 / 3)
+    assert done["prefill"] == pytest.approx(1.5)
+
+
+def test_the_simulation_loop_cannot_block_itself():
+    with pytest.raises(RuntimeError):
+        Simulation().block()
+    assert greenlet.getcurrent()  # still the main greenlet, unharmed
+
+
+def _relay_spec(**trigger) -> FleetSpec:
+    policy = PolicySpec(trigger=TriggerPolicy(**{"at_risk_seq_len": 32, **trigger}),
+                        cache=CacheBudget(hbm_budget_mb=64, dram_budget_mb=64))
+    return FleetSpec(policy, instances=1, deadline_ms=500.0, rank_threads=1)
+
+
+def test_a_pre_inferred_prefix_makes_ranking_the_cached_forward():
+    # prefill 30 ms finishes inside the 50 ms gap; ranking then costs the cached 5 ms, not the full 40.
+    queries = evenly(1, 0.0, delay_ms=50.0)
+    point = simulate_trace(queries, _relay_spec(), constant_cost(30.0, 5.0, 40.0), slo_ms=100.0,
+                           warmup_share=0.0)
+    assert point.outcomes == {"hbm": 1}
+    assert point.latencies_ms.tolist() == pytest.approx([5.0])
+
+
+def test_a_rank_joins_a_prefill_that_finishes_in_time_and_recomputes_when_it_would_not():
+    # Ranking arrives 10 ms after the signal, deadline 500 ms, a recompute predicted at 200 ms: it waits
+    # up to 290 ms. A 100 ms prefill is joined (done at 100, +5 cached); a 1 s one is abandoned at
+    # 310 ms (the wait began at 10) for a 40 ms recompute.
+    queries = evenly(1, 0.0, delay_ms=10.0)
+    spec = _relay_spec(latency_model=LatencyModel(base_ms=200.0))
+    joined = simulate_trace(queries, spec, constant_cost(100.0, 5.0, 40.0), slo_ms=1000.0, warmup_share=0.0)
+    late = simulate_trace(queries, spec, constant_cost(1000.0, 5.0, 40.0), slo_ms=1000.0, warmup_share=0.0)
+    assert joined.outcomes == {"inflight": 1} and joined.latencies_ms.tolist() == pytest.approx([95.0])
+    # the lane and the recompute share the device from then on: ranking gets 1 − the lane's share
+    ranking_share = 1 - share_of_nice(nice_for_share(TriggerPolicy().preinfer_compute_share))
+    assert late.outcomes == {"miss": 1}
+    assert late.latencies_ms.tolist() == pytest.approx([300.0 + 40.0 / ranking_share])
+
+
+def test_paired_windows_replay_the_same_ranking_requests_in_every_mode():
+    queries = generate_trace(TraceSpec(queries=400, seed=5))
+    windows = paired_windows(len(queries), 2, 20, 100, prime=50)
+    rate = trace_qps(queries)
+    for window in windows:
+        ranks = {}
+        for mode in MODES:
+            events = schedule(queries, window, cap=512, qps=7.0, trace_rate=rate, time_scale=3.0,
+                              with_preinfer=mode.preinfer)
+            ranks[mode.name] = [(e.query, e.at_s, e.measured) for e in events if e.kind == "rank"]
+            if mode.affinity and mode.preinfer:  # routed at the signal (others: at the ranking request)
+                routed = route(events, ["a", "b"], True, window_rng(0, window), 3.0)
+                ranks[mode.name + "/routes"] = sorted((e.query, n) for n, evs in routed.items()
+                                                      for e in evs if e.kind == "rank")
+        plain = [v for k, v in ranks.items() if "/" not in k]
+        assert plain and all(r == plain[0] for r in plain)
+        assert sum(1 for _, _, m in plain[0] if m) == window.measured
+        routes = [v for k, v in ranks.items() if k.endswith("/routes")]
+        assert len(routes) >= 2 and all(r == routes[0] for r in routes)
+
+
+def test_the_preview_gives_every_figure_of_a_policy_on_a_window():
+    queries = generate_trace(TraceSpec(queries=300, qps=20, seed=7))
+    spec = PolicySpec(trigger=TriggerPolicy(at_risk_seq_len=256), cache=CacheBudget(hbm_budget_mb=32,
+                                                                                      dram_budget_mb=64))
+    figures = preview(queries, spec, 2, constant_cost(20.0, 4.0, 30.0))
+    assert figures.requests > 200
+    assert 0 < figures.p50_ms <= figures.p99_ms
+    assert 0 <= figures.within_slo_share <= 1 and 0 <= figures.hit_ratio <= 1
+    assert 0 < figures.slo_throughput_qps <= 20 * 1.5
+    assert 0 < figures.hbm_peak_bytes <= 32 * 2**20
+    assert figures.preinfer_admitted > 0 and figures.preinfer_refused.get("not_at_risk", 0) > 0
+
+
+def test_regime_scaling_multiplies_every_time_constant():
+    r = Regime(slo_ms=50, deadline_ms=100, entry_ttl_ms=1000, dram_ttl_ms=2000).scaled(4)
+    assert (r.slo_ms, r.deadline_ms, r.entry_ttl_ms, r.dram_ttl_ms, r.time_scale) == (200, 400, 4000, 8000, 4)
+    w = Window(0, 0, 0, 2)
+    events = schedule(evenly(2, 10.0, delay_ms=5.0), w, cap=64, qps=100.0 / 4, trace_rate=100.0, time_scale=4.0,
+                      with_preinfer=True)
+    assert [e.kind for e in events] == ["preinfer", "rank", "preinfer", "rank"]
+    assert [e.at_s for e in events] == pytest.approx([0.0, 0.02, 0.04, 0.06])
