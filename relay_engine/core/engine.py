@@ -181,17 +181,19 @@ class RankingGate:
     def active(self) -> int:
         return self._active
 
-    def pacer(self, share: float) -> Callable[[], None]:
-        """The ``between_layers`` hook of one prefill at the given compute share."""
-        last = [time.perf_counter(), time.thread_time()]
+    def pacer(self, share: float, *, wall: Callable[[], float] = time.perf_counter,
+              cpu: Callable[[], float] = time.thread_time) -> Callable[[], None]:
+        """The ``between_layers`` hook of one prefill at the given compute share (``wall`` and ``cpu``
+        are the clocks it reads: the calling thread's CPU time, by default)."""
+        last = [wall(), cpu()]
 
         def between_layers() -> None:
-            wall_s, cpu_s = time.perf_counter() - last[0], time.thread_time() - last[1]
+            wall_s, cpu_s = wall() - last[0], cpu() - last[1]
             pause_s = cpu_s / share - wall_s  # the pause that brings cpu ÷ (wall + pause) to the share
             if self._active and pause_s > 0:
                 with self._idle:
                     self._idle.wait_for(lambda: not self._active, timeout=pause_s)
-            last[0], last[1] = time.perf_counter(), time.thread_time()
+            last[0], last[1] = wall(), cpu()
 
         return between_layers
 

@@ -335,36 +335,50 @@ def test_a_rank_recomputes_instead_of_waiting_on_a_prefill_that_would_finish_too
     assert engine.stats().counters["misses"] == 1 and engine.stats().counters["inflight_joins"] == 0
 
 
-def _busy(seconds: float) -> None:
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
+class _Clocks:
+    """Wall and CPU clocks a test moves by hand: a layer's compute, without timing anything."""
+
+    def __init__(self):
+        self.wall_s = self.cpu_s = 0.0
+
+    def layer(self, wall_s: float, cpu_s: float) -> None:
+        self.wall_s += wall_s
+        self.cpu_s += cpu_s
 
 
-def test_a_prefill_between_layers_waits_while_ranking_runs():
+def _pace_in_thread(pace) -> threading.Thread:
+    thread = threading.Thread(target=pace, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_prefill_beyond_its_share_waits_between_layers_until_ranking_ends():
     engine = engine_with()
-    pace = engine.ranking_gate.pacer(share=0.001)  # would wait ~1000 × its last layer if ranking never ended
-    _busy(0.01)  # a layer's compute
+    clocks = _Clocks()
+    pace = engine.ranking_gate.pacer(0.001, wall=lambda: clocks.wall_s, cpu=lambda: clocks.cpu_s)
+    clocks.layer(wall_s=0.01, cpu_s=0.01)  # a layer at full speed: ~10 s of pause owed at share 0.001
     engine.ranking_gate.enter()
-    threading.Timer(0.05, engine.ranking_gate.leave).start()
-    t0 = time.monotonic()
-    pace()
-    waited = time.monotonic() - t0
-    assert 0.03 <= waited < 5.0  # until ranking ended, not the whole allowance
-    _busy(0.01)
-    t0 = time.monotonic()
-    pace()  # nothing ranking: no pause
-    assert time.monotonic() - t0 < 0.5
+    waiting = _pace_in_thread(pace)
+    waiting.join(0.5)
+    assert waiting.is_alive(), "the prefill went on while ranking ran"
+    engine.ranking_gate.leave()
+    waiting.join(10)
+    assert not waiting.is_alive(), "the prefill still waits after ranking ended"
 
 
-def test_a_prefill_within_its_share_does_not_pause():
+def test_a_prefill_within_its_share_or_alone_does_not_pause():
     engine = engine_with()
-    pace = engine.ranking_gate.pacer(share=0.5)
-    engine.ranking_gate.enter()
+    clocks = _Clocks()
+    pace = engine.ranking_gate.pacer(0.5, wall=lambda: clocks.wall_s, cpu=lambda: clocks.cpu_s)
+    engine.ranking_gate.enter()  # ranking runs throughout, so any pause would last until the join gives up
     try:
-        time.sleep(0.05)  # the layer's wall time, with little CPU of its own: it was sharing already
-        t0 = time.monotonic()
-        pace()
-        assert time.monotonic() - t0 < 0.04
+        clocks.layer(wall_s=0.05, cpu_s=0.01)  # it got 20 % of a core: within its 50 %
+        within = _pace_in_thread(pace)
+        within.join(10)
+        assert not within.is_alive(), "a prefill within its share paused"
     finally:
         engine.ranking_gate.leave()
+    clocks.layer(wall_s=0.01, cpu_s=0.01)  # beyond its share, but nothing is ranking now
+    alone = _pace_in_thread(pace)
+    alone.join(10)
+    assert not alone.is_alive(), "a prefill paused with nothing ranking"
