@@ -10,6 +10,8 @@ Starts, each as its own process (logs under ``<data-dir>/logs/``):
 - the control plane (migrations first; SQLite unless ``$DATABASE_URL``) under gunicorn;
 - the config sync loop (``manage.py relaygr_sync --interval``): the database is the source of truth
   and this rewrites the desired revisions into Redis, so a Redis restart is repaired;
+- the control plane's Celery worker with its beat (``controlplane.celery_app``): previews and the
+  canary bake evaluation, on queues of their own;
 - one worker pool (``python -m workers.pool``) of ``--instances`` engine instances;
 - the traffic replayer on a generated trace (or ``--trace``) at ``--rate`` queries per second, looped.
 
@@ -219,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
                           "--workers", "2", "--threads", "4", "--timeout", "60", "--access-logfile", "-"],
                   logs / "web.log"),
             Child("sync", [py, "manage.py", "relaygr_sync", "--interval", "10"], logs / "sync.log"),
+            Child("controlplane-worker", controlplane_worker_argv(py, data_dir), logs / "controlplane-worker.log"),
             Child("pool", [py, "-m", "workers.pool"], logs / "pool.log"),
         ]
         for child in children:
@@ -260,6 +263,13 @@ def run(args: argparse.Namespace) -> int:
         if embedded:
             embedded.stop()
         print("RelayGR: stopped.", flush=True)
+
+
+def controlplane_worker_argv(py: str, data_dir: Path) -> list[str]:
+    """The control plane's Celery worker with the beat in it (one per deployment: beat is the clock)."""
+    return [py, "-m", "celery", "-A", "controlplane.celery_app", "worker", "--beat", "--pool", "threads",
+            "--concurrency", "2", "--loglevel", "INFO", "--without-mingle", "--without-gossip",
+            "--schedule", str(data_dir / "celerybeat-schedule"), "--hostname", f"controlplane-{os.getpid()}@%h"]
 
 
 def banner(url: str, demo: dict, args: argparse.Namespace, trace: Path) -> None:

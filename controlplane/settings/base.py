@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from kombu import Exchange, Queue
 
 from relay_engine.core import wire
 
@@ -117,6 +118,23 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = RELAYGR_MAX_BODY_BYTES
 # Redis, where the control plane meets the workers. None: endpoints that need it answer 503
 # naming the setting. The key prefix comes from RELAYGR_KEY_PREFIX via relay_engine.core.wire.
 REDIS_URL = os.environ.get("REDIS_URL") or None
+
+# The control plane's Celery app (controlplane/celery_app.py): previews and the periodic bake
+# evaluation run in its worker, on queues of their own under the key prefix, never on an engine
+# instance's queues. No result backend: tasks write their outcome to the database.
+CELERY_BROKER_URL = REDIS_URL or "redis://127.0.0.1:6379/0"
+CELERY_TASK_DEFAULT_QUEUE = f"{wire.key_prefix()}.controlplane.periodic"
+CELERY_TASK_QUEUES = tuple(Queue(name, Exchange(name), routing_key=name) for name in (
+    CELERY_TASK_DEFAULT_QUEUE, f"{wire.key_prefix()}.controlplane.previews"))
+CELERY_TASK_ROUTES = {"relaygr.controlplane.preview*": {"queue": f"{wire.key_prefix()}.controlplane.previews"}}
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = False
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_timeout": 5.0, "socket_connect_timeout": 2.0}
+# Periodic tasks (beat): filled in by the apps that own them.
+CELERY_BEAT_SCHEDULE: dict = {}
 
 # Decoded telemetry each web process keeps (controlplane.telemetry.cache): least recently used out
 # past this many MiB. Pool views read the pool rollups in Redis; this holds the per-instance detail.

@@ -47,6 +47,7 @@ def stack(chromium, redis_url, tmp_path_factory) -> Iterator[Stack]:
         running.spawn_workers()  # they load torch while the control plane sets up
         running.set_up()
         running.start_server()
+        running.start_controlplane_worker()
         running.wait_for_workers()
         running.traffic.start()
         yield running

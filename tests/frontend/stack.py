@@ -26,6 +26,7 @@ from workers.client import RelayClient, RelayError
 from workers.embedded_redis import free_port
 from workers.pool import spawn_instance, wait_until_live
 from workers.settings import Settings
+from workers.stack import controlplane_worker_argv
 
 REPO = Path(__file__).resolve().parents[2]
 POOL = "ranking-a"
@@ -77,6 +78,7 @@ class Stack:
         self.server: subprocess.Popen | None = None
         self.workers: dict[str, subprocess.Popen] = {}
         self.load_fleet: subprocess.Popen | None = None
+        self.controlplane_worker: subprocess.Popen | None = None
         self.tokens: dict[str, str] = {}
         self.traffic = Traffic(self.worker_settings)
 
@@ -113,6 +115,24 @@ class Stack:
             if time.monotonic() > deadline:
                 raise TimeoutError("the control plane did not answer within 60 s")
             time.sleep(0.1)
+
+    def start_controlplane_worker(self) -> None:
+        """The control plane's Celery worker with its beat (previews, the canary bake), as ``make run``
+        starts it; its own process group, so ``stop_controlplane_worker`` takes its threads down too."""
+        log = (self.workdir / "controlplane-worker.log").open("a")
+        self.controlplane_worker = subprocess.Popen(
+            controlplane_worker_argv(sys.executable, self.workdir), cwd=REPO, env=self.env, stdout=log,
+            stderr=subprocess.STDOUT, process_group=0)
+
+    def stop_controlplane_worker(self, sig: int = signal.SIGTERM) -> None:
+        if self.controlplane_worker is not None and self.controlplane_worker.poll() is None:
+            os.killpg(self.controlplane_worker.pid, sig)
+            try:
+                self.controlplane_worker.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.controlplane_worker.pid, signal.SIGKILL)
+                self.controlplane_worker.wait()
+        self.controlplane_worker = None
 
     def stop_server(self) -> None:
         if self.server is not None and self.server.poll() is None:
@@ -188,6 +208,7 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self.stop_controlplane_worker()
         self.stop_server()
         for pattern in (f"{self.key_prefix}*", f"_kombu.binding*{self.key_prefix}.*"):
             for key in self.redis.scan_iter(pattern):

@@ -49,7 +49,7 @@ def env_names_read_by_the_project() -> set[str]:
 
 
 def test_the_expected_services_are_there(compose):
-    assert {"redis", "postgres", "web", "worker", "beat", "traffic"} <= set(compose["services"])
+    assert {"redis", "postgres", "web", "worker", "beat", "controlplane-worker", "traffic"} <= set(compose["services"])
     assert "traffic" in compose["services"]["traffic"]["profiles"]
     for name in ("redis", "postgres", "web", "worker"):
         assert "healthcheck" in compose["services"][name], name
@@ -69,11 +69,14 @@ def test_every_command_names_a_real_module_or_management_command(compose):
             elif word == "manage.py":
                 assert words[i + 1] in commands, f"{name}: no management command {words[i + 1]}"
                 checked += 1
+            elif word == "-A":  # a Celery app: celery -A module worker
+                assert importlib.util.find_spec(words[i + 1]) is not None, f"{name}: no Celery app {words[i + 1]}"
+                checked += 1
             elif ":application" in word:
                 module = word.split(":")[0]
                 assert importlib.util.find_spec(module) is not None, f"{name}: no WSGI module {module}"
                 checked += 1
-    assert checked >= 6
+    assert checked >= 7
 
 
 def test_every_variable_set_for_the_project_is_one_it_reads(compose):
