@@ -2,9 +2,10 @@
 
 Each instance's cumulative snapshots are differenced as every telemetry reader does
 (``telemetry.history.InstanceHistory``: restarts and resets handled), and only the differences of
-samples taken after the bake started *while the instance ran the generation of its side* (the
-snapshot's ``applied_generation`` gauge) count: a canary instance's seconds on the stable revision
-are not the canary's, and a stable instance's are judged against the stable revision only.
+samples taken after the bake started *while the instance ran the generation of its side* count (the
+snapshot's ``applied_generation`` gauge, at both ends of the difference): a canary instance's
+seconds on the stable revision are not the canary's, and a stable instance's are judged against the
+stable revision only.
 """
 
 from __future__ import annotations
@@ -57,7 +58,11 @@ def _row_during(client: redis.Redis, keys: PoolKeys, tier: str, instance: str, g
     history.extend(entries, keep_since=since - 2 * every_s)
     if not history.ts.size:
         return np.zeros(N_COLUMNS)
-    counted = (history.ts > since) & (history.gauges[:, GAUGE_COLUMN["applied_generation"]] == generation)
+    # A difference covers the interval since the sample before: it counts only when the instance ran the
+    # generation at both ends (requests in flight across a change of revision belong to neither side).
+    running = history.gauges[:, GAUGE_COLUMN["applied_generation"]] == generation
+    before = np.concatenate([running[:1], running[:-1]])
+    counted = (history.ts > since) & running & before
     return history.deltas[counted].sum(axis=0)
 
 

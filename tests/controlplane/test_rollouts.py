@@ -234,6 +234,17 @@ def test_counts_served_on_another_generation_are_not_the_canarys(operator, fleet
     assert rollout.state == "baking" and rollout.figures["canary"]["requests"] == 0
 
 
+def test_the_second_a_canary_changed_revision_counts_for_neither_side(operator, fleet):
+    _start(operator)
+    rollout = Rollout.objects.get()
+    _serve(fleet[0], rollout, 1, requests=10, within=10, at=1.0)
+    _serve(fleet[0], rollout, 2, requests=20, within=15, at=2.0)  # requests of both revisions in this second
+    _serve(fleet[0], rollout, 2, requests=30, within=15, at=3.0)
+    services.rollouts_tick()
+    canary = Rollout.objects.get().figures["canary"]
+    assert (canary["requests"], canary["bad"]) == (10, 10)
+
+
 def test_a_canary_that_nacks_is_rolled_back(operator, fleet):
     _start(operator)
     fleet[0].reconcile()
@@ -295,3 +306,19 @@ def test_relaygr_sync_restores_the_overrides_and_the_revocation(operator, fleet,
     call_command("relaygr_sync", stdout=io.StringIO())
     assert redis_client.get(keys.instance_desired("ranking-a.0")) is None
     assert DesiredRevision.from_json(redis_client.get(keys.desired)).revoked == (2,)
+
+
+def test_a_decision_taken_while_redis_is_down_reaches_redis_on_the_next_tick(operator, fleet, settings, redis_client,
+                                                                           key_prefix):
+    _start(operator)
+    redis_url, settings.REDIS_URL = settings.REDIS_URL, "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    response = operator.post(f"{BASE}/rollout/abort/")
+    assert response.status_code == 503
+    rollout = Rollout.objects.get()
+    assert (rollout.state, rollout.published) == ("aborted", False)  # the database holds the decision
+    settings.REDIS_URL = redis_url
+    assert services.rollouts_tick()["published"] == 1
+    keys = PoolKeys(POOL, prefix=key_prefix)
+    assert redis_client.get(keys.instance_desired("ranking-a.0")) is None
+    assert DesiredRevision.from_json(redis_client.get(keys.desired)).revoked == (2,)
+    assert Rollout.objects.get().published is True
