@@ -1,7 +1,8 @@
 """The config reconciler: converge the engine on the pool's desired revision, level-based.
 
-On a poke (``PoolKeys.poke_channel``) *and* every ``period_s`` it reads ``PoolKeys.desired``, so
-a missed poke delays convergence by at most one period. A new record is decoded strictly, its spec
+On a poke (``PoolKeys.poke_channel``) *and* every ``period_s`` it reads ``PoolKeys.desired`` and the
+instance's own ``PoolKeys.instance_desired`` (one MGET), so a missed poke delays convergence by at most
+one period. The instance's own record, when there is one (a canary baking), is the one it runs. A new record is decoded strictly, its spec
 validated with the engine's own schema (``parse_policy``) and its sha256 checked, then applied with
 ``RelayEngine.apply_policy`` (atomic, between requests) and kept on local disk (``RevisionStore``).
 The outcome goes straight into the instance's status (``config_state``):
@@ -11,7 +12,9 @@ The outcome goes straight into the instance's status (``config_state``):
   revision keeps serving. A refusal is remembered by (generation, digest of the record), so the same
   record is not judged again every second, while a record rewritten under the same generation (a
   repaired spec) is. A generation older than the applied one is refused and reported, never applied
-  silently: generations only grow, so an older one means a stale Redis or a reset database.
+  silently: generations only grow, so an older one means a stale Redis or a reset database — except
+  when the pool's record lists the applied generation as ``revoked`` (a canary rolled back, see
+  ``wire``): then the instance steps down to the pool's generation.
 - **PENDING**: the desired revision is not known yet. ``error`` then says what the engine serves
   meanwhile: the revision restored from disk, or nothing (see below).
 
@@ -65,24 +68,28 @@ class Reconciler:
 
     def reconcile(self) -> InstanceStatus:
         """One level-based pass: read the desired revision, apply it if it is new, report."""
-        raw = self.client.get(self.keys.desired)
+        instance = self.board.current().instance
+        pool_raw, own_raw = self.client.mget(self.keys.desired, self.keys.instance_desired(instance))
+        raw = pool_raw if own_raw is None else own_raw
         with self._lock:
             current = self.board.current()
             if raw is None:
                 return self._report(current, config_state=PENDING, nacked_generation=0,
                                     error=self._waiting_note(current))
             digest = hashlib.sha256(raw if isinstance(raw, bytes) else raw.encode()).hexdigest()
+            which = "desired revision" if own_raw is None else f"desired revision of {instance}"
             try:
                 desired = DesiredRevision.from_json(raw)
             except WireError as exc:
-                return self._refuse(current, 0, digest, f"desired revision in Redis is malformed: {exc}")
+                return self._refuse(current, 0, digest, f"{which} in Redis is malformed: {exc}")
             if (desired.generation, desired.sha256) == (current.applied_generation, current.applied_sha256):
                 self.known.set()
                 return self._report(current, config_state=ACK, nacked_generation=0, error="")
             if self._refused is not None and self._refused[:2] == (desired.generation, digest):
                 return self._report(current, config_state=NACK, nacked_generation=desired.generation,
                                     error=self._refused[2])
-            if desired.generation < current.applied_generation:
+            stepping_down = own_raw is None and desired.may_step_down(current.applied_generation)
+            if desired.generation < current.applied_generation and not stepping_down:
                 return self._refuse(current, desired.generation, digest, (
                     f"generation {desired.generation} is older than the applied generation "
                     f"{current.applied_generation}; generations only grow, so this is a stale Redis or a reset "

@@ -1,8 +1,10 @@
 """Pool status from what the workers write to Redis, judged against the database's desired generation.
 
 An instance is live by the wire's rule (``is_live``: its heartbeat, the score in the pool's ``members``
-sorted set, is recent enough). The pool has converged when it has at least one live instance and every
-live instance reports ACK for exactly the desired generation.
+sorted set, is recent enough). Each instance is judged against its own desired generation: the pool's,
+or, for a canary instance while a canary bakes, the canary's (``rollouts.selectors.instance_desired``).
+The pool has converged when it has at least one live instance and every live instance reports ACK for
+exactly its desired generation.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import redis
 from controlplane.common.errors import NotFound
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies.models import Pool
+from controlplane.rollouts.selectors import instance_desired
 from relay_engine.core.wire import ACK, NACK, UNKNOWN, InstanceStatus, PoolKeys, WireError, is_live
 
 
@@ -30,6 +33,8 @@ class InstanceView:
     heartbeat_age_s: float | None
     up_to_date: bool = False
     problem: str = ""
+    desired_generation: int = 0
+    canary: bool = False
 
     @property
     def instance(self) -> str:
@@ -43,7 +48,8 @@ class InstanceView:
             out["started_at"] = None
         if self.problem:
             out["error"] = self.problem
-        out.update(live=self.live, heartbeat_age_s=self.heartbeat_age_s, up_to_date=self.up_to_date)
+        out.update(live=self.live, heartbeat_age_s=self.heartbeat_age_s, up_to_date=self.up_to_date,
+                   desired_generation=self.desired_generation, canary=self.canary)
         return out
 
 
@@ -78,28 +84,30 @@ class PoolStatus:
 
 
 def _instance_view(pool: str, name: str, heartbeat_ts: float, raw: str | None, desired: int,
-                   now: float) -> InstanceView:
+                   now: float, canary: bool = False) -> InstanceView:
     age = round(max(0.0, now - heartbeat_ts), 3)
     live = is_live(heartbeat_ts, now)
+    mine = {"desired_generation": desired, "canary": canary}
     if raw is None:
-        return InstanceView(InstanceStatus.unknown(name, pool), live, age)
+        return InstanceView(InstanceStatus.unknown(name, pool), live, age, **mine)
     try:
         status = InstanceStatus.from_json(raw)
         if (status.instance, status.pool) != (name, pool):  # filed under one name, claiming another
             raise WireError(f"status names instance {status.instance[:80]!r} of pool {status.pool[:80]!r}")
     except WireError as exc:
         # A worker wrote something off-contract: show the instance, say what, never fail the page.
-        return InstanceView(InstanceStatus.unknown(name, pool), live, age, problem=f"unreadable status in Redis: {exc}")
+        return InstanceView(InstanceStatus.unknown(name, pool), live, age, problem=f"unreadable status in Redis: {exc}",
+                            **mine)
     up_to_date = status.config_state == ACK and status.applied_generation == desired
-    return InstanceView(status, live, age, up_to_date)
+    return InstanceView(status, live, age, up_to_date, **mine)
 
 
-def _state(view: InstanceView, desired: int) -> str:
+def _state(view: InstanceView) -> str:
     if not view.live:
         return "gone"
     if view.up_to_date:
         return "acked"
-    if view.status.config_state == NACK and view.status.nacked_generation == desired:
+    if view.status.config_state == NACK and view.status.nacked_generation == view.desired_generation:
         return "nacked"
     return "waiting"
 
@@ -121,11 +129,13 @@ def pool_status(*, pool: Pool, now: float | None = None, order: str = "name", of
         raws = client.mget([keys.status(name) for name, _ in members]) if members else []
     except redis.RedisError as exc:
         raise redis_unreachable(exc) from exc
+    canaries = instance_desired(pool=pool)
     instances = [
-        _instance_view(pool.name, name, float(score), raw, pool.desired_generation, now)
+        _instance_view(pool.name, name, float(score), raw, canaries.get(name, pool.desired_generation), now,
+                       canary=name in canaries)
         for (name, score), raw in zip(members, raws, strict=True)
     ]
-    states = {view.instance: _state(view, pool.desired_generation) for view in instances}
+    states = {view.instance: _state(view) for view in instances}
     if order == "problems":
         instances.sort(key=lambda view: (_PROBLEMS_FIRST[states[view.instance]], view.instance))
     else:
@@ -157,4 +167,6 @@ def instance_status(*, pool: Pool, instance: str, now: float | None = None) -> I
     if score is None and raw is None:
         raise NotFound(f"instance {instance!r} has no status in pool {pool.name!r}: it never joined, or left "
                        f"more than an hour ago.")
-    return _instance_view(pool.name, instance, float(score or 0.0), raw, pool.desired_generation, now)
+    canaries = instance_desired(pool=pool)
+    return _instance_view(pool.name, instance, float(score or 0.0), raw,
+                          canaries.get(instance, pool.desired_generation), now, canary=instance in canaries)

@@ -30,6 +30,9 @@ class Pool(models.Model):
     # differ only while Redis is unreachable; ``desired_sync`` closes the gap.
     desired_generation = models.PositiveIntegerField(default=1)
     published_generation = models.PositiveIntegerField(default=0)
+    # Generations above the desired one that canary instances ran and a rollback withdrew: the desired
+    # record lists them (``wire.DesiredRevision.revoked``) so those instances may step down to it.
+    revoked_generations = models.JSONField(default=list, blank=True)
     desired_at = models.DateTimeField(null=True, blank=True)
     desired_by = models.CharField(max_length=150, blank=True, default="")
     created_by = models.CharField(max_length=150, blank=True, default="")
@@ -84,6 +87,10 @@ class AuditEntry(models.Model):
         REVISION_CREATE = "revision.create"
         REVISION_PUBLISH = "revision.publish"
         POOL_ROLLBACK = "pool.rollback"
+        ROLLOUT_START = "rollout.start"
+        ROLLOUT_PROMOTE = "rollout.promote"
+        ROLLOUT_ROLLBACK = "rollout.rollback"
+        ROLLOUT_ABORT = "rollout.abort"
         USER_CREATE = "user.create"
         USER_ROLE = "user.role"
         TOKEN_CREATE = "token.create"

@@ -20,6 +20,7 @@ from django.utils import timezone
 from controlplane.common.context import current_request_id
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.redis import get_redis, redis_unreachable
+from controlplane.rollouts.selectors import rollout_baking
 from relay_engine.core.config import default_policy, validate_policy
 from relay_engine.core.wire import DesiredRevision, PoolKeys, pools_key
 
@@ -139,7 +140,7 @@ def revision_publish(*, pool: Pool, generation: int, actor: str) -> PublishResul
     again (a manual repair). An older generation is refused: rollback copies it forward instead.
     """
     with transaction.atomic():
-        result = _desired_set(pool=pool, generation=generation, actor=actor)
+        result = desired_set(pool=pool, generation=generation, actor=actor)
     return _pushed(result)
 
 
@@ -168,7 +169,7 @@ def pool_rollback(*, pool: Pool, to_generation: int, parent_generation: int, act
                          object_id=pool.name, pool=pool.name,
                          before={"desired_generation": locked.desired_generation},
                          after={"to_generation": to_generation, "new_generation": revision.generation})
-            result = _desired_set(pool=locked, generation=revision.generation, actor=actor)
+            result = desired_set(pool=locked, generation=revision.generation, actor=actor)
     if not result.changed and result.revision.generation != result.pool.desired_generation:
         return result  # a repeated rollback that was since superseded: nothing to write to Redis
     return _pushed(result)
@@ -180,9 +181,13 @@ def _rollback_done(*, pool: Pool, to_generation: int, parent_generation: int) ->
                                          parent_generation=parent_generation, restored_from=to_generation).first()
 
 
-def _desired_set(*, pool: Pool, generation: int, actor: str) -> PublishResult:
-    """The database half of a publish; call inside a transaction."""
+def desired_set(*, pool: Pool, generation: int, actor: str) -> PublishResult:
+    """The database half of a publish (a canary's promotion included); call inside a transaction.
+    While a canary bakes on the pool nothing else is published: 409 saying how to end the bake."""
     locked = Pool.objects.select_for_update().get(pk=pool.pk)
+    baking = rollout_baking(pool=locked)
+    if baking is not None:
+        raise baking.busy()
     revision = selectors.revision_get(pool=locked, generation=generation)
     if generation < locked.desired_generation:
         raise Conflict(
@@ -197,7 +202,9 @@ def _desired_set(*, pool: Pool, generation: int, actor: str) -> PublishResult:
         locked.desired_generation = generation
         locked.desired_at = timezone.now()
         locked.desired_by = actor
-        locked.save(update_fields=["desired_generation", "desired_at", "desired_by"])
+        # A revocation only lets instances step down to the desired generation: none above it is left.
+        locked.revoked_generations = [g for g in locked.revoked_generations if g > generation]
+        locked.save(update_fields=["desired_generation", "desired_at", "desired_by", "revoked_generations"])
         audit_record(actor=actor, action=AuditEntry.Action.REVISION_PUBLISH, object_type="pool",
                      object_id=pool.name, pool=pool.name, before=before,
                      after={"desired_generation": generation, "sha256": revision.sha256,
@@ -239,6 +246,7 @@ def desired_push(*, pool: Pool, force: bool = False) -> bool:
     message = DesiredRevision(
         generation=revision.generation, sha256=revision.sha256, spec=revision.spec,
         published_at=(pool.desired_at or revision.created_at).timestamp(), published_by=pool.desired_by,
+        revoked=tuple(sorted(g for g in pool.revoked_generations if g > revision.generation)),
     )
     keys = PoolKeys(pool.name)
     client = get_redis()

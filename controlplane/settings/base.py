@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "controlplane.policies",
     "controlplane.fleet",
     "controlplane.telemetry",
+    "controlplane.rollouts",
     "frontend",
 ]
 
@@ -134,7 +135,14 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_timeout": 5.0, "socket_connect_timeout": 2.0}
 # Periodic tasks (beat): filled in by the apps that own them.
-CELERY_BEAT_SCHEDULE: dict = {}
+# The canary bake's evaluation (controlplane.rollouts.tasks), every RELAYGR_ROLLOUT_EVAL_S seconds;
+# a canary needs at least RELAYGR_ROLLOUT_MIN_REQUESTS requests to be rolled back early or promoted.
+RELAYGR_ROLLOUT_EVAL_S = float(os.environ.get("RELAYGR_ROLLOUT_EVAL_S", "5"))
+RELAYGR_ROLLOUT_MIN_REQUESTS = int(os.environ.get("RELAYGR_ROLLOUT_MIN_REQUESTS", "50"))
+CELERY_BEAT_SCHEDULE: dict = {
+    "rollouts-evaluate": {"task": "relaygr.controlplane.rollouts_evaluate", "schedule": RELAYGR_ROLLOUT_EVAL_S,
+                          "options": {"expires": RELAYGR_ROLLOUT_EVAL_S}},
+}
 
 # Decoded telemetry each web process keeps (controlplane.telemetry.cache): least recently used out
 # past this many MiB. Pool views read the pool rollups in Redis; this holds the per-instance detail.

@@ -10,6 +10,7 @@ Keys (``P`` = prefix, ``pool`` = pool name, ``inst`` = instance name ``<pool>.<i
 | --- | --- | --- | --- |
 | ``P:pools`` | set | control plane | pool names known to the fleet |
 | ``P:pool:{pool}:desired`` | string | control plane | JSON ``DesiredRevision`` |
+| ``P:pool:{pool}:desired:{inst}`` | string | control plane | JSON ``DesiredRevision`` for one instance: a canary's, overriding the pool's while it bakes |
 | ``P:pool:{pool}:poke`` | pub/sub channel | control plane | the desired generation, as text |
 | ``P:pool:{pool}:members`` | sorted set | workers | inst → last heartbeat (unix s) |
 | ``P:pool:{pool}:status:{inst}`` | string, TTL | workers | JSON ``InstanceStatus`` |
@@ -25,6 +26,13 @@ Both sides speak the same words from here: the status record (``InstanceStatus``
 states (``ACK``/``NACK``/``PENDING``), and the liveness rule (``is_live``/``live_since``). Redis is
 untrusted input to either side, so every decoder here checks types and finiteness and raises
 ``WireError`` naming the field, never a bare ``KeyError`` or ``OverflowError``.
+
+Canary rollouts: an instance with its own desired record (``PoolKeys.instance_desired``) runs that
+one instead of the pool's. Generations only grow, so an instance refuses a desired generation older
+than the one it applied (a stale Redis); the one exception is a canary rolled back: the pool's record
+then lists the canary's generation in ``revoked``, and an instance running a revoked generation may
+leave it for the pool's older one (``may_step_down``). A stale record, written before the rollback,
+carries no such list and is still refused.
 """
 
 from __future__ import annotations
@@ -104,6 +112,10 @@ class PoolKeys:
     def desired(self) -> str:
         return f"{self.base}:desired"
 
+    def instance_desired(self, instance: str) -> str:
+        """One instance's own desired revision (a canary's), read before the pool's."""
+        return f"{self.base}:desired:{instance}"
+
     @property
     def poke_channel(self) -> str:
         return f"{self.base}:poke"
@@ -175,6 +187,9 @@ def _typed(data: dict[str, Any], name: str, kind: type, what: str) -> Any:
     return float(value) if kind is float else value
 
 
+MAX_REVOKED = 64  # revoked generations a desired record may list (only those above its own matter)
+
+
 @dataclass(frozen=True)
 class DesiredRevision:
     generation: int
@@ -182,9 +197,21 @@ class DesiredRevision:
     spec: dict[str, Any]
     published_at: float
     published_by: str = ""
+    # Generations above this one that the control plane withdrew from canary instances (rolled back):
+    # an instance running one of them may step down to this generation.
+    revoked: tuple[int, ...] = ()
+
+    def may_step_down(self, applied_generation: int) -> bool:
+        """Whether an instance that applied ``applied_generation`` may go down to this older one."""
+        return applied_generation in self.revoked
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        data = asdict(self)
+        if not self.revoked:  # the record stays as it always was when nothing is revoked
+            del data["revoked"]
+        else:
+            data["revoked"] = list(self.revoked)
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> DesiredRevision:
@@ -204,7 +231,23 @@ class DesiredRevision:
             spec=data["spec"],
             published_at=_typed(data, "published_at", float, "desired revision") if "published_at" in data else 0.0,
             published_by=_typed(data, "published_by", str, "desired revision") if "published_by" in data else "",
+            revoked=_revoked(data, generation),
         )
+
+
+def _revoked(data: dict[str, Any], generation: int) -> tuple[int, ...]:
+    revoked = data.get("revoked", [])
+    if not isinstance(revoked, list) or len(revoked) > MAX_REVOKED:
+        raise WireError(f"desired revision.revoked must be a list of at most {MAX_REVOKED} generations, "
+                        f"got {repr(revoked)[:40]}")
+    out = []
+    for value in revoked:
+        one = _typed({"revoked": value}, "revoked", int, "desired revision")
+        if one <= generation:
+            raise WireError(f"desired revision.revoked holds generation {one}; only generations above the "
+                            f"record's own, {generation}, can be revoked")
+        out.append(one)
+    return tuple(sorted(set(out)))
 
 
 @dataclass

@@ -39,10 +39,17 @@ class FakeWorker:
         self.client.set(self.keys.status(self.name), self.status.to_json())
 
     def reconcile(self, at: float | None = None) -> InstanceStatus:
-        raw = self.client.get(self.keys.desired)
+        """Its own desired record (a canary's) before the pool's; never down a generation unless revoked."""
+        pool_raw, own_raw = self.client.mget(self.keys.desired, self.keys.instance_desired(self.name))
+        raw = own_raw or pool_raw
         if raw is not None:
             desired = DesiredRevision.from_json(raw)
-            if desired.generation != self.status.applied_generation:
+            older = desired.generation < self.status.applied_generation
+            if older and (own_raw is not None or not desired.may_step_down(self.status.applied_generation)):
+                self.status.config_state = "NACK"
+                self.status.nacked_generation = desired.generation
+                self.status.error = "older than the applied generation"
+            elif desired.generation != self.status.applied_generation:
                 try:
                     spec = parse_policy(desired.spec)
                 except PolicyError as exc:
@@ -68,6 +75,7 @@ def snapshot(instance: str, ts: float, started_at: float, *, latencies_ms=(), **
     for value in latencies_ms:
         hist.record(value)
     refusals = counters.pop("refusals", {})
-    gauges = {k: counters.pop(k) for k in ("hbm_bytes", "hbm_budget_bytes") if k in counters}
+    gauges = {k: counters.pop(k) for k in ("hbm_bytes", "hbm_budget_bytes", "applied_generation", "slo_ms")
+              if k in counters}
     return Snapshot(instance=instance, ts=ts, started_at=started_at, counters=dict(counters), refusals=refusals,
                     rank_latency=hist, **gauges)

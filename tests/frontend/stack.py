@@ -69,6 +69,9 @@ class Stack:
             "REDIS_URL": redis_url,
             "RELAYGR_KEY_PREFIX": self.key_prefix,
             "RELAYGR_WRITE_THROTTLE_RATE": "1000/min",
+            # The canary bake is judged every second, on at least 20 requests (the trickle's pace).
+            "RELAYGR_ROLLOUT_EVAL_S": "1",
+            "RELAYGR_ROLLOUT_MIN_REQUESTS": "20",
         }
         self.worker_settings = Settings.from_env(
             {}, redis_url=redis_url, key_prefix=self.key_prefix, pool=POOL, pool_size=instances, device="cpu",

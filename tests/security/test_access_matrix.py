@@ -60,6 +60,10 @@ RULES: dict[str, dict[str, Rule]] = {
     "api/v1/pools/<poolname:pool>/revisions/<generation:generation>/publish/": {"post": Rule("operator", 200)},
     "api/v1/pools/<poolname:pool>/rollback/": {"post": Rule("operator", 201, {"to_generation": 1, "parent_generation": 1})},
     "api/v1/audit/": {"get": Rule("viewer", 200)},
+    "api/v1/pools/<poolname:pool>/rollout/": {"get": Rule("viewer", 200)},
+    # No canary bakes: the allowed callers learn that (409), the others never reach the rollout.
+    "api/v1/pools/<poolname:pool>/rollout/promote/": {"post": Rule("operator", 409)},
+    "api/v1/pools/<poolname:pool>/rollout/abort/": {"post": Rule("operator", 409)},
     "api/v1/pools/<poolname:pool>/status/": {"get": Rule("viewer", 200)},
     "api/v1/pools/<poolname:pool>/metrics/": {"get": Rule("viewer", 200, query="?window=5m")},
     "api/v1/pools/<poolname:pool>/instances/": {"get": Rule("viewer", 200, query="?window=5m")},

@@ -66,9 +66,10 @@ class Instance:
         return self.reconciler.known.is_set()
 
 
-def make_instance(engine: RelayEngine, client: redis.Redis, state_dir, *, restore: bool = True) -> Instance:
+def make_instance(engine: RelayEngine, client: redis.Redis, state_dir, *, restore: bool = True,
+                  keys: PoolKeys | None = None) -> Instance:
     engine.apply_policy(default_policy())  # the state a fresh process starts in
-    keys = PoolKeys("p", prefix=f"test-{uuid.uuid4().hex[:10]}")
+    keys = keys or PoolKeys("p", prefix=f"test-{uuid.uuid4().hex[:10]}")
     board = StatusBoard(client, keys, InstanceStatus(instance="p.0", pool="p", device="cpu", pid=1,
                                                      heartbeat_ts=time.time(), started_at=time.time()),
                         gauges=lambda: {})

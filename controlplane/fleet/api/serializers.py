@@ -16,6 +16,9 @@ class InstanceStatusSerializer(serializers.Serializer):
     nacked_generation = serializers.IntegerField()
     error = serializers.CharField(allow_blank=True)
     up_to_date = serializers.BooleanField()
+    desired_generation = serializers.IntegerField(
+        help_text="the generation this instance should run: the pool's, or a baking canary's")
+    canary = serializers.BooleanField(help_text="a canary instance of the rollout baking on the pool")
     hbm_bytes = serializers.IntegerField()
     hbm_budget_bytes = serializers.IntegerField()
     dram_bytes = serializers.IntegerField()

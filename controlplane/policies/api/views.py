@@ -10,6 +10,9 @@ from rest_framework.views import APIView
 
 from controlplane.accounts.roles import Role
 from controlplane.common.views import GENERATION_PARAM, POOL_PARAM, actor_name, error_responses
+from controlplane.rollouts import selectors as rollout_selectors
+from controlplane.rollouts import services as rollout_services
+from controlplane.rollouts.api.serializers import PublishInputSerializer, RolloutSerializer
 
 from .. import selectors, services
 from ..diff import spec_diff
@@ -108,16 +111,29 @@ class RevisionDiffView(APIView):
 
 class RevisionPublishView(APIView):
     @extend_schema(
-        parameters=[POOL_PARAM, GENERATION_PARAM], request=None,
-        responses={200: PublishResultSerializer, **WRITE_ERRORS, **error_responses(503)},
+        parameters=[POOL_PARAM, GENERATION_PARAM], request=PublishInputSerializer,
+        responses={200: PublishResultSerializer, 201: RolloutSerializer, **WRITE_ERRORS, **error_responses(503)},
         description="Make this generation desired, write it to Redis and poke the pool. 503 means the "
         "database recorded the publish but Redis could not be reached: `relaygr_sync` (or retrying "
-        "this call) delivers it.",
+        "this call) delivers it.\n\nThe body is optional. Without one (or with `strategy: \"all\"`) "
+        "every instance gets the generation at once (200). With `strategy: \"canary\"` the generation "
+        "goes to `canary_instances` of the live instances first (a count, or a fraction in (0, 1); the "
+        "lowest indexes; at least one stable instance must remain) and bakes for `bake_s` seconds; the "
+        "control plane promotes it, or rolls it back when its error-budget burn exceeds `max_burn` "
+        "(201, the rollout: `GET .../rollout/`). While a canary bakes, any publish is a 409.",
     )
     def post(self, request, pool, generation):
-        result = services.revision_publish(
-            pool=selectors.pool_get(name=pool), generation=generation, actor=actor_name(request)
-        )
+        pool_obj = selectors.pool_get(name=pool)
+        if request.data:
+            body = PublishInputSerializer(data=request.data)
+            body.is_valid(raise_exception=True)
+            options = dict(body.validated_data)
+            if options.pop("strategy") == "canary":
+                rollout_services.rollout_start(pool=pool_obj, generation=generation, actor=actor_name(request),
+                                               **options)
+                return Response(RolloutSerializer(rollout_selectors.rollout_summary(pool=pool_obj)).data,
+                                status=status.HTTP_201_CREATED)
+        result = services.revision_publish(pool=pool_obj, generation=generation, actor=actor_name(request))
         return Response(PublishResultSerializer(result).data)
 
 

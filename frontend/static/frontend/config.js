@@ -303,6 +303,15 @@
     convergenceTimer = setInterval(poll, 1000);
   }
 
+  /* The publish body of a canary (the server validates every field), or undefined: all at once. */
+  function canaryBody() {
+    const options = part("canary-options");
+    if (!options || !options.elements.canary.checked) return undefined;
+    const number = (name) => Number(options.elements[name].value);
+    return { strategy: "canary", canary_instances: number("canary_instances"), bake_s: number("bake_s"),
+             max_burn: number("max_burn") };
+  }
+
   async function publish() {
     busy = true;
     updateButtons();
@@ -312,10 +321,16 @@
     try {
       revision = await api(`${base}/revisions/`, { method: "POST", body: {
         parent_generation: parent, spec: candidate(), comment: part("comment").value } });
-      await api(`${base}/revisions/${revision.generation}/publish/`, { method: "POST" });
+      await api(`${base}/revisions/${revision.generation}/publish/`, { method: "POST", body: canaryBody() });
     } catch (err) {
       busy = false;
-      if (err.status === 409) await refuseStale(parent, err);
+      const rolloutError = revision && err.data.errors && Object.keys(err.data.errors)
+        .some((name) => ["rollout", "strategy", "canary_instances", "bake_s", "max_burn"].includes(name));
+      if (rolloutError) {  // a canary baking, or the canary options refused: the revision exists, unpublished
+        say(el("p", { class: "error-box", role: "alert" },
+          `Generation ${revision.generation} was created but not published: ${err.message} `
+          + Object.entries(err.data.errors).map(([name, messages]) => `${name}: ${messages.join(" ")}`).join("; ")));
+      } else if (err.status === 409) await refuseStale(parent, err);
       else if (err.status === 400 && err.data.errors) {
         renderErrors(err.data.errors);
         say(el("p", { class: "error-box", role: "alert" }, `Not published: ${err.message}`));
@@ -331,9 +346,14 @@
     }
     busy = false;
     adopt(revision);
-    const done = el("div", {}, el("p", { class: "ok-box" }, `Published generation ${revision.generation} (sha256 ${revision.sha256.slice(0, 12)}).`));
-    say(done);
-    watchConvergence(revision.generation, done);
+    if (canaryBody()) {
+      say(el("p", { class: "ok-box" }, `Generation ${revision.generation} is baking as a canary: `,
+        el("a", { href: `/pools/${encodeURIComponent(pool)}/` }, "watch it on the live view"), "."));
+    } else {
+      const done = el("div", {}, el("p", { class: "ok-box" }, `Published generation ${revision.generation} (sha256 ${revision.sha256.slice(0, 12)}).`));
+      say(done);
+      watchConvergence(revision.generation, done);
+    }
     await Promise.all([check(), loadHistory()]);
   }
 

@@ -25,12 +25,16 @@
       el("span", { class: `badge state-${state.toLowerCase()}` }, state),
       i.config_state === "NACK" ? el("span", { class: "small" }, ` generation ${i.nacked_generation} refused`) : null,
       i.error ? el("div", { class: "field-error" }, i.error) : null);
-    return el("tr", { dataset: { instance: i.instance, live: String(i.live), upToDate: String(i.up_to_date) },
+    // A canary instance runs its own generation while the canary bakes: judged against that one.
+    const wanted = i.desired_generation || desired;
+    return el("tr", { dataset: { instance: i.instance, live: String(i.live), upToDate: String(i.up_to_date),
+                                 canary: String(Boolean(i.canary)) },
                       class: i.live ? "" : "dead" },
-      el("td", {}, i.instance),
+      el("td", {}, i.instance, i.canary ? el("span", { class: "badge state-canary", title: `canary of generation ${wanted}` },
+                                             "canary") : null),
       el("td", {}, el("span", { class: `badge ${i.live ? "state-live" : "state-dead"}` }, i.live ? "live" : "gone")),
       el("td", {}, i.device || "–"),
-      el("td", { class: `num ${i.applied_generation === desired ? "" : "bad"}` }, i.applied_generation || "–"),
+      el("td", { class: `num ${i.applied_generation === wanted ? "" : "bad"}` }, i.applied_generation || "–"),
       el("td", {}, config),
       el("td", { class: "num" }, fmt.age(i.heartbeat_age_s)),
       el("td", { class: "num" }, memory(i.hbm_bytes, i.hbm_budget_bytes)),
@@ -54,7 +58,10 @@
     box.dataset.state = status.converged ? "converged" : (live ? "converging" : "empty");
     badge.dataset.health = status.converged ? "healthy" : "atrisk";
     badge.textContent = status.converged ? "converged" : (live ? "converging" : "no live instance");
-    let summary = `${acked} of ${live} live instance${live === 1 ? "" : "s"} ACKed generation ${desired}`
+    const canaries = status.instances.filter((i) => i.canary);
+    let summary = `${acked} of ${live} live instance${live === 1 ? "" : "s"} ACKed `
+      + (canaries.length ? `their desired generation (${desired}; canary ${canaries[0].desired_generation} on `
+                           + `${canaries.map((i) => i.instance).join(", ")})` : `generation ${desired}`)
       + ` (${status.expected_instances} expected).`;
     if (nacked) summary += ` ${nacked} refused it (NACK) and keep running their last good generation.`;
     else if (!status.converged && live) summary += ` Waiting for ${waiting}, ${fmt.age((Date.now() - publishSeenAt) / 1000)}.`;

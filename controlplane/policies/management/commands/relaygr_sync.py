@@ -1,4 +1,5 @@
-"""Write every pool's desired revision from the database into Redis (idempotent repair).
+"""Write every pool's desired revision, and its canary overrides, from the database into Redis
+(idempotent repair).
 
 With ``--interval`` it is the loop a deployment runs beside the web server, and it must outlive
 whatever it depends on: Redis down or restarted empty, the database locked by a long write or
@@ -13,6 +14,7 @@ from django.db import DatabaseError, close_old_connections
 
 from controlplane.common.errors import ServiceError
 from controlplane.policies.services import desired_sync
+from controlplane.rollouts.services import rollout_sync
 
 
 class Command(BaseCommand):
@@ -26,7 +28,9 @@ class Command(BaseCommand):
         while True:
             try:
                 result = desired_sync()
-                self.stdout.write(f"synced {result['pools']} pool(s) to Redis")
+                rollouts = rollout_sync()
+                self.stdout.write(f"synced {result['pools']} pool(s) to Redis ({rollouts['rollouts']} with a "
+                                  "canary rollout)")
             except (ServiceError, DatabaseError) as exc:
                 problem = exc.detail if isinstance(exc, ServiceError) else (
                     f"the database cannot be read or written ({type(exc).__name__}: {exc})")

@@ -1,0 +1,273 @@
+"""Canary rollouts: start, judge, promote, roll back; every step audited with the figures that decided it.
+
+The order is the publish's (``policies.services``): the database first, in one transaction with its
+audit entry, then Redis. While a canary bakes, Redis holds one override per canary instance
+(``PoolKeys.instance_desired``) and the pool's own record stays the stable generation. Promoting
+publishes the generation to the pool the normal way, then removes the overrides. Rolling back adds
+the generation to the pool's ``revoked_generations`` and rewrites the pool's record (which then lists
+it, so the canaries may step down), then removes the overrides. A decision whose Redis half failed
+stays ``published = False`` and the periodic task (``rollouts_tick``) writes it; ``relaygr_sync``
+rewrites the overrides of every pool from the database too (``rollout_sync``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from datetime import timedelta
+
+import redis
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane.common.errors import Conflict, ServiceError
+from controlplane.common.redis import get_redis, redis_unreachable
+from controlplane.fleet import selectors as fleet_selectors
+from controlplane.policies import selectors as policy_selectors
+from controlplane.policies.models import AuditEntry, Pool
+from controlplane.policies.services import audit_record, desired_push, desired_set
+from relay_engine.core.wire import ACK, NACK, DesiredRevision, PoolKeys, live_since
+
+from . import bake, selectors
+from .evaluation import DEFAULT_MIN_REQUESTS, GroupFigures, decide
+from .models import Rollout
+
+logger = logging.getLogger(__name__)
+
+EVALUATOR = "rollout-evaluator"  # ``decided_by`` of the periodic task's decisions
+MAX_SERIES_POINTS = 600  # chart points kept per rollout (older ones thinned out by half)
+
+
+def _instance_index(name: str) -> int:
+    return int(name.rsplit(".", 1)[1])
+
+
+def live_instances(*, pool: Pool, now: float | None = None) -> list[str]:
+    """The pool's live instances, lowest index first (the order canaries are chosen in)."""
+    try:
+        names = get_redis().zrangebyscore(PoolKeys(pool.name).members, live_since(now or time.time()), "+inf")
+    except redis.RedisError as exc:
+        raise redis_unreachable(exc) from exc
+    return sorted(names, key=_instance_index)
+
+
+def canary_count(canary_instances: int | float, live: int) -> int:
+    """A count as given, a fraction of the live instances rounded up (at least one)."""
+    if isinstance(canary_instances, float) and canary_instances < 1:
+        return max(1, math.ceil(canary_instances * live))
+    return int(canary_instances)
+
+
+def rollout_state(rollout: Rollout) -> dict:
+    return {
+        "generation": rollout.generation, "stable_generation": rollout.stable_generation,
+        "canary": rollout.canary_instances, "bake_s": rollout.bake_s, "max_burn": rollout.max_burn,
+        "state": rollout.state, "bake_ends_at": rollout.bake_ends_at.isoformat(),
+    }
+
+
+def rollout_start(*, pool: Pool, generation: int, canary_instances: int | float, bake_s: int, max_burn: float,
+                  actor: str) -> Rollout:
+    """Send ``generation`` to the first live instances (by index) of the pool, the rest keep the stable one."""
+    live = live_instances(pool=pool)
+    try:
+        with transaction.atomic():
+            locked = Pool.objects.select_for_update().get(pk=pool.pk)
+            baking = selectors.rollout_baking(pool=locked)
+            if baking is not None:
+                raise baking.busy()
+            policy_selectors.revision_get(pool=locked, generation=generation)
+            if generation <= locked.desired_generation:
+                raise Conflict(
+                    f"generation {generation} is not newer than the desired generation {locked.desired_generation}: "
+                    "a canary sends a newer generation to a few instances first.",
+                    errors={"generation": [f"must be above the desired generation, {locked.desired_generation}"]})
+            count = canary_count(canary_instances, len(live))
+            if count >= len(live):
+                raise Conflict(
+                    f"pool {pool.name!r} has {len(live)} live instance(s) ({', '.join(live) or 'none'}) and "
+                    f"canary_instances asks for {count}: at least one stable instance must remain to compare with. "
+                    "Publish without a body to send it to every instance at once.",
+                    errors={"canary_instances": [f"at most {max(0, len(live) - 1)} for this pool now"]})
+            now = timezone.now()
+            rollout = Rollout.objects.create(
+                pool=locked, generation=generation, stable_generation=locked.desired_generation,
+                canary_instances=live[:count], bake_s=bake_s, max_burn=max_burn, started_by=actor, started_at=now,
+                bake_ends_at=now + timedelta(seconds=bake_s),
+            )
+            audit_record(actor=actor, action=AuditEntry.Action.ROLLOUT_START, object_type="rollout",
+                         object_id=str(rollout), pool=pool.name,
+                         before={"desired_generation": locked.desired_generation},
+                         after={**rollout_state(rollout), "live_instances": live})
+    except IntegrityError:  # a concurrent start won the pool's one baking slot
+        raise selectors.rollout_baking(pool=pool).busy() from None
+    overrides_push(rollout=rollout)
+    return rollout
+
+
+def overrides_push(*, rollout: Rollout) -> None:
+    """Redis after the database: the canaries' overrides while baking, none after; then poke the pool."""
+    pool = rollout.pool
+    keys = PoolKeys(pool.name)
+    overrides = [keys.instance_desired(name) for name in rollout.canary_instances]
+    try:
+        pipe = get_redis().pipeline(transaction=True)
+        if rollout.state == Rollout.State.BAKING:
+            revision = policy_selectors.revision_get(pool=pool, generation=rollout.generation)
+            message = DesiredRevision(generation=revision.generation, sha256=revision.sha256, spec=revision.spec,
+                                      published_at=rollout.started_at.timestamp(), published_by=rollout.started_by)
+            for key in overrides:
+                pipe.set(key, message.to_json())
+        elif overrides:
+            pipe.delete(*overrides)
+        pipe.publish(keys.poke_channel, str(rollout.generation))
+        pipe.execute()
+    except redis.RedisError as exc:
+        raise redis_unreachable(exc) from exc
+    if not rollout.published:
+        Rollout.objects.filter(pk=rollout.pk).update(published=True)
+        rollout.published = True
+
+
+def _decided(*, rollout: Rollout, state: str, actor: str, reason: str, figures: dict) -> Rollout:
+    """Lock the rollout, check it still bakes (else 409), record the decision; call inside a transaction."""
+    locked = Rollout.objects.select_for_update().select_related("pool").filter(pk=rollout.pk).first()
+    if locked is None or locked.state != Rollout.State.BAKING:
+        raise Conflict(f"no canary is baking on pool {rollout.pool.name!r}: the rollout of generation "
+                       f"{rollout.generation} is already {locked.state if locked else 'gone'}.")
+    locked.state, locked.decided_at, locked.decided_by, locked.reason = state, timezone.now(), actor, reason[:1000]
+    locked.figures = figures
+    locked.canary_burn = (figures.get("canary") or {}).get("burn")
+    locked.stable_burn = (figures.get("stable") or {}).get("burn")
+    locked.published = False
+    locked.save()
+    action = {Rollout.State.PROMOTED: AuditEntry.Action.ROLLOUT_PROMOTE,
+              Rollout.State.ROLLED_BACK: AuditEntry.Action.ROLLOUT_ROLLBACK,
+              Rollout.State.ABORTED: AuditEntry.Action.ROLLOUT_ABORT}[state]
+    audit_record(actor=actor, action=action, object_type="rollout", object_id=str(locked), pool=locked.pool.name,
+                 before={"state": Rollout.State.BAKING},
+                 after={**rollout_state(locked), "reason": reason, "figures": _without_series(figures)})
+    return locked
+
+
+def _without_series(figures: dict) -> dict:
+    return {key: value for key, value in figures.items() if key != "series"}
+
+
+def rollout_promote(*, rollout: Rollout, actor: str, reason: str, figures: dict | None = None) -> Rollout:
+    """Publish the canary's generation to the whole pool (the normal publish, audited), then drop the overrides."""
+    with transaction.atomic():
+        Pool.objects.select_for_update().get(pk=rollout.pool_id)
+        decided = _decided(rollout=rollout, state=Rollout.State.PROMOTED, actor=actor, reason=reason,
+                           figures=figures if figures is not None else rollout.figures)
+        desired_set(pool=decided.pool, generation=decided.generation, actor=actor)
+    return decision_publish(rollout=decided)
+
+
+def rollout_roll_back(*, rollout: Rollout, actor: str, reason: str, figures: dict | None = None,
+                      state: str = Rollout.State.ROLLED_BACK) -> Rollout:
+    """Return the canaries to the stable generation: revoke the canary's generation, drop the overrides."""
+    with transaction.atomic():
+        pool = Pool.objects.select_for_update().get(pk=rollout.pool_id)
+        decided = _decided(rollout=rollout, state=state, actor=actor, reason=reason,
+                           figures=figures if figures is not None else rollout.figures)
+        pool.revoked_generations = sorted({g for g in pool.revoked_generations if g > pool.desired_generation}
+                                          | {decided.generation})
+        pool.save(update_fields=["revoked_generations"])
+    return decision_publish(rollout=decided)
+
+
+def decision_publish(*, rollout: Rollout) -> Rollout:
+    """The Redis half of a decision: the pool's record (the new generation, or the revocation) first,
+    then the overrides go. Raises Unavailable when Redis cannot be reached (the tick retries)."""
+    pool = policy_selectors.pool_get(name=rollout.pool.name)
+    desired_push(pool=pool)
+    rollout.pool = pool
+    overrides_push(rollout=rollout)
+    return rollout
+
+
+def rollout_evaluate(*, rollout: Rollout, now: float | None = None) -> Rollout:
+    """Judge one baking rollout on the telemetry so far; promote, roll back, or keep baking (figures saved)."""
+    now = time.time() if now is None else now
+    pool = policy_selectors.pool_get(name=rollout.pool.name)
+    since = rollout.started_at.timestamp()
+    client = get_redis()
+    try:
+        canary = bake.served(client, pool=pool.name, instances=rollout.canary_instances,
+                             generation=rollout.generation, since=since, now=now)
+        stable_names = bake.stable_instances(client, pool=pool.name, canary=rollout.canary_instances, since=since)
+        stable = bake.served(client, pool=pool.name, instances=stable_names,
+                             generation=rollout.stable_generation, since=since, now=now)
+    except redis.RedisError as exc:
+        raise redis_unreachable(exc) from exc
+    views = {view.instance: view for view in fleet_selectors.pool_status(pool=pool, now=now).instances}
+    canary_views = [views.get(name) for name in rollout.canary_instances]
+    nacked = {view.instance: view.status.error for view in canary_views
+              if view is not None and view.status.config_state == NACK and view.status.nacked_generation == rollout.generation}
+    not_live = [name for name, view in zip(rollout.canary_instances, canary_views, strict=True)
+                if view is None or not view.live]
+    not_running = [name for name, view in zip(rollout.canary_instances, canary_views, strict=True)
+                   if view is not None and view.live and not (view.status.config_state == ACK and
+                                                              view.status.applied_generation == rollout.generation)]
+    canary_figures = GroupFigures.of(canary.requests, canary.bad, canary.p99_ms)
+    stable_figures = GroupFigures.of(stable.requests, stable.bad, stable.p99_ms)
+    min_requests = getattr(settings, "RELAYGR_ROLLOUT_MIN_REQUESTS", DEFAULT_MIN_REQUESTS)
+    bake_over = now >= rollout.bake_ends_at.timestamp()
+    decision = decide(canary=canary_figures, stable=stable_figures, max_burn=rollout.max_burn, bake_over=bake_over,
+                      min_requests=min_requests, nacked=nacked, not_live=not_live, not_running=not_running)
+    series = list(rollout.figures.get("series", []))
+    series.append({"t": round(now, 3), "canary_p99_ms": canary_figures.p99_ms, "stable_p99_ms": stable_figures.p99_ms,
+                   "canary_burn": canary_figures.burn, "stable_burn": stable_figures.burn})
+    if len(series) > MAX_SERIES_POINTS:
+        series = series[::2]
+    figures = {
+        "canary": canary_figures.to_dict(), "stable": stable_figures.to_dict(), "stable_instances": stable_names,
+        "min_requests": min_requests, "max_burn": rollout.max_burn, "bake_over": bake_over, "nacked": nacked,
+        "not_live": not_live, "not_running": not_running, "evaluated_at": round(now, 3), "decision": decision.action,
+        "reason": decision.reason, "series": series,
+    }
+    if decision.action == "promote":
+        return rollout_promote(rollout=rollout, actor=EVALUATOR, reason=decision.reason, figures=figures)
+    if decision.action == "rollback":
+        return rollout_roll_back(rollout=rollout, actor=EVALUATOR, reason=decision.reason, figures=figures)
+    Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.BAKING).update(
+        figures=figures, canary_burn=canary_figures.burn, stable_burn=stable_figures.burn)
+    rollout.refresh_from_db()
+    return rollout
+
+
+def rollouts_tick() -> dict[str, int]:
+    """The periodic task's pass: write decisions Redis missed, re-assert the overrides of every bake
+    (a Redis that restarted converges), and judge every bake. One pool's failure never stops the others."""
+    done = {"published": 0, "evaluated": 0, "failed": 0}
+    for rollout in selectors.rollouts_unpublished():
+        try:
+            decision_publish(rollout=rollout)
+            done["published"] += 1
+        except ServiceError as exc:
+            logger.warning("rollout %s: decision not written to Redis yet: %s", rollout, exc.detail)
+            done["failed"] += 1
+    for rollout in selectors.rollouts_baking():
+        try:
+            overrides_push(rollout=rollout)
+            rollout_evaluate(rollout=rollout)
+            done["evaluated"] += 1
+        except ServiceError as exc:  # Redis down, or decided by hand meanwhile (409)
+            logger.warning("rollout %s: not evaluated: %s", rollout, exc.detail)
+            done["failed"] += 1
+    return done
+
+
+def rollout_sync() -> dict[str, int]:
+    """Idempotent repair (``relaygr_sync``): every pool's canary overrides as the database says."""
+    synced = 0
+    for pool in policy_selectors.pool_list():
+        latest = selectors.rollout_latest(pool=pool)
+        if latest is not None:
+            latest.pool = pool
+            overrides_push(rollout=latest)
+            synced += 1
+    return {"rollouts": synced}

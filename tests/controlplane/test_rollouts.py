@@ -1,0 +1,324 @@
+"""Canary rollouts through the API and the bake's evaluation, against the real Redis: instances are
+``FakeWorker``s speaking the wire contract (their own record before the pool's, revocations) and the
+telemetry is real snapshots written by the workers' own ``TelemetryWriter``. The reconciler's side is
+``tests/workers/test_canary_reconciler.py``; the whole stack with a browser is ``tests/frontend``."""
+
+from __future__ import annotations
+
+import io
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from controlplane.policies import services as policy_services
+from controlplane.policies.models import AuditEntry, Pool
+from controlplane.rollouts import services
+from controlplane.rollouts.evaluation import GroupFigures, decide, wilson_interval
+from controlplane.rollouts.models import Rollout
+from relay_engine.core.wire import DesiredRevision, PoolKeys
+from tests.controlplane.fleet_helpers import snapshot
+
+POOL = "ranking-a"
+BASE = f"/api/v1/pools/{POOL}"
+CANARY = {"strategy": "canary", "canary_instances": 1, "bake_s": 30, "max_burn": 1.0}
+
+
+# --- the rule, on plain numbers ----------------------------------------------------------------------
+
+def test_the_wilson_interval_has_its_textbook_values():
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(5, 100) == pytest.approx((0.0215, 0.1118), abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def _decide(canary, stable=(1000, 5), *, bake_over=False, min_requests=50, **faults):
+    return decide(canary=GroupFigures.of(*canary), stable=GroupFigures.of(*stable), max_burn=1.0,
+                  bake_over=bake_over, min_requests=min_requests, nacked=faults.get("nacked", {}),
+                  not_live=faults.get("not_live", []), not_running=faults.get("not_running", []))
+
+
+def test_burn_is_the_bad_share_over_the_p99_budget():
+    figures = GroupFigures.of(1000, 20)
+    assert figures.burn == pytest.approx(2.0) and figures.burn_low < 2.0 < figures.burn_high
+
+
+def test_a_burning_canary_is_rolled_back_before_bake_end_once_the_evidence_suffices():
+    assert _decide((49, 49)).action == "bake"  # every request bad, but fewer than min_requests
+    assert _decide((50, 50)).action == "rollback"
+    assert _decide((1000, 15)).action == "bake"  # burn 1.5, but its lower bound (0.91) does not exceed 1.0
+
+
+def test_a_nack_rolls_back_at_once_naming_the_instance():
+    decision = _decide((0, 0), nacked={"ranking-a.0": "invalid spec"})
+    assert decision.action == "rollback" and "ranking-a.0" in decision.reason and "NACK" in decision.reason
+
+
+@pytest.mark.parametrize(("canary", "faults", "words"), [
+    ((1000, 0), {"not_live": ["ranking-a.0"]}, "ranking-a.0 is not live"),
+    ((1000, 0), {"not_running": ["ranking-a.0"]}, "ranking-a.0 does not run"),
+    ((10, 0), {}, "fewer than the 50"),
+    ((1000, 15), {}, "exceeds max_burn"),
+], ids=["dead canary", "canary not on the generation", "too few requests", "burn above max at the end"])
+def test_at_bake_end_these_are_not_promoted(canary, faults, words):
+    decision = _decide(canary, bake_over=True, **faults)
+    assert decision.action == "rollback" and words in decision.reason
+
+
+def test_at_bake_end_a_canary_materially_worse_than_stable_is_not_promoted():
+    assert _decide((5000, 40), stable=(5000, 5), bake_over=True).action == "rollback"  # burn 0.8 vs 0.1
+    assert _decide((5000, 40), stable=(5000, 30), bake_over=True).action == "promote"  # overlapping intervals
+
+
+def test_at_bake_end_a_canary_within_max_burn_is_promoted():
+    decision = _decide((1000, 3), bake_over=True)
+    assert decision.action == "promote" and "burn 0.30" in decision.reason
+
+
+# --- through the API, with instances and telemetry in Redis ----------------------------------------------
+
+@pytest.fixture
+def fleet(operator, pool, worker_factory):
+    """Three live instances on generation 1 and a revision 2 to canary."""
+    policy_services.desired_push(pool=pool)
+    workers = [worker_factory(POOL, i) for i in range(3)]
+    for worker in workers:
+        worker.reconcile()
+    response = operator.post(f"{BASE}/revisions/", {"parent_generation": 1, "spec": {"cache": {"hbm_budget_mb": 300}}},
+                             format="json")
+    assert response.status_code == 201, response.content
+    return workers
+
+
+def _start(client, body=CANARY, generation=2):
+    return client.post(f"{BASE}/revisions/{generation}/publish/", body, format="json")
+
+
+def _serve(worker, rollout, generation, requests, within, *, at=1.0):
+    """One cumulative snapshot of a run that began at bake start: ``requests`` served, ``within`` in SLO."""
+    since = rollout.started_at.timestamp()
+    worker.publish_snapshot(snapshot(worker.name, since + at, since, rank_requests=requests, rank_within_slo=within,
+                                     applied_generation=generation, latencies_ms=[3.0] * min(requests, 200)))
+
+
+def _end_bake(rollout):
+    Rollout.objects.filter(pk=rollout.pk).update(bake_ends_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_a_canary_publish_sends_the_generation_to_the_lowest_index_only(operator, fleet, redis_client, key_prefix):
+    response = _start(operator)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["state"], body["generation"], body["stable_generation"], body["canary"]) == \
+        ("baking", 2, 1, ["ranking-a.0"])
+    keys = PoolKeys(POOL, prefix=key_prefix)
+    assert DesiredRevision.from_json(redis_client.get(keys.instance_desired("ranking-a.0"))).generation == 2
+    assert redis_client.get(keys.instance_desired("ranking-a.1")) is None
+    assert DesiredRevision.from_json(redis_client.get(keys.desired)).generation == 1
+    assert [w.reconcile().applied_generation for w in fleet] == [2, 1, 1]
+    status = operator.get(f"{BASE}/status/").json()
+    assert status["converged"] is True and status["desired_generation"] == 1
+    assert [(i["canary"], i["desired_generation"]) for i in status["instances"]] == [(True, 2), (False, 1), (False, 1)]
+    assert AuditEntry.objects.filter(action=AuditEntry.Action.ROLLOUT_START, pool=POOL).count() == 1
+
+
+def test_a_fraction_of_the_live_instances_is_rounded_up(operator, fleet):
+    response = _start(operator, {**CANARY, "canary_instances": 0.4})
+    assert response.status_code == 201 and response.json()["canary"] == ["ranking-a.0", "ranking-a.1"]
+
+
+def test_a_canary_of_every_live_instance_is_refused(operator, fleet):
+    response = _start(operator, {**CANARY, "canary_instances": 3})
+    assert response.status_code == 409
+    assert "at least one stable instance" in response.json()["detail"]
+    assert response.json()["errors"] == {"canary_instances": ["at most 2 for this pool now"]}
+
+
+@pytest.mark.parametrize(("body", "field", "words"), [
+    ({"strategy": "slow"}, "strategy", "not a valid choice"),
+    ({**CANARY, "canary_instances": 0}, "canary_instances", "a count of instances"),
+    ({**CANARY, "canary_instances": "1"}, "canary_instances", "a count of instances"),
+    ({**CANARY, "canary_instances": 1.5}, "canary_instances", "a fraction"),
+    ({**CANARY, "bake_s": 1}, "bake_s", "greater than or equal to 5"),
+    ({**CANARY, "bake_s": 10**400}, "bake_s", "less than or equal to 86400"),
+    ({**CANARY, "max_burn": 0}, "max_burn", "above 0 and at most 100"),
+    ({**CANARY, "max_burn": True}, "max_burn", "above 0"),
+    ({**CANARY, "bake": 30}, "bake", "Unknown field"),
+    ({"strategy": "all", "bake_s": 30}, "bake_s", 'only with strategy "canary"'),
+])
+def test_a_bad_publish_body_names_the_field_and_its_range(operator, fleet, body, field, words):
+    response = _start(operator, body)
+    assert response.status_code == 400, response.content
+    assert words in " ".join(response.json()["errors"][field])
+    assert not Rollout.objects.exists()
+
+
+@pytest.mark.parametrize("body", [None, CANARY, {"strategy": "all"}], ids=["plain", "canary", "all"])
+def test_nothing_else_is_published_while_a_canary_bakes(operator, fleet, body):
+    assert _start(operator).status_code == 201
+    operator.post(f"{BASE}/revisions/", {"parent_generation": 2, "spec": {}}, format="json")
+    response = _start(operator, body, generation=3)
+    assert response.status_code == 409
+    detail = response.json()["detail"]
+    assert "canary of generation 2 is baking" in detail and "rollout/promote/" in detail and "rollout/abort/" in detail
+    assert Pool.objects.get(name=POOL).desired_generation == 1
+
+
+def test_a_rollback_during_a_bake_is_refused_too(operator, fleet):
+    assert _start(operator).status_code == 201
+    response = operator.post(f"{BASE}/rollback/", {"to_generation": 1, "parent_generation": 2}, format="json")
+    assert response.status_code == 409 and "baking" in response.json()["detail"]
+
+
+def test_the_rollout_is_none_before_the_first(viewer, pool):
+    body = viewer.get(f"{BASE}/rollout/").json()
+    assert (body["state"], body["canary"], body["generation"]) == ("none", [], None)
+
+
+def test_a_burning_canary_is_rolled_back_and_steps_down(operator, fleet, redis_client, key_prefix):
+    _start(operator)
+    rollout = Rollout.objects.get()
+    for worker in fleet:
+        worker.reconcile()
+    _serve(fleet[0], rollout, 2, requests=100, within=0)
+    for worker in fleet[1:]:
+        _serve(worker, rollout, 1, requests=100, within=100)
+
+    services.rollouts_tick()
+
+    rollout.refresh_from_db()
+    assert (rollout.state, rollout.decided_by) == ("rolled_back", services.EVALUATOR)
+    assert "exceeds max_burn" in rollout.reason and rollout.canary_burn == pytest.approx(100.0)
+    assert rollout.stable_burn == 0.0
+    keys = PoolKeys(POOL, prefix=key_prefix)
+    assert redis_client.get(keys.instance_desired("ranking-a.0")) is None
+    assert DesiredRevision.from_json(redis_client.get(keys.desired)).revoked == (2,)
+    assert fleet[0].reconcile().applied_generation == 1  # down to the stable generation
+    entry = AuditEntry.objects.get(action=AuditEntry.Action.ROLLOUT_ROLLBACK)
+    figures = entry.after["figures"]
+    assert (figures["canary"]["requests"], figures["canary"]["bad"], figures["stable"]["requests"]) == (100, 100, 200)
+    assert figures["canary"]["burn_low"] > 1.0 and "exceeds max_burn" in entry.after["reason"]
+
+
+def test_a_good_canary_is_promoted_at_bake_end(operator, fleet, redis_client, key_prefix):
+    _start(operator)
+    rollout = Rollout.objects.get()
+    for worker in fleet:
+        worker.reconcile()
+    _serve(fleet[0], rollout, 2, requests=400, within=400)
+    for worker in fleet[1:]:
+        _serve(worker, rollout, 1, requests=400, within=399)
+
+    _end_bake(rollout)
+    services.rollouts_tick()
+
+    rollout.refresh_from_db()
+    assert rollout.state == "promoted" and "within max_burn" in rollout.reason
+    assert Pool.objects.get(name=POOL).desired_generation == 2
+    keys = PoolKeys(POOL, prefix=key_prefix)
+    assert redis_client.get(keys.instance_desired("ranking-a.0")) is None
+    assert DesiredRevision.from_json(redis_client.get(keys.desired)).generation == 2
+    assert [w.reconcile().applied_generation for w in fleet] == [2, 2, 2]
+    assert AuditEntry.objects.filter(action=AuditEntry.Action.REVISION_PUBLISH, after__desired_generation=2).exists()
+    assert AuditEntry.objects.filter(action=AuditEntry.Action.ROLLOUT_PROMOTE).get().actor == services.EVALUATOR
+
+
+def test_counts_served_on_another_generation_are_not_the_canarys(operator, fleet):
+    _start(operator)
+    rollout = Rollout.objects.get()
+    _serve(fleet[0], rollout, 1, requests=100, within=0)  # still on the stable one: not canary evidence
+    services.rollouts_tick()
+    rollout.refresh_from_db()
+    assert rollout.state == "baking" and rollout.figures["canary"]["requests"] == 0
+
+
+def test_the_second_a_canary_changed_revision_counts_for_neither_side(operator, fleet):
+    _start(operator)
+    rollout = Rollout.objects.get()
+    _serve(fleet[0], rollout, 1, requests=10, within=10, at=1.0)
+    _serve(fleet[0], rollout, 2, requests=20, within=15, at=2.0)  # requests of both revisions in this second
+    _serve(fleet[0], rollout, 2, requests=30, within=15, at=3.0)
+    services.rollouts_tick()
+    canary = Rollout.objects.get().figures["canary"]
+    assert (canary["requests"], canary["bad"]) == (10, 10)
+
+
+def test_a_canary_that_nacks_is_rolled_back(operator, fleet):
+    _start(operator)
+    fleet[0].reconcile()
+    fleet[0].status.config_state, fleet[0].status.nacked_generation = "NACK", 2
+    fleet[0].status.error = "hbm_budget_mb: no device here holds it"
+    fleet[0].heartbeat()
+    services.rollouts_tick()
+    rollout = Rollout.objects.get()
+    assert rollout.state == "rolled_back" and "ranking-a.0 refused" in rollout.reason
+
+
+def test_a_dead_canary_is_not_promoted(operator, fleet):
+    _start(operator)
+    rollout = Rollout.objects.get()
+    fleet[0].reconcile()
+    _serve(fleet[0], rollout, 2, requests=400, within=400)
+    fleet[0].heartbeat(at=time.time() - 60)  # silent since
+    _end_bake(rollout)
+    services.rollouts_tick()
+    rollout.refresh_from_db()
+    assert rollout.state == "rolled_back" and "ranking-a.0 is not live" in rollout.reason
+
+
+@pytest.mark.parametrize("role", ["operator", "admin"])
+def test_abort_returns_the_canaries_to_stable(clients, fleet, role):
+    _start(clients["operator"])
+    response = clients[role].post(f"{BASE}/rollout/abort/")
+    assert response.status_code == 200, response.content
+    assert (response.json()["state"], response.json()["decided_by"]) == ("aborted", role)
+    assert fleet[0].reconcile().applied_generation == 1
+    assert AuditEntry.objects.get(action=AuditEntry.Action.ROLLOUT_ABORT).actor == role
+
+
+def test_promote_by_hand_publishes_to_every_instance(operator, fleet):
+    _start(operator)
+    response = operator.post(f"{BASE}/rollout/promote/")
+    assert response.status_code == 200 and response.json()["state"] == "promoted"
+    assert [w.reconcile().applied_generation for w in fleet] == [2, 2, 2]
+
+
+@pytest.mark.parametrize("action", ["promote", "abort"])
+def test_promote_and_abort_need_an_operator_and_a_bake(clients, fleet, action):
+    assert clients["operator"].post(f"{BASE}/rollout/{action}/").status_code == 409  # nothing bakes
+    _start(clients["operator"])
+    assert clients["viewer"].post(f"{BASE}/rollout/{action}/").status_code == 403
+    assert clients["anonymous"].post(f"{BASE}/rollout/{action}/").status_code in (401, 403)
+    assert clients["viewer"].get(f"{BASE}/rollout/").json()["state"] == "baking"
+    assert Rollout.objects.get().state == "baking"
+
+
+def test_relaygr_sync_restores_the_overrides_and_the_revocation(operator, fleet, redis_client, key_prefix):
+    _start(operator)
+    keys = PoolKeys(POOL, prefix=key_prefix)
+    redis_client.delete(keys.instance_desired("ranking-a.0"), keys.desired)  # a Redis that restarted empty
+    call_command("relaygr_sync", stdout=io.StringIO())
+    assert DesiredRevision.from_json(redis_client.get(keys.instance_desired("ranking-a.0"))).generation == 2
+    operator.post(f"{BASE}/rollout/abort/")
+    redis_client.set(keys.instance_desired("ranking-a.0"), redis_client.get(keys.desired))  # stale leftovers
+    call_command("relaygr_sync", stdout=io.StringIO())
+    assert redis_client.get(keys.instance_desired("ranking-a.0")) is None
+    assert DesiredRevision.from_json(redis_client.get(keys.desired)).revoked == (2,)
+
+
+def test_a_decision_taken_while_redis_is_down_reaches_redis_on_the_next_tick(operator, fleet, settings, redis_client,
+                                                                           key_prefix):
+    _start(operator)
+    redis_url, settings.REDIS_URL = settings.REDIS_URL, "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    response = operator.post(f"{BASE}/rollout/abort/")
+    assert response.status_code == 503
+    rollout = Rollout.objects.get()
+    assert (rollout.state, rollout.published) == ("aborted", False)  # the database holds the decision
+    settings.REDIS_URL = redis_url
+    assert services.rollouts_tick()["published"] == 1
+    keys = PoolKeys(POOL, prefix=key_prefix)
+    assert redis_client.get(keys.instance_desired("ranking-a.0")) is None
+    assert DesiredRevision.from_json(redis_client.get(keys.desired)).revoked == (2,)
+    assert Rollout.objects.get().published is True
