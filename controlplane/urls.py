@@ -17,6 +17,7 @@ api_v1 = [
     path("", include("controlplane.policies.api.urls")),
     path("", include("controlplane.fleet.api.urls")),
     path("", include("controlplane.telemetry.api.urls")),
+    path("", include("controlplane.previews.api.urls")),
     path("", include("controlplane.accounts.api.urls")),
 ]
 

@@ -39,12 +39,13 @@ MAX_SIGNALS = 50_000  # users whose last signal time is kept (least recently sig
 class TrafficCapture:
     def __init__(self, client: redis.Redis, keys: PoolKeys, instance: str, *, queue_size: int = QUEUE_SIZE,
                  batch_size: int = BATCH_SIZE, flush_interval_s: float = FLUSH_INTERVAL_S,
-                 clock=time.time):
+                 max_records: int = CAPTURE_MAX_RECORDS, clock=time.time):
         self.client = client
         self.keys = keys
         self.instance = instance
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
+        self.max_records = max_records
         self.clock = clock
         self.dropped = 0  # records never written (queue full, or Redis refused the batch)
         self.written = 0
@@ -139,7 +140,7 @@ class TrafficCapture:
             record = CaptureRecord(ts_ms=ts_ms, user=user_hash(salt, user_id), prefix_len=prefix_len,
                                    short_len=short_len, candidates=candidates, gap_ms=gap_ms, outcome=outcome,
                                    latency_ms=latency_ms)
-            pipe.xadd(self.keys.traffic, record.to_fields(), maxlen=CAPTURE_MAX_RECORDS, approximate=True)
+            pipe.xadd(self.keys.traffic, record.to_fields(), maxlen=self.max_records, approximate=True)
         if batch:
             oldest_ms = int((self.clock() - CAPTURE_MAX_AGE_S) * 1000)
             pipe.xtrim(self.keys.traffic, minid=f"{oldest_ms}-0", approximate=True)
