@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.celery_app import app as celery_app
 from controlplane.common.errors import Conflict
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies import selectors as policy_selectors
@@ -34,6 +35,8 @@ from .models import Preview
 
 log = logging.getLogger(__name__)
 
+# Routed to ``<prefix>.controlplane.previews`` by CELERY_TASK_ROUTES (``relaygr.controlplane.preview*``).
+PREVIEW_TASK = "relaygr.controlplane.preview_run"
 # The simulator's budget: a preview that runs longer is failed (and says so), never left running.
 SIM_TIMEOUT_S = 300
 # An error kept for the reader: the end of the simulator's stderr, never only a traceback.
@@ -79,10 +82,8 @@ def preview_request(*, pool: Pool, generation: int, window_s: int, actor: str,
 
 
 def _enqueue(preview_id: int) -> None:
-    from .tasks import preview_run  # the task module imports this one
-
     try:
-        preview_run.delay(preview_id)
+        celery_app.send_task(PREVIEW_TASK, args=[preview_id])
     except Exception as exc:  # noqa: BLE001 — the broker is down: say so on the preview itself
         preview_fail(preview_id=preview_id, error=f"The preview could not be queued: the control plane's "
                                                   f"Celery broker (REDIS_URL) is unreachable ({type(exc).__name__}).")

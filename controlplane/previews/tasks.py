@@ -10,9 +10,7 @@ from controlplane.celery_app import app
 
 from . import services
 
-PREVIEW_TASK = "relaygr.controlplane.preview_run"
 
-
-@app.task(name=PREVIEW_TASK, ignore_result=True)
+@app.task(name=services.PREVIEW_TASK, ignore_result=True)
 def preview_run(preview_id: int) -> str:
     return services.preview_execute(preview_id=preview_id).status
