@@ -132,6 +132,8 @@ def _error_tail(stderr: str) -> str:
     said = [line for line in lines if line.startswith("error:")]
     if said:
         return said[-1].removeprefix("error:").strip()
+    if any(line.startswith("Traceback") for line in lines):  # the exception's own line says what broke
+        return f"it raised {lines[-1].strip()[:ERROR_TAIL_CHARS]}"
     return "\n".join(lines[-12:])[-ERROR_TAIL_CHARS:] or "no output"
 
 

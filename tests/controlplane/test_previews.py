@@ -33,7 +33,7 @@ def write_capture(client, pool: str, *, n: int, qps: float, end_s: float, users:
         ts_ms = (end_s - (n - i) / qps) * 1000
         user = rng.randrange(users)
         record = CaptureRecord(ts_ms=ts_ms, user=user_hash("salt", f"user-{user}"),
-                               prefix_len=1500 + 20 * user if user % 2 == 0 else 100 + user, short_len=8,
+                               prefix_len=1500 + 20 * (user % 40) if user % 2 == 0 else 100 + user % 400, short_len=8,
                                candidates=64, gap_ms=30.0 + i % 20 if i % 4 else None,
                                outcome=("hbm", "miss", "dram")[i % 3], latency_ms=5.0)
         pipe.xadd(keys.traffic, record.to_fields(), id=f"{int(ts_ms)}-*")

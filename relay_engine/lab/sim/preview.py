@@ -90,13 +90,13 @@ class PreviewFigures:
 
 def preview(queries: Sequence[TraceQuery], spec: PolicySpec, instances: int, cost: CostModel, *,
             rank_threads: int = 4, prime_share: float = 0.1, warmup_share: float = 0.05,
-            seed: int = 0) -> PreviewFigures:
+            seed: int = 0, cap: int | None = None) -> PreviewFigures:
     """The figures of one policy on one traffic window (the what-if preview calls this twice: the live
     spec and the proposed one, on the same captured queries and cost model)."""
     fleet = FleetSpec(spec, instances, deadline_ms=2 * spec.trigger.ranking_p99_slo_ms, rank_threads=rank_threads,
                       device_type=cost.device if cost.device in ("cpu", "cuda", "npu") else "accelerator")
-    point = simulate_trace(queries, fleet, cost, slo_ms=spec.trigger.ranking_p99_slo_ms, prime_share=prime_share,
-                           warmup_share=warmup_share, seed=seed)
+    point = simulate_trace(queries, fleet, cost, slo_ms=spec.trigger.ranking_p99_slo_ms, cap=cap,
+                           prime_share=prime_share, warmup_share=warmup_share, seed=seed)
     window = whole_trace_window(len(queries), prime_share, warmup_share)
     span_s = max(1e-9, (queries[-1].t_ms - queries[window.first_measured].t_ms) / 1000)
     within = int((point.latencies_ms <= point.slo_ms).sum())
@@ -167,8 +167,14 @@ def recent_share(queries: Sequence[TraceQuery], max_requests: int) -> tuple[list
 
 
 def _figures(args: tuple) -> dict:
-    queries, spec, instances, cost, rank_threads = args
-    return preview(queries, spec, instances, cost, rank_threads=rank_threads).to_dict()
+    queries, spec, instances, cost, rank_threads, cap = args
+    return preview(queries, spec, instances, cost, rank_threads=rank_threads, cap=cap).to_dict()
+
+
+def prefix_cap(queries: Sequence[TraceQuery], cost: CostModel) -> int:
+    """The longest prefix the simulated model takes beside the window's longest short-term history."""
+    max_seq_len = model_config_of(cost).max_seq_len
+    return max(1, max_seq_len - max(q.short_len for q in queries))
 
 
 def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: PolicySpec, *, instances: int,
@@ -177,7 +183,9 @@ def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: Polic
     """Live and proposed spec on the same (most recent) captured queries; both replays in parallel
     processes when ``jobs`` > 1."""
     replayed, note = recent_share(queries, max_requests)
-    work = [(replayed, spec, instances, cost, rank_threads) for spec in (live, proposed)]
+    cap = prefix_cap(replayed, cost)
+    cut = sum(q.seq_len > cap for q in replayed)
+    work = [(replayed, spec, instances, cost, rank_threads, cap) for spec in (live, proposed)]
     started = time.monotonic()
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
@@ -186,4 +194,5 @@ def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: Polic
         live_figures, proposed_figures = map(_figures, work)
     return {"live": live_figures, "proposed": proposed_figures, "requests": len(replayed),
             "requests_captured": len(queries), "sampling": note, "instances": instances,
-            "rank_threads": rank_threads, "sim_wall_s": round(time.monotonic() - started, 2)}
+            "rank_threads": rank_threads, "prefix_cap": cap, "prefixes_cut": cut,
+            "sim_wall_s": round(time.monotonic() - started, 2)}
