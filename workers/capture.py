@@ -6,7 +6,8 @@ id with the pool's salt (``PoolKeys.traffic_salt``, created once with SET NX, sh
 instance so a user hashes the same everywhere), and appends batches to the pool's stream in one
 pipeline: ``XADD … MAXLEN ~ CAPTURE_MAX_RECORDS`` per record, then ``XTRIM MINID ~`` the age bound.
 Records lost to a full queue or to an unreachable Redis are added to ``PoolKeys.traffic_dropped``
-(instance → count) once Redis answers again.
+(instance → count) once Redis answers again. Every capture key expires an hour (the age bound)
+after its last write, so a pool gone quiet leaves nothing behind.
 
 The retrieval→ranking gap: ``signal`` notes when a user's pre-infer signal reached this instance
 (the router sends a user's signal and ranking to one instance); ``record`` uses the latest such note
@@ -34,6 +35,7 @@ BATCH_SIZE = 500
 FLUSH_INTERVAL_S = 0.25
 MAX_GAP_S = 60.0  # a pre-infer signal older than this says nothing about the ranking request
 MAX_SIGNALS = 50_000  # users whose last signal time is kept (least recently signalled out)
+KEY_TTL_S = int(CAPTURE_MAX_AGE_S)  # every capture key outlives its last write by the age bound only
 
 
 class TrafficCapture:
@@ -53,7 +55,6 @@ class TrafficCapture:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._signals: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
-        self._salt: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -123,15 +124,18 @@ class TrafficCapture:
         return len(batch)
 
     def _pool_salt(self) -> str:
-        if self._salt is None:
-            self.client.set(self.keys.traffic_salt, secrets.token_hex(16), nx=True)
-            salt = self.client.get(self.keys.traffic_salt)
-            if isinstance(salt, bytes):
-                salt = salt.decode()
-            if not salt:
-                raise redis.RedisError(f"{self.keys.traffic_salt} is empty")
-            self._salt = salt
-        return self._salt
+        """The pool's salt, read at every batch: if the pool was idle past the age bound its salt
+        expired with its records, and whichever instance writes first sets the new one for all."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self.keys.traffic_salt, secrets.token_hex(16), nx=True, ex=KEY_TTL_S)
+        pipe.get(self.keys.traffic_salt)
+        pipe.expire(self.keys.traffic_salt, KEY_TTL_S)
+        _, salt, _ = pipe.execute()
+        if isinstance(salt, bytes):
+            salt = salt.decode()
+        if not salt:
+            raise redis.RedisError(f"{self.keys.traffic_salt} is empty")
+        return salt
 
     def _write(self, batch: list[tuple]) -> None:
         salt = self._pool_salt()
@@ -144,10 +148,12 @@ class TrafficCapture:
         if batch:
             oldest_ms = int((self.clock() - CAPTURE_MAX_AGE_S) * 1000)
             pipe.xtrim(self.keys.traffic, minid=f"{oldest_ms}-0", approximate=True)
+            pipe.expire(self.keys.traffic, KEY_TTL_S)  # a pool gone quiet for that long keeps nothing
         with self._lock:
             unreported = self.dropped - self._reported_drops
         if unreported:
             pipe.hincrby(self.keys.traffic_dropped, self.instance, unreported)
+            pipe.expire(self.keys.traffic_dropped, KEY_TTL_S)
         pipe.execute()
         with self._lock:
             self._reported_drops += unreported

@@ -28,6 +28,7 @@ from controlplane.common.errors import Conflict
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import Pool
+from relay_engine.core.config import slo_of
 from relay_engine.core.wire import InstanceStatus, PoolKeys, WireError, live_since
 
 from . import traffic
@@ -202,9 +203,9 @@ def _simulate(preview: Preview) -> dict:
 
 
 def _slo_ms(spec: dict) -> float | None:
-    return (spec.get("trigger") or {}).get("ranking_p99_slo_ms")
+    return slo_of(spec).p99_ms
 
 
 def _hbm_budget_bytes(spec: dict) -> int | None:
     mb = (spec.get("cache") or {}).get("hbm_budget_mb")
-    return None if mb is None else int(mb * 2**20)
+    return int(mb * 2**20) if isinstance(mb, (int, float)) else None

@@ -18,7 +18,13 @@ import redis
 
 from controlplane.common.errors import InvalidInput
 from controlplane.common.redis import get_redis, redis_unreachable
-from relay_engine.core.capture import CAPTURE_MAX_AGE_S, CaptureError, CaptureRecord, to_trace
+from relay_engine.core.capture import (
+    CAPTURE_MAX_AGE_S,
+    SERVED_OUTCOMES,
+    CaptureError,
+    CaptureRecord,
+    to_trace,
+)
 from relay_engine.core.wire import PoolKeys
 
 MIN_WINDOW_S = 60
@@ -130,8 +136,11 @@ def _percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[int(rank) - 1]
 
 
-def summary(window: CaptureWindow, window_s: int, extent: CaptureExtent | None = None) -> dict:
-    """The window's shape: volume and rate, length percentiles, repeat users, outcomes."""
+def summary(window: CaptureWindow, window_s: int, extent: CaptureExtent | None = None,
+            slo_ms: float | None = None) -> dict:
+    """The window's shape: volume and rate, length percentiles, repeat users, outcomes; and what the
+    instances measured: latency percentiles, the share within ``slo_ms`` (a failed request is not
+    within it) and the hit ratio (served from HBM, DRAM or a computation in flight)."""
     records = window.records
     prefix = sorted(r.prefix_len for r in records)
     users = Counter(r.user for r in records)
@@ -154,6 +163,13 @@ def summary(window: CaptureWindow, window_s: int, extent: CaptureExtent | None =
         "outcomes": dict(sorted(Counter(r.outcome for r in records).items())),
         "skipped_records": window.bad,
     }
+    served = [r for r in records if r.outcome in SERVED_OUTCOMES]
+    latency = sorted(r.latency_ms for r in served)
+    out["latency_ms"] = {"p50": _percentile(latency, 0.5), "p99": _percentile(latency, 0.99)}
+    out["slo_ms"] = slo_ms
+    out["within_slo_share"] = (round(sum(r.latency_ms <= slo_ms for r in served) / len(records), 4)
+                               if records and slo_ms else None)
+    out["hit_ratio"] = round(sum(r.outcome != "miss" for r in served) / len(served), 4) if served else None
     if extent is not None:
         out["captured_total"] = extent.records
         out["dropped_total"] = extent.dropped

@@ -58,6 +58,8 @@ def test_traffic_summary_of_the_window(operator, viewer, pool, redis_client):
     assert 0.9 < body["repeat_user_share"] <= 1.0  # 40 users, 600 requests
     assert body["outcomes"] == {"dram": 200, "hbm": 200, "miss": 200}
     assert body["to"] - body["from"] == 900
+    assert body["latency_ms"]["p99"] == 5.0 and body["slo_ms"] == 50.0 and body["within_slo_share"] == 1.0
+    assert body["hit_ratio"] == pytest.approx(400 / 600, abs=1e-3)  # hbm and dram are hits, miss is not
 
 
 def test_a_pool_without_traffic_summarises_to_zero(viewer, pool, redis_on):

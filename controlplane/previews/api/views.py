@@ -50,7 +50,9 @@ class PoolTrafficView(APIView):
                    **error_responses(400, 401, 403, 404, 503)},
         description="The shape of the pool's captured ranking traffic over the window ending now: `requests`, "
         "`rate_qps`, prefix-length percentiles, short-length and candidates medians, `repeat_user_share` "
-        "(requests of users seen more than once in the window), `outcomes`. No traffic is `requests: 0`. "
+        "(requests of users seen more than once in the window), `outcomes`; what the instances measured: "
+        "`latency_ms` p50/p99, `within_slo_share` (against the live revision's SLO, failures outside it), "
+        "`hit_ratio`. No traffic is `requests: 0`. "
         "`?format=jsonl` streams the window in the benchmark's trace format (user ids are the capture's "
         "salted hashes), replayable by `relay_engine.bench --trace` and `relay_engine.sim run --trace`.",
     )
@@ -63,7 +65,8 @@ class PoolTrafficView(APIView):
             response["Content-Disposition"] = (f'attachment; filename="{pool_obj.name}-traffic-'
                                                f'{traffic.window_label(window_s)}.jsonl"')
             return response
-        return Response(traffic.summary(window, window_s, traffic.capture_extent(pool=pool_obj.name)))
+        return Response(traffic.summary(window, window_s, traffic.capture_extent(pool=pool_obj.name),
+                                        slo_ms=pool_obj.slo.p99_ms))
 
 
 class RevisionPreviewView(APIView):
