@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import redis
@@ -42,6 +42,8 @@ PREVIEW_TASK = "relaygr.controlplane.preview_run"
 SIM_TIMEOUT_S = 300
 # An error kept for the reader: the end of the simulator's stderr, never only a traceback.
 ERROR_TAIL_CHARS = 2000
+# A preview queued or running this long has lost its worker (``_fail_abandoned``).
+ABANDONED_AFTER_S = 2 * SIM_TIMEOUT_S
 
 
 def window_end_of(now_s: float, window_s: int) -> float:
@@ -63,6 +65,7 @@ def preview_request(*, pool: Pool, generation: int, window_s: int, actor: str,
     holds no captured traffic. Returns (preview, created)."""
     proposed = policy_selectors.revision_get(pool=pool, generation=generation)
     live = policy_selectors.revision_desired(pool=pool)
+    _fail_abandoned(pool)
     end_s = window_end_of(time.time() if now_s is None else now_s, window_s)
     window_end = _as_datetime(end_s)
     existing = (Preview.objects.filter(pool=pool, sha256=proposed.sha256, live_sha256=live.sha256, window_s=window_s,
@@ -80,6 +83,17 @@ def preview_request(*, pool: Pool, generation: int, window_s: int, actor: str,
             live_sha256=live.sha256, window_s=window_s, window_end=window_end, requested_by=actor)
     transaction.on_commit(lambda: _enqueue(preview.pk))
     return preview, True
+
+
+def _fail_abandoned(pool: Pool) -> None:
+    """A preview still queued or running long after any simulation would have ended lost its worker
+    (stopped, or never started): it fails, saying so, and is no longer reused."""
+    cutoff = timezone.now() - timedelta(seconds=ABANDONED_AFTER_S)
+    Preview.objects.filter(pool=pool, status__in=[Preview.Status.QUEUED, Preview.Status.RUNNING],
+                           created_at__lt=cutoff).update(
+        status=Preview.Status.FAILED, finished_at=timezone.now(),
+        error=f"Not finished {ABANDONED_AFTER_S // 60} minutes after it was asked for: the control plane's Celery "
+              f"worker (queue <prefix>.controlplane.previews) stopped or is not running.")
 
 
 def _enqueue(preview_id: int) -> None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import random
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from controlplane.policies import services as policy_services
 from controlplane.previews import services
@@ -73,6 +75,23 @@ def test_a_window_out_of_range_is_a_400_naming_the_field(viewer, pool, redis_on,
     assert response.status_code == 400
     assert "window" in response.json()["errors"]
     assert "1m" in response.json()["detail"] and "1h" in response.json()["detail"]
+
+
+def test_a_broken_record_in_the_capture_is_skipped_and_counted(viewer, pool, redis_client):
+    write_capture(redis_client, pool.name, n=10, qps=5, end_s=time.time() - 5)
+    redis_client.xadd(PoolKeys(pool.name).traffic, {"t": "yesterday", "u": "x"})
+    body = viewer.get(f"/api/v1/pools/{pool.name}/traffic/?window=1m").json()
+    assert body["requests"] == 10 and body["skipped_records"] == 1
+
+
+def test_an_abandoned_preview_fails_and_is_not_reused(operator, pool, redis_client):
+    write_capture(redis_client, pool.name, n=100, qps=5, end_s=time.time() - 61)
+    first = operator.post(f"/api/v1/pools/{pool.name}/revisions/1/preview/").json()
+    Preview.objects.filter(pk=first["id"]).update(created_at=timezone.now() - timedelta(hours=1))
+    again = operator.post(f"/api/v1/pools/{pool.name}/revisions/1/preview/").json()
+    assert again["id"] != first["id"]
+    abandoned = operator.get(first["url"]).json()
+    assert abandoned["status"] == "failed" and "Celery worker" in abandoned["error"]
 
 
 def test_the_jsonl_export_round_trips_through_read_trace(viewer, pool, redis_client, tmp_path):
