@@ -120,10 +120,22 @@ class InstanceRuntime:
         except redis.RedisError as exc:  # Redis gone: the sender's wait fails fast on its side too
             log.warning("could not push the answer to %s: %s", reply_to, exc)
 
-    def on_revoked(self, task_name: str, expired: bool, reply_to: object = None) -> None:
-        """A ranking request that expired in the queue never reaches the engine: count it here, and
-        tell a sender waiting on a reply list at once."""
+    def on_revoked(self, task_name: str, expired: bool, reply_to: object = None, args: tuple = (),
+                   kwargs: dict | None = None) -> None:
+        """A ranking request that expired in the queue never reaches the engine: count it here, tell a
+        sender waiting on a reply list at once, and capture it (it is traffic the pool received;
+        its latency is unknown, recorded as 0 — only served requests carry one)."""
         if task_name == RANK_TASK:
+            if self.capture is not None and expired:
+                try:
+                    payload = RankPayload.parse(_single_payload(args, kwargs or {}))
+                except PayloadError:
+                    payload = None
+                if payload is not None:
+                    prefix_len, short_len, candidates = payload.shape()
+                    self.capture.record(payload.user_id, arrived_s=time.time(), prefix_len=prefix_len,
+                                        short_len=short_len, candidates=candidates, outcome=DEADLINE_EXCEEDED,
+                                        latency_ms=0.0)
             self.counts.count("rank_requests", "rank_errors", *(("rank_deadline_exceeded",) if expired else ()))
             self.reply(reply_to, error_result(DEADLINE_EXCEEDED, f"the request expired in {self.name}'s queue "
                                                                  f"before it was picked up", instance=self.name,
@@ -153,4 +165,5 @@ def register_tasks(app: Celery, runtime: InstanceRuntime) -> None:
 
     @signals.task_revoked.connect(weak=False)
     def _count_revoked(sender=None, request=None, expired=False, **_: Any) -> None:
-        runtime.on_revoked(getattr(sender, "name", ""), bool(expired), getattr(request, "reply_to", None))
+        runtime.on_revoked(getattr(sender, "name", ""), bool(expired), getattr(request, "reply_to", None),
+                           tuple(getattr(request, "args", None) or ()), getattr(request, "kwargs", None) or {})

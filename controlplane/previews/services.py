@@ -77,11 +77,10 @@ def preview_request(*, pool: Pool, generation: int, window_s: int, actor: str,
         raise Conflict(f"No captured traffic of pool {pool.name!r} in the last {traffic.window_label(window_s)} "
                        f"(the window ending {window_end:%H:%M:%S} UTC): {extent.describe(end_s)}. A preview "
                        f"replays captured ranking traffic; send traffic to the pool or choose a longer window.")
-    with transaction.atomic():
-        preview = Preview.objects.create(
-            pool=pool, generation=proposed.generation, live_generation=live.generation, sha256=proposed.sha256,
-            live_sha256=live.sha256, window_s=window_s, window_end=window_end, requested_by=actor)
-    transaction.on_commit(lambda: _enqueue(preview.pk))
+    preview = Preview.objects.create(
+        pool=pool, generation=proposed.generation, live_generation=live.generation, sha256=proposed.sha256,
+        live_sha256=live.sha256, window_s=window_s, window_end=window_end, requested_by=actor)
+    transaction.on_commit(lambda: _enqueue(preview.pk))  # the worker must find the row it is given
     return preview, True
 
 

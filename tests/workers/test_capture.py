@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from datetime import UTC, datetime
 
 import pytest
 import redis
@@ -10,6 +12,8 @@ import redis
 from relay_engine.core.capture import CaptureRecord, to_trace
 from relay_engine.core.trace import read_trace, write_trace
 from relay_engine.core.wire import PoolKeys
+from tests.workers.fleet import wait_for
+from workers.app import RANK_TASK
 from workers.capture import TrafficCapture
 
 pytestmark = pytest.mark.integration
@@ -113,3 +117,28 @@ def test_captured_records_replay_as_a_trace(client, key_prefix, tmp_path):
     assert len({q.user_id for q in replayed}) == 7
     # a user's prefix length is stable, so its repeats can hit the cache in a replay
     assert all(len({q.seq_len for q in replayed if q.user_id == u}) == 1 for u in {q.user_id for q in replayed})
+
+
+def test_a_fleet_captures_what_it_served_and_what_expired_in_its_queue(fleet):
+    """Real worker processes: the pre-infer → rank gap, the outcome, hashed users, and a request
+    revoked in the queue (traffic the pool received, never served)."""
+    fleet.client.pre_infer("capture-user", seq_len=48)
+    time.sleep(0.05)
+    fleet.client.rank("capture-user", short_len=4, n_candidates=8, seq_len=48)
+    name = fleet.names[0]
+    deadline_s = time.time() - 1.0
+    fleet.client.app.send_task(RANK_TASK, args=[{"user_id": "expired-user", "deadline_s": deadline_s, "seq_len": 48,
+                                                 "short_len": 4, "n_candidates": 8}],
+                               queue=fleet.keys.rank_queue(name), expires=datetime.fromtimestamp(deadline_s, tz=UTC))
+
+    def captured() -> list[CaptureRecord]:
+        return [CaptureRecord.from_fields(data) for _, data in fleet.redis.xrange(fleet.keys.traffic)]
+
+    wait_for(lambda: {"deadline_exceeded"} < {r.outcome for r in captured()}, 5.0,
+             what="the served and the expired request in the capture")
+    records = captured()
+    served = [r for r in records if r.outcome in ("hbm", "dram", "inflight", "miss")]
+    assert served and all(r.prefix_len == 48 and r.short_len == 4 and r.candidates == 8 for r in served)
+    assert any(r.gap_ms is not None and r.gap_ms >= 40 for r in served)
+    raw = json.dumps([data for _, data in fleet.redis.xrange(fleet.keys.traffic)])
+    assert "capture-user" not in raw and "expired-user" not in raw
