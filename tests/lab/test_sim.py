@@ -168,9 +168,9 @@ def test_the_profile_falls_back_to_the_reference_and_says_why():
 def test_model_error_is_the_last_validations_largest_p99_error(tmp_path):
     missing, note = model_error_of(tmp_path / "none.json")
     assert missing is None and "not validated on this machine" in note
-    (tmp_path / "v.json").write_text('{"max_abs_p99_error": 0.12, "points": [{}, {}, {}]}')
+    (tmp_path / "v.json").write_text('{"max_abs_p99_error": 0.12, "points": [{"n": 2000}, {"n": 2400}, {}]}')
     error, note = model_error_of(tmp_path / "v.json")
-    assert error == 0.12 and "3 validated points" in note
+    assert error == 0.12 and "3 validated points of at least 2000 requests each" in note
     (tmp_path / "bad.json").write_text("{")
     assert model_error_of(tmp_path / "bad.json")[0] is None
 

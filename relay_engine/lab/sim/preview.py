@@ -145,12 +145,15 @@ def model_error_of(path: Path) -> tuple[float | None, str]:
         data = json.loads(path.read_text())
         error = data["max_abs_p99_error"]
         points = len(data["points"])
+        fewest = min((p["n"] for p in data["points"] if isinstance(p, dict) and isinstance(p.get("n"), int)),
+                     default=None)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return None, f"the validation file {path} cannot be read ({type(exc).__name__}: {exc})"
     if error is None:
         return None, f"the validation in {path} measured no P99 error"
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
-    return float(error), f"largest |P99 error| over {points} validated points ({path.name}, {when})"
+    measured = "" if fewest is None else f" of at least {fewest} requests each"
+    return float(error), f"largest |P99 error| over {points} validated points{measured} ({path.name}, {when})"
 
 
 def recent_share(queries: Sequence[TraceQuery], max_requests: int) -> tuple[list[TraceQuery], str | None]:
