@@ -33,7 +33,10 @@ class Preview(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["pool", "sha256", "live_sha256", "window_s", "window_end"])]
+        # One live (not failed) preview per question: two clicks at once get the same one.
+        constraints = [models.UniqueConstraint(
+            fields=["pool", "sha256", "live_sha256", "window_s", "window_end"], condition=~models.Q(status="failed"),
+            name="one_preview_per_question")]
 
     def __str__(self) -> str:
         return f"preview {self.pk} of {self.pool.name}@{self.generation} ({self.status})"

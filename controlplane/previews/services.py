@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.celery_app import app as celery_app
@@ -68,8 +68,9 @@ def preview_request(*, pool: Pool, generation: int, window_s: int, actor: str,
     _fail_abandoned(pool)
     end_s = window_end_of(time.time() if now_s is None else now_s, window_s)
     window_end = _as_datetime(end_s)
-    existing = (Preview.objects.filter(pool=pool, sha256=proposed.sha256, live_sha256=live.sha256, window_s=window_s,
-                                       window_end=window_end).exclude(status=Preview.Status.FAILED).first())
+    question = dict(pool=pool, sha256=proposed.sha256, live_sha256=live.sha256, window_s=window_s,
+                    window_end=window_end)
+    existing = Preview.objects.filter(**question).exclude(status=Preview.Status.FAILED).first()
     if existing is not None:
         return existing, False
     if not traffic.has_traffic(pool=pool.name, start_s=end_s - window_s, end_s=end_s):
@@ -77,9 +78,12 @@ def preview_request(*, pool: Pool, generation: int, window_s: int, actor: str,
         raise Conflict(f"No captured traffic of pool {pool.name!r} in the last {traffic.window_label(window_s)} "
                        f"(the window ending {window_end:%H:%M:%S} UTC): {extent.describe(end_s)}. A preview "
                        f"replays captured ranking traffic; send traffic to the pool or choose a longer window.")
-    preview = Preview.objects.create(
-        pool=pool, generation=proposed.generation, live_generation=live.generation, sha256=proposed.sha256,
-        live_sha256=live.sha256, window_s=window_s, window_end=window_end, requested_by=actor)
+    try:
+        with transaction.atomic():
+            preview = Preview.objects.create(**question, generation=proposed.generation,
+                                             live_generation=live.generation, requested_by=actor)
+    except IntegrityError:  # the same question asked at the same moment: its winner answers both
+        return Preview.objects.filter(**question).exclude(status=Preview.Status.FAILED).get(), False
     transaction.on_commit(lambda: _enqueue(preview.pk))  # the worker must find the row it is given
     return preview, True
 
