@@ -18,6 +18,7 @@ api_v1 = [
     path("", include("controlplane.fleet.api.urls")),
     path("", include("controlplane.telemetry.api.urls")),
     path("", include("controlplane.rollouts.api.urls")),
+    path("", include("controlplane.previews.api.urls")),
     path("", include("controlplane.accounts.api.urls")),
 ]
 

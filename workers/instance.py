@@ -5,7 +5,8 @@
 Settings not given as flags come from the environment (``workers.settings``). The process builds
 one ``RelayEngine``, applies the pool's desired revision, then runs a Celery worker on the
 ``threads`` pool (torch releases the GIL) that consumes ``P.{inst}.rank`` and ``P.{inst}.preinfer``.
-Beside it run: the engine's pre-inference lane, the reconciler, the telemetry publisher, and the heartbeat,
+Beside it run: the engine's pre-inference lane, the reconciler, the telemetry publisher, the traffic
+capture's writer (``workers.capture``), and the heartbeat,
 which starts only once Celery consumes, so clients never route to an instance that is not serving.
 On shutdown the instance leaves the live set first, so its users move at once.
 """
@@ -28,6 +29,7 @@ from relay_engine.core.engine import RelayEngine, host_memory_bytes
 from relay_engine.core.features import SyntheticFeatures
 from relay_engine.core.wire import HEARTBEAT_TIMEOUT_S, InstanceStatus, instance_name
 from workers.app import make_app, redis_client
+from workers.capture import TrafficCapture
 from workers.loops import InstanceLoops
 from workers.membership import IndexClaim
 from workers.periodic import Periodic
@@ -77,7 +79,9 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
         heartbeat_ts=started_at, started_at=started_at, **engine_gauges(engine),
     ), lambda: engine_gauges(engine), counts, settings.heartbeat_interval_s,
         RevisionStore(settings.revision_path(name)))
-    runtime = InstanceRuntime(engine, SyntheticFeatures(engine.model.config), counts, replies=client, keys=keys)
+    capture = TrafficCapture(client, keys, name).start()
+    runtime = InstanceRuntime(engine, SyntheticFeatures(engine.model.config), counts, replies=client, keys=keys,
+                              capture=capture)
     app = make_app(settings)
     register_tasks(app, runtime)
 
@@ -99,6 +103,7 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     try:
         return app.worker_main(celery_argv(settings, name, loglevel)) or 0
     finally:
+        capture.stop()
         loops.stop()
         engine.close()
 

@@ -221,6 +221,13 @@ class RankPayload:
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
+    def shape(self) -> tuple[int, int, int]:
+        """(prefix tokens, short-term tokens, candidates), without building any tensor."""
+        prefix = self.seq_len if self.seq_len is not None else len(self.prefix_items or ())
+        short = self.short_len if self.short_len is not None else len(self.short_items or ())
+        candidates = self.n_candidates if self.n_candidates is not None else len(self.candidates or ())
+        return prefix, short, candidates
+
     def request(self, features: SyntheticFeatures) -> RankRequest:
         prefix = _history(self, "prefix")
         if prefix is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import redis
@@ -25,6 +26,7 @@ from relay_engine.core.engine import DeadlineExceeded, EngineInputError, RelayEn
 from relay_engine.core.features import SyntheticFeatures
 from relay_engine.core.wire import REPLY_TTL_S, PoolKeys
 from workers.app import PRE_INFER_TASK, RANK_TASK
+from workers.capture import TrafficCapture
 from workers.payloads import (
     DEADLINE_EXCEEDED,
     INTERNAL,
@@ -43,12 +45,14 @@ class InstanceRuntime:
     """What the tasks of one worker process call into: its engine and the work around it."""
 
     def __init__(self, engine: RelayEngine, features: SyntheticFeatures, counts: WorkerCounts,
-                 replies: redis.Redis | None = None, keys: PoolKeys | None = None):
+                 replies: redis.Redis | None = None, keys: PoolKeys | None = None,
+                 capture: TrafficCapture | None = None):
         self.engine = engine
         self.features = features
         self.counts = counts
         self.replies = replies  # where answers are pushed for senders blocked on a reply list
         self.keys = keys
+        self.capture = capture  # the pool's traffic capture (queued here, written off the ranking path)
 
     @property
     def name(self) -> str:
@@ -61,17 +65,31 @@ class InstanceRuntime:
         except PayloadError as exc:
             self.counts.count("rank_requests", "rank_errors")
             return error_result(INVALID_INPUT, str(exc), field=exc.field, errors=exc.errors, instance=self.name)
+        arrived_s = time.time()
         try:
             result = self.engine.rank(request)
         except DeadlineExceeded as exc:
+            self._capture(request, arrived_s, DEADLINE_EXCEEDED)
             return error_result(DEADLINE_EXCEEDED, str(exc), instance=self.name)
         except EngineInputError as exc:
+            self._capture(request, arrived_s, INVALID_INPUT)
             return error_result(INVALID_INPUT, str(exc), field=exc.field, instance=self.name)
         except Exception as exc:  # noqa: BLE001 — report, log, keep serving
             log.exception("rank for user %r failed", payload.user_id)
+            self._capture(request, arrived_s, INTERNAL)
             return error_result(INTERNAL, f"{type(exc).__name__}: {exc}", instance=self.name)
+        self._capture(request, arrived_s, result.source, result.latency_ms)
         return {"ok": True, "instance": self.name, "scores": result.scores, "source": result.source,
                 "prefix_len": result.prefix_len, "latency_ms": result.latency_ms}
+
+    def _capture(self, request, arrived_s: float, outcome: str, latency_ms: float | None = None) -> None:
+        if self.capture is None:
+            return
+        if latency_ms is None:
+            latency_ms = (time.time() - arrived_s) * 1000
+        self.capture.record(request.user_id, arrived_s=arrived_s, prefix_len=len(request.prefix),
+                            short_len=len(request.short_term), candidates=len(request.candidates),
+                            outcome=outcome, latency_ms=latency_ms)
 
     def pre_infer(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         try:
@@ -82,6 +100,8 @@ class InstanceRuntime:
             return error_result(INVALID_INPUT, str(exc), field=exc.field, errors=exc.errors, instance=self.name)
         except EngineInputError as exc:
             return error_result(INVALID_INPUT, str(exc), field=exc.field, instance=self.name)
+        if self.capture is not None:
+            self.capture.signal(request.user_id)
         try:
             decision = self.engine.submit_pre_infer(request)
         except EngineInputError as exc:
@@ -100,10 +120,22 @@ class InstanceRuntime:
         except redis.RedisError as exc:  # Redis gone: the sender's wait fails fast on its side too
             log.warning("could not push the answer to %s: %s", reply_to, exc)
 
-    def on_revoked(self, task_name: str, expired: bool, reply_to: object = None) -> None:
-        """A ranking request that expired in the queue never reaches the engine: count it here, and
-        tell a sender waiting on a reply list at once."""
+    def on_revoked(self, task_name: str, expired: bool, reply_to: object = None, args: tuple = (),
+                   kwargs: dict | None = None) -> None:
+        """A ranking request that expired in the queue never reaches the engine: count it here, tell a
+        sender waiting on a reply list at once, and capture it (it is traffic the pool received;
+        its latency is unknown, recorded as 0 — only served requests carry one)."""
         if task_name == RANK_TASK:
+            if self.capture is not None and expired:
+                try:
+                    payload = RankPayload.parse(_single_payload(args, kwargs or {}))
+                except PayloadError:
+                    payload = None
+                if payload is not None:
+                    prefix_len, short_len, candidates = payload.shape()
+                    self.capture.record(payload.user_id, arrived_s=time.time(), prefix_len=prefix_len,
+                                        short_len=short_len, candidates=candidates, outcome=DEADLINE_EXCEEDED,
+                                        latency_ms=0.0)
             self.counts.count("rank_requests", "rank_errors", *(("rank_deadline_exceeded",) if expired else ()))
             self.reply(reply_to, error_result(DEADLINE_EXCEEDED, f"the request expired in {self.name}'s queue "
                                                                  f"before it was picked up", instance=self.name,
@@ -133,4 +165,5 @@ def register_tasks(app: Celery, runtime: InstanceRuntime) -> None:
 
     @signals.task_revoked.connect(weak=False)
     def _count_revoked(sender=None, request=None, expired=False, **_: Any) -> None:
-        runtime.on_revoked(getattr(sender, "name", ""), bool(expired), getattr(request, "reply_to", None))
+        runtime.on_revoked(getattr(sender, "name", ""), bool(expired), getattr(request, "reply_to", None),
+                           tuple(getattr(request, "args", None) or ()), getattr(request, "kwargs", None) or {})

@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "controlplane.fleet",
     "controlplane.telemetry",
     "controlplane.rollouts",
+    "controlplane.previews",
     "frontend",
 ]
 
@@ -149,6 +150,10 @@ CELERY_BEAT_SCHEDULE: dict = {
 TELEMETRY_CACHE_MB = float(os.environ.get("RELAYGR_TELEMETRY_CACHE_MB", 64))
 
 # Writes (POST/PUT/PATCH/DELETE) per authenticated user; uploads to the editor per user.
+# What-if previews: the most recent requests of a window the simulator replays (0: its default,
+# sized to finish a 15-minute window at 50 QPS within a minute).
+RELAYGR_PREVIEW_MAX_REQUESTS = int(os.environ.get("RELAYGR_PREVIEW_MAX_REQUESTS", 0))
+
 RELAYGR_WRITE_THROTTLE_RATE = os.environ.get("RELAYGR_WRITE_THROTTLE_RATE", "120/min")
 RELAYGR_UPLOAD_THROTTLE_RATE = os.environ.get("RELAYGR_UPLOAD_THROTTLE_RATE", "30/min")
 

@@ -19,6 +19,9 @@ Keys (``P`` = prefix, ``pool`` = pool name, ``inst`` = instance name ``<pool>.<i
 | ``P:pool:{pool}:reporting`` | sorted set | workers | inst → time of its last telemetry snapshot (unix s) |
 | ``P:pool:{pool}:claim:{index}`` | string, TTL | workers | owner of an instance index (scaled replicas) |
 | ``P:pool:{pool}:reply:{token}`` | list, TTL | workers | the answer to one ranking request (JSON), for its sender's BLPOP |
+| ``P:pool:{pool}:traffic`` | stream, MAXLEN ~ / MINID | workers | one ``capture.CaptureRecord`` per ranking request |
+| ``P:pool:{pool}:traffic:salt`` | string | workers (SET NX) | the pool's salt of the user-id hash in the capture |
+| ``P:pool:{pool}:traffic:dropped`` | hash | workers (HINCRBY) | inst → capture records dropped (queue full, Redis down) |
 
 Celery queues: ``P.{inst}.rank`` and ``P.{inst}.preinfer`` (ranking never waits behind pre-infer).
 
@@ -150,6 +153,19 @@ class PoolKeys:
     def reply(self, token: str) -> str:
         """The private list one ranking request's answer is pushed to."""
         return f"{self.base}:reply:{token}"
+
+    @property
+    def traffic(self) -> str:
+        """The pool's traffic capture: a bounded stream of ``capture.CaptureRecord`` fields."""
+        return f"{self.base}:traffic"
+
+    @property
+    def traffic_salt(self) -> str:
+        return f"{self.base}:traffic:salt"
+
+    @property
+    def traffic_dropped(self) -> str:
+        return f"{self.base}:traffic:dropped"
 
     def is_reply(self, key: object) -> bool:
         return isinstance(key, str) and key.startswith(f"{self.base}:reply:") and len(key) <= len(self.base) + 80

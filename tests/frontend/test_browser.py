@@ -183,6 +183,48 @@ def test_rollback_from_history_is_one_click(sre, stack, screenshot):
     screenshot(sre, "09-config-rolled-back")
 
 
+def wait_for_captured_traffic(stack, window: str = "1m", at_least: int = 30, timeout_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, summary = stack.api("GET", f"/api/v1/pools/{POOL}/traffic/?window={window}")
+        assert status == 200, summary
+        if summary["requests"] >= at_least or time.monotonic() > deadline:
+            return summary
+        time.sleep(1.0)
+
+
+def test_preview_shows_live_and_proposed_side_by_side_then_publishes_that_revision(sre, stack, screenshot):
+    """The workers capture the traffic; the control plane's Celery worker replays it in the simulator."""
+    summary = wait_for_captured_traffic(stack)
+    assert summary["requests"] >= 30 and summary["repeat_user_share"] > 0, summary
+    sre.goto(CONFIG)
+    before = field(sre, "trigger.at_risk_seq_len").input_value()
+    field(sre, "trigger.at_risk_seq_len").fill("2048")  # longer than every prefix the traffic sends
+    sre.locator('[data-role="diff"] tr[data-change="trigger.at_risk_seq_len"]').wait_for()
+    sre.select_option('[data-role="preview-window"]', "1m")
+    sre.click('[data-role="preview"]')
+    table = sre.locator('[data-role="preview-table"]')
+    table.wait_for(timeout=120_000)
+    admitted = table.locator('tr[data-figure="preinfer_admitted"]')
+    live = int(admitted.locator('td[data-side="live"]').inner_text().replace(",", ""))
+    proposed = int(admitted.locator('td[data-side="proposed"]').inner_text().replace(",", ""))
+    assert proposed < live
+    p99 = table.locator('tr[data-figure="p99_ms"]')
+    assert "SLO" in p99.locator('td[data-side="live"]').inner_text()
+    assert "SLO" in p99.locator('td[data-side="proposed"]').inner_text()
+    assert " of " in table.locator('tr[data-figure="hbm_peak_bytes"] td[data-side="proposed"]').inner_text()
+    assert "Simulator error" in sre.locator('[data-role="preview-model-error"]').inner_text()
+    assert "ago" in sre.locator('[data-role="preview"] [data-role="preview-window"]').inner_text()
+    screenshot(sre, "09b-config-preview")
+    previewed = pool_state(stack)["latest_generation"]  # the preview created it, unpublished
+    publish = sre.locator('[data-role="publish"]')
+    assert publish.inner_text() == f"Publish generation {previewed}"
+    publish.click()
+    sre.locator(".ok-box", has_text=f"Published generation {previewed}").wait_for()
+    assert pool_state(stack)["desired_generation"] == previewed
+    publish_via_api(stack, at_risk_seq_len=int(before))  # the later tests expect the threshold as it was
+
+
 def test_the_editing_section_can_be_replaced_from_a_json_file(sre, screenshot):
     fingerprint = {"num_layers": 2, "num_heads": 2, "head_dim": 16}  # the small model
     sre.goto(CONFIG)
@@ -265,7 +307,7 @@ def test_viewer_sees_no_edit_controls_and_the_server_refuses_anyway(browser, sta
         page.locator('[data-role="history"] tbody tr[data-generation]').first.wait_for()
         assert page.locator('output[data-path="trigger.at_risk_seq_len"]').inner_text() == "512"
         assert page.locator("input[data-path], [data-role=publish], [data-role=rollback], "
-                            "[data-role=editing-file]").count() == 0
+                            "[data-role=editing-file], [data-role=preview]").count() == 0
         assert "read-only for you" in page.locator(".notice").inner_text()
         screenshot(page, "12-config-as-viewer")
         status = page.evaluate("""async (pool) => {

@@ -14,7 +14,15 @@ from relay_engine.lab.bench.workload import Window, paired_windows, route, sched
 from relay_engine.lab.costmodel import OPS, TERMS, CostModel
 from relay_engine.lab.sim.des import SharedCompute, Simulation
 from relay_engine.lab.sim.fleet import FleetSpec
-from relay_engine.lab.sim.preview import preview, simulate_trace
+from relay_engine.lab.sim.preview import (
+    PROFILES_DIR,
+    model_error_of,
+    preview,
+    profile_for,
+    recent_share,
+    run_preview,
+    simulate_trace,
+)
 from relay_engine.lab.traffic import TraceSpec, generate_trace
 from tests.models import SMALL
 
@@ -128,6 +136,43 @@ def test_the_preview_gives_every_figure_of_a_policy_on_a_window():
     assert 0 < figures.slo_throughput_qps <= 20 * 1.5
     assert 0 < figures.hbm_peak_bytes <= 32 * 2**20
     assert figures.preinfer_admitted > 0 and figures.preinfer_refused.get("not_at_risk", 0) > 0
+
+
+def test_the_what_if_preview_replays_the_same_requests_under_both_specs():
+    queries = generate_trace(TraceSpec(queries=400, qps=20, seed=3))
+    live = PolicySpec(trigger=TriggerPolicy(at_risk_seq_len=256))
+    stricter = PolicySpec(trigger=TriggerPolicy(at_risk_seq_len=2048))
+    result = run_preview(queries, live, stricter, instances=2, cost=constant_cost(20.0, 4.0, 30.0),
+                         max_requests=300, jobs=1)
+    assert result["requests"] == 300 and result["requests_captured"] == 400
+    assert "most recent 300 of 400" in result["sampling"]
+    assert result["live"]["requests"] == result["proposed"]["requests"] > 0
+    assert result["proposed"]["preinfer_admitted"] < result["live"]["preinfer_admitted"]
+
+
+def test_recent_share_keeps_the_latest_requests_from_time_zero():
+    queries = evenly(10, 100.0)
+    kept, note = recent_share(queries, 4)
+    assert [q.user_id for q in kept] == ["u6", "u7", "u8", "u9"] and kept[0].t_ms == 0 and kept[-1].t_ms == 300
+    assert recent_share(queries, 10) == (queries, None)
+    assert "4 of 10" in note
+
+
+def test_the_profile_falls_back_to_the_reference_and_says_why():
+    path, note = profile_for("auto")
+    assert path == PROFILES_DIR / "reference.json" and "reference profile" in note and "'auto'" in note
+    path, note = profile_for("npu")
+    assert path.is_file() and ("npu profile" in note or "no npu profile" in note)
+
+
+def test_model_error_is_the_last_validations_largest_p99_error(tmp_path):
+    missing, note = model_error_of(tmp_path / "none.json")
+    assert missing is None and "not validated on this machine" in note
+    (tmp_path / "v.json").write_text('{"max_abs_p99_error": 0.12, "points": [{"n": 2000}, {"n": 2400}, {}]}')
+    error, note = model_error_of(tmp_path / "v.json")
+    assert error == 0.12 and "3 validated points of at least 2000 requests each" in note
+    (tmp_path / "bad.json").write_text("{")
+    assert model_error_of(tmp_path / "bad.json")[0] is None
 
 
 def test_regime_scaling_multiplies_every_time_constant():

@@ -68,6 +68,10 @@ RULES: dict[str, dict[str, Rule]] = {
     "api/v1/pools/<poolname:pool>/metrics/": {"get": Rule("viewer", 200, query="?window=5m")},
     "api/v1/pools/<poolname:pool>/instances/": {"get": Rule("viewer", 200, query="?window=5m")},
     "api/v1/pools/<poolname:pool>/instances/<instancename:instance>/metrics/": {"get": Rule("viewer", 200)},
+    "api/v1/pools/<poolname:pool>/traffic/": {"get": Rule("viewer", 200, query="?window=15m")},
+    # No captured traffic: the allowed callers learn that (409), the others never reach the capture.
+    "api/v1/pools/<poolname:pool>/revisions/<generation:generation>/preview/": {"post": Rule("operator", 409)},
+    "api/v1/pools/<poolname:pool>/previews/<generation:preview>/": {"get": Rule("viewer", 404)},
     # No worker wrote a status: the allowed callers learn that, the others never reach Redis.
     "api/v1/pools/<poolname:pool>/instances/<instancename:instance>/": {"get": Rule("viewer", 404)},
     "api/v1/me/": {"get": Rule("viewer", 200)},
@@ -123,7 +127,7 @@ def view_methods(pattern: URLPattern) -> set[str] | None:
 
 def sample_path(route: str, token_id: int) -> str:
     return "/" + (route.replace("<poolname:pool>", POOL).replace("<instancename:instance>", f"{POOL}.0")
-                  .replace("<generation:generation>", "1")
+                  .replace("<generation:generation>", "1").replace("<generation:preview>", "1")
                   .replace("<generation:token_id>", str(token_id)))
 
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
 from controlplane.policies.models import ConfigRevision
+from relay_engine.core.capture import CaptureError, CaptureRecord
 from relay_engine.core.config import default_policy, validate_policy
 from relay_engine.core.telemetry import LatencyHistogram, Snapshot
 from relay_engine.core.trace import parse_query
@@ -90,6 +91,24 @@ def test_redis_records_decode_or_raise_the_contract_error(name, record, decode, 
             assert str(exc)
     check()
     FIGURES.hostile(f"Redis records: {name} (hypothesis)", scaled(300))
+
+
+CAPTURE = CaptureRecord(ts_ms=1.7e12, user="0123abcd", prefix_len=300, short_len=4, candidates=16, gap_ms=30.0,
+                        outcome="hbm", latency_ms=2.5).to_fields()
+CAPTURE_TEXT = st.one_of(st.text(max_size=12), st.sampled_from(
+    ["nan", "inf", "-inf", "-1", "1e400", "9" * 400, "", "0", "1.5", "-0.0", "true", "hbm", "ÿ"]))
+
+
+@fuzz(300)
+@given(data=st.dictionaries(st.sampled_from(sorted(CAPTURE) + ["x"]), CAPTURE_TEXT, max_size=4),
+       drop=st.sets(st.sampled_from(sorted(CAPTURE)), max_size=2))
+def test_capture_records_decode_or_name_the_field(data, drop):
+    FIGURES.hostile("Redis records: traffic capture (hypothesis)")
+    fields = {k: v for k, v in {**CAPTURE, **data}.items() if k not in drop}
+    try:
+        CaptureRecord.from_fields(fields)
+    except CaptureError as exc:
+        assert str(exc).startswith("capture record.")
 
 
 RANK = {"user_id": "u", "deadline_s": 1e9, "query_index": 3, "seq_len": 16, "short_len": 2, "n_candidates": 4}

@@ -20,6 +20,9 @@
   let busy = false;
   let stale = false; // a publish was refused as stale: only reloading the latest revision helps
   let convergenceTimer = null;
+  let previewed = null; // the revision created to preview the form's spec: { specText, revision }
+  let previewing = false;
+  let previewSeq = 0;
 
   const getPath = (obj, path) => path.split(".").reduce((o, k) => (o === null || o === undefined ? undefined : o[k]), obj);
   function setPath(obj, path, value) {
@@ -124,7 +127,10 @@
     if (!publish) return;
     const dirty = lastCheck.changes.length > 0;
     publish.disabled = busy || stale || !lastCheck.valid || !dirty;
-    publish.textContent = `Publish generation ${state.latest_generation + 1}`;
+    const spec = lastCheck.valid && dirty ? candidate() : null;
+    const reused = spec && previewedRevision(spec);
+    publish.textContent = `Publish generation ${reused ? reused.generation : state.latest_generation + 1}`;
+    part("preview").disabled = busy || previewing || stale || !lastCheck.valid || !dirty;
     part("reset").disabled = busy || (!dirty && editingOverride === undefined);
   }
 
@@ -319,8 +325,9 @@
     say(el("p", {}, `Creating generation ${parent + 1}…`));
     let revision;
     try {
-      revision = await api(`${base}/revisions/`, { method: "POST", body: {
-        parent_generation: parent, spec: candidate(), comment: part("comment").value } });
+      const spec = candidate();
+      revision = previewedRevision(spec) || await api(`${base}/revisions/`, { method: "POST", body: {
+        parent_generation: parent, spec, comment: part("comment").value } });
       await api(`${base}/revisions/${revision.generation}/publish/`, { method: "POST", body: canaryBody() });
     } catch (err) {
       busy = false;
@@ -449,6 +456,123 @@
     }));
   }
 
+  /* --- what-if preview ---------------------------------------------------------------------------- */
+
+  function sayPreview(...children) {
+    part("preview-result")?.replaceChildren(...children);
+  }
+
+  /* The revision made for an earlier preview of exactly this spec, while it is still the latest:
+     publishing then publishes it instead of creating the same spec again. */
+  function previewedRevision(spec) {
+    return previewed && previewed.specText === JSON.stringify(spec)
+      && previewed.revision.generation === state.latest_generation ? previewed.revision : null;
+  }
+
+  /* The revision the form describes (created, not published) for the API's preview of a generation. */
+  async function revisionToPreview() {
+    const spec = candidate();
+    const existing = previewedRevision(spec);
+    if (existing) return existing;
+    const revision = await api(`${base}/revisions/`, { method: "POST", body: {
+      parent_generation: state.latest_generation, spec, comment: part("comment").value || "what-if preview" } });
+    state.latest_generation = revision.generation;
+    previewed = { specText: JSON.stringify(spec), revision };
+    return revision;
+  }
+
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  async function runPreview() {
+    const seq = ++previewSeq;
+    const window = part("preview-window").value;
+    previewing = true;
+    updateButtons();
+    let preview;
+    try {
+      sayPreview(el("p", { class: "muted small" }, "Creating the revision to preview…"));
+      const revision = await revisionToPreview();
+      loadHistory();
+      const progress = (status) => sayPreview(el("p", { class: "muted small", dataset: { role: "preview-progress" } },
+        `Preview of generation ${revision.generation} against live generation ${state.live.generation} on the last `
+        + `${window} of captured traffic: ${status}…`));
+      progress("queued");
+      preview = await api(`${base}/revisions/${revision.generation}/preview/`, { method: "POST", body: { window } });
+      const started = Date.now();
+      while ((preview.status === "queued" || preview.status === "running") && Date.now() - started < 300000) {
+        progress(preview.status);
+        await sleep(1000);
+        if (seq !== previewSeq) return;
+        preview = await api(preview.url);
+      }
+    } catch (err) {
+      if (seq === previewSeq) {
+        sayPreview(el("p", { class: "error-box", role: "alert", dataset: { role: "preview-error" } }, `No preview: ${err.message}`));
+      }
+      return;
+    } finally {
+      if (seq === previewSeq) {
+        previewing = false;
+        updateButtons();
+      }
+    }
+    if (preview.status === "done") renderPreview(preview);
+    else if (preview.status === "failed") {
+      sayPreview(el("p", { class: "error-box", role: "alert", dataset: { role: "preview-error" } }, `The preview failed: ${preview.error}`));
+    } else sayPreview(el("p", { class: "error-box", role: "alert" }, `The preview is still ${preview.status} after 5 minutes; `
+      + `is the control plane's Celery worker running? (${preview.url})`));
+  }
+
+  /* "worse" / "better" / "" for proposed against live: beyond 1 % (0.1 point for shares). */
+  function verdict(better, live, proposed, share) {
+    if (!better || live === null || live === undefined || proposed === null || proposed === undefined) return "";
+    const delta = proposed - live;
+    const tolerance = share ? 0.001 : Math.abs(live) * 0.01;
+    if (Math.abs(delta) <= tolerance) return "";
+    return (delta < 0) === (better === "lower") ? "better" : "worse";
+  }
+
+  function renderPreview(preview) {
+    const r = preview.result;
+    const sides = { live: r.live, proposed: r.proposed };
+    const slo = r.slo_ms || {};
+    const budget = r.hbm_budget_bytes || {};
+    const refused = (f) => Object.entries(f.preinfer_refused || {}).sort().map(([k, v]) => `${k.replaceAll("_", " ")} ${fmt.count(v)}`).join(", ") || "none";
+    const rows = [
+      { label: "P99", key: "p99_ms", better: "lower", show: (v, side) => `${fmt.ms(v)} (SLO ${fmt.ms(slo[side])})` },
+      { label: "P50", key: "p50_ms", better: "lower", show: (v) => fmt.ms(v) },
+      { label: "Within SLO", key: "within_slo_share", better: "higher", share: true, show: (v) => fmt.pct(v, 2) },
+      { label: "SLO throughput", key: "slo_throughput_qps", better: "higher", show: (v) => fmt.rate(v) },
+      { label: "HBM peak / instance", key: "hbm_peak_bytes", better: "lower", show: (v, side) => `${fmt.bytes(v)} of ${fmt.bytes(budget[side])}` },
+      { label: "Hit ratio", key: "hit_ratio", better: "higher", share: true, show: (v) => fmt.pct(v) },
+      { label: "Pre-infer admitted", key: "preinfer_admitted", show: (v) => fmt.count(v) },
+      { label: "Pre-infer refused", key: "preinfer_refused", show: (v, side) => refused(sides[side]) },
+    ];
+    const table = el("table", { class: "data preview", dataset: { role: "preview-table" } },
+      el("thead", {}, el("tr", {}, el("th", {}, "Figure"), el("th", {}, `Live (gen. ${preview.live_generation})`),
+        el("th", {}, `Proposed (gen. ${preview.generation})`))),
+      el("tbody", {}, ...rows.map((row) => {
+        const judged = verdict(row.better, r.live[row.key], r.proposed[row.key], row.share);
+        return el("tr", { dataset: { figure: row.key } },
+          el("th", {}, row.label),
+          el("td", { dataset: { side: "live" } }, row.show(r.live[row.key], "live")),
+          el("td", { class: judged, dataset: { side: "proposed" } }, row.show(r.proposed[row.key], "proposed"),
+            judged ? el("span", { class: "verdict" }, judged === "worse" ? "▲ worse" : "▼ better") : ""));
+      })));
+    const age = Date.now() / 1000 - r.window_to;
+    const error = r.model_error === null || r.model_error === undefined
+      ? `Simulator error: unknown (${r.model_error_note}).`
+      : `Simulator error: ±${(100 * r.model_error).toFixed(0)} % on P99 (${r.model_error_note}).`;
+    sayPreview(el("div", { dataset: { role: "preview", previewId: String(preview.id) } },
+      el("h3", {}, "What-if preview"),
+      table,
+      el("p", { class: "muted small", dataset: { role: "preview-window" } },
+        `${fmt.count(r.requests)} requests replayed of ${fmt.count(r.requests_captured)} captured in the last ${r.window}`
+        + ` (window ended ${fmt.age(age)} ago) on ${r.instances} instances (${r.instances_note}); ${r.profile.note}.`
+        + (r.sampling ? ` ${r.sampling}.` : "")),
+      el("p", { class: "muted small", dataset: { role: "preview-model-error" } }, error)));
+  }
+
   /* --- wiring ---------------------------------------------------------------------------------- */
 
   fill(state.live.spec);
@@ -464,6 +588,7 @@
     part("editing-file").addEventListener("change", onEditingFile);
     part("editing-npy-apply").addEventListener("click", onNpyApply);
     part("publish").addEventListener("click", publish);
+    part("preview").addEventListener("click", runPreview);
     part("reset").addEventListener("click", () => {
       editingOverride = undefined;
       part("editing-file").value = "";

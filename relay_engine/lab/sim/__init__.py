@@ -10,5 +10,5 @@ a virtual clock, with forward passes replaced by a cost model fitted to measured
 * ``preview`` — a whole trace through the fleet, and ``preview(queries, spec, instances, cost)``:
   the figures of one policy on one traffic window (the what-if preview runs it for two specs);
 * ``validate`` — the simulator against the real fleet on the same points and windows;
-* ``cli`` — ``python -m relay_engine.sim run | project | validate``.
+* ``cli`` — ``python -m relay_engine.sim run | project | validate | preview``.
 """

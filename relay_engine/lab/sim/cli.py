@@ -3,6 +3,8 @@
     python -m relay_engine.sim run [--trace FILE] [--profile FILE] [--instances 64] [--load 40] [--modes …]
     python -m relay_engine.sim project [--profile FILE] [--instances 2] [--cap-sweep] [--out FILE]
     python -m relay_engine.sim validate --out v.json [--profile FILE] [--quick]
+    python -m relay_engine.sim preview --trace FILE --live SPEC --proposed SPEC --instances N
+        [--device-kind cpu|cuda|npu] [--profile FILE] [--max-requests 15000] [--validation FILE] --out FILE
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from relay_engine.core.config import PolicyError, parse_policy
 from relay_engine.core.trace import TraceError, TraceQuery, read_trace
 from relay_engine.lab.bench import report
 from relay_engine.lab.bench.calibration import regime_for
@@ -27,7 +30,14 @@ from relay_engine.lab.bench.settings import REFERENCE_PROFILE, BenchSettings, qu
 from relay_engine.lab.bench.workload import paired_windows, trace_qps
 from relay_engine.lab.costmodel import CostModel, CostModelError, time_scale_against
 from relay_engine.lab.sim.fleet import FleetSpec
-from relay_engine.lab.sim.preview import simulate_trace
+from relay_engine.lab.sim.preview import (
+    DEFAULT_MAX_REQUESTS,
+    DEFAULT_VALIDATION,
+    model_error_of,
+    profile_for,
+    run_preview,
+    simulate_trace,
+)
 from relay_engine.lab.sim.validate import table, validate
 from relay_engine.lab.traffic import TraceSpec, describe, generate_trace
 
@@ -150,6 +160,39 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+class SpecFileError(ValueError):
+    pass
+
+
+def _spec_file(path: str, what: str):
+    try:
+        return parse_policy(json.loads(Path(path).read_text()))
+    except (PolicyError, json.JSONDecodeError) as exc:
+        raise SpecFileError(f"the {what} spec {path}: {exc}") from None
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    """The what-if preview: a captured window under the live spec and under the proposed one."""
+    queries = read_trace(args.trace)
+    if len(queries) < 2:
+        raise TraceError(0, f"a preview needs at least 2 captured requests, got {len(queries)}", args.trace)
+    live, proposed = _spec_file(args.live, "live"), _spec_file(args.proposed, "proposed")
+    if args.profile:
+        profile, profile_note = args.profile, "the profile given with --profile"
+    else:
+        profile, profile_note = profile_for(args.device_kind)
+    cost = CostModel.load(profile)
+    model_error, model_error_note = model_error_of(Path(args.validation))
+    result = run_preview(queries, live, proposed, instances=args.instances, cost=cost,
+                         rank_threads=args.rank_threads, max_requests=args.max_requests, jobs=args.jobs)
+    result.update({"model_error": model_error, "model_error_note": model_error_note,
+                   "profile": {"path": str(profile), "device": cost.device, "note": profile_note}})
+    report.write_json(Path(args.out), result)
+    print(f"previewed {result['requests']} requests on {args.instances} instances in {result['sim_wall_s']} s "
+          f"({profile_note}); wrote {args.out}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m relay_engine.sim", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -184,7 +227,23 @@ def main(argv: list[str] | None = None) -> int:
     val.add_argument("--time-scale", type=time_scale_flag, default=None, metavar="K|auto",
                      help="default auto, as the benchmark")
     val.add_argument("--out", required=True)
+    pre = sub.add_parser("preview", help="what-if preview: a captured trace under the live and a proposed spec")
+    pre.add_argument("--trace", required=True, help="the captured window (trace format)")
+    pre.add_argument("--live", required=True, help="the live revision's spec (JSON file)")
+    pre.add_argument("--proposed", required=True, help="the proposed revision's spec (JSON file)")
+    pre.add_argument("--instances", type=int, default=1, help="the pool's live instances")
+    pre.add_argument("--rank-threads", type=int, default=BenchSettings.rank_threads)
+    pre.add_argument("--device-kind", default="auto", help="the pool's device kind: picks the cost profile")
+    pre.add_argument("--profile", type=Path, help="cost-model file (default: by --device-kind)")
+    pre.add_argument("--max-requests", type=int, default=DEFAULT_MAX_REQUESTS,
+                     help="replay at most the most recent N requests of the window")
+    pre.add_argument("--jobs", type=int, choices=(1, 2), default=2, help="2: both specs in parallel processes")
+    pre.add_argument("--validation", default=str(DEFAULT_VALIDATION),
+                     help="the simulator's validation output (sim validate --out), for model_error")
+    pre.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.command == "preview" and args.max_requests < 100:
+        parser.error(f"--max-requests must be at least 100, got {args.max_requests}")
     if not 1 <= args.instances <= 256:
         parser.error(f"--instances must be between 1 and 256, got {args.instances}")
     if args.rank_threads < 1:
@@ -194,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES_BY_NAME)}")
     try:
-        return {"run": cmd_run, "project": cmd_project, "validate": cmd_validate}[args.command](args)
-    except (TraceError, OSError, CostModelError, json.JSONDecodeError) as exc:
+        return {"run": cmd_run, "project": cmd_project, "validate": cmd_validate,
+                "preview": cmd_preview}[args.command](args)
+    except (TraceError, OSError, CostModelError, SpecFileError, json.JSONDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

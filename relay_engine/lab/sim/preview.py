@@ -4,14 +4,20 @@
 its own times — or at an offered load — on N simulated instances under one policy, after priming the
 caches with its first part. ``preview`` is the one call a configuration preview needs: the same
 traffic under a given ``PolicySpec`` (run it for the live spec and for the proposed one), returning
-the figures an operator compares.
+the figures an operator compares. ``run_preview`` is the control plane's what-if preview (live and
+proposed spec on one captured window), with the choice of cost profile (``profile_for``) and the
+simulator's last validation error (``model_error_of``) it reports beside the figures.
 """
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from relay_engine.core.config import PolicySpec
 from relay_engine.core.model import HSTUModel, ModelConfig
@@ -84,13 +90,13 @@ class PreviewFigures:
 
 def preview(queries: Sequence[TraceQuery], spec: PolicySpec, instances: int, cost: CostModel, *,
             rank_threads: int = 4, prime_share: float = 0.1, warmup_share: float = 0.05,
-            seed: int = 0) -> PreviewFigures:
+            seed: int = 0, cap: int | None = None) -> PreviewFigures:
     """The figures of one policy on one traffic window (the what-if preview calls this twice: the live
     spec and the proposed one, on the same captured queries and cost model)."""
     fleet = FleetSpec(spec, instances, deadline_ms=2 * spec.trigger.ranking_p99_slo_ms, rank_threads=rank_threads,
                       device_type=cost.device if cost.device in ("cpu", "cuda", "npu") else "accelerator")
-    point = simulate_trace(queries, fleet, cost, slo_ms=spec.trigger.ranking_p99_slo_ms, prime_share=prime_share,
-                           warmup_share=warmup_share, seed=seed)
+    point = simulate_trace(queries, fleet, cost, slo_ms=spec.trigger.ranking_p99_slo_ms, cap=cap,
+                           prime_share=prime_share, warmup_share=warmup_share, seed=seed)
     window = whole_trace_window(len(queries), prime_share, warmup_share)
     span_s = max(1e-9, (queries[-1].t_ms - queries[window.first_measured].t_ms) / 1000)
     within = int((point.latencies_ms <= point.slo_ms).sum())
@@ -101,3 +107,95 @@ def preview(queries: Sequence[TraceQuery], spec: PolicySpec, instances: int, cos
         hit_ratio=point.hit_ratio, preinfer_admitted=point.preinfer_admitted,
         preinfer_refused=dict(point.preinfer_refused), requests=point.n, window_s=span_s, sim_wall_s=point.wall_s)
 
+
+
+# --- the what-if preview of the control plane (``python -m relay_engine.sim preview``) -------------
+
+PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+# Where ``python -m relay_engine.sim validate --out …`` should write for previews to show its error.
+DEFAULT_VALIDATION = REPO_ROOT / "artifacts" / "sim-validation.json"
+DEVICE_KINDS = ("cpu", "cuda", "npu")
+# Queries replayed per spec at most: two replays of this many fit the 60 s a preview may take on a
+# CPU shared with other work (the simulator replays ~1,000 queries/s there).
+DEFAULT_MAX_REQUESTS = 15_000
+
+
+def profile_for(device_kind: str) -> tuple[Path, str]:
+    """The cost profile of a pool's device: measured on this machine (``artifacts/profile-<kind>.json``,
+    ``python -m relay_engine.profile --fit``), else shipped (``profiles/<kind>.json``), else the
+    reference profile. Returns the file and a sentence saying which and why."""
+    if device_kind in DEVICE_KINDS:
+        for path, how in ((REPO_ROOT / "artifacts" / f"profile-{device_kind}.json", "measured on this machine"),
+                          (PROFILES_DIR / f"{device_kind}.json", "shipped")):
+            if path.is_file():
+                return path, f"the {device_kind} profile ({how})"
+        why = f"no {device_kind} profile measured here or shipped"
+    else:
+        why = f"the pool's device kind is {device_kind!r}, no instance reported its device"
+    return PROFILES_DIR / "reference.json", f"the reference profile ({why})"
+
+
+def model_error_of(path: Path) -> tuple[float | None, str]:
+    """The simulator's last measured validation error (largest |P99 error| over the validated points)."""
+    if not path.is_file():
+        return None, (f"not validated on this machine (no {path}; run python -m relay_engine.sim validate "
+                      f"--out {path})")
+    try:
+        data = json.loads(path.read_text())
+        error = data["max_abs_p99_error"]
+        points = len(data["points"])
+        fewest = min((p["n"] for p in data["points"] if isinstance(p, dict) and isinstance(p.get("n"), int)),
+                     default=None)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"the validation file {path} cannot be read ({type(exc).__name__}: {exc})"
+    if error is None:
+        return None, f"the validation in {path} measured no P99 error"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
+    measured = "" if fewest is None else f" of at least {fewest} requests each"
+    return float(error), f"largest |P99 error| over {points} validated points{measured} ({path.name}, {when})"
+
+
+def recent_share(queries: Sequence[TraceQuery], max_requests: int) -> tuple[list[TraceQuery], str | None]:
+    """The most recent ``max_requests`` queries of a window (times from the first of them): the same
+    rate, users and lengths as the whole window, over a shorter span; a note when it cut."""
+    if len(queries) <= max_requests:
+        return list(queries), None
+    tail = queries[-max_requests:]
+    start = tail[0].t_ms
+    kept = [replace(q, t_ms=q.t_ms - start) for q in tail]
+    span_s = (kept[-1].t_ms - kept[0].t_ms) / 1000
+    return kept, (f"replayed the most recent {max_requests} of {len(queries)} captured requests "
+                  f"({span_s:.0f} s of the window) to finish in time")
+
+
+def _figures(args: tuple) -> dict:
+    queries, spec, instances, cost, rank_threads, cap = args
+    return preview(queries, spec, instances, cost, rank_threads=rank_threads, cap=cap).to_dict()
+
+
+def prefix_cap(queries: Sequence[TraceQuery], cost: CostModel) -> int:
+    """The longest prefix the simulated model takes beside the window's longest short-term history."""
+    max_seq_len = model_config_of(cost).max_seq_len
+    return max(1, max_seq_len - max(q.short_len for q in queries))
+
+
+def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: PolicySpec, *, instances: int,
+                cost: CostModel, rank_threads: int = 4, max_requests: int = DEFAULT_MAX_REQUESTS,
+                jobs: int = 2) -> dict:
+    """Live and proposed spec on the same (most recent) captured queries; both replays in parallel
+    processes when ``jobs`` > 1."""
+    replayed, note = recent_share(queries, max_requests)
+    cap = prefix_cap(replayed, cost)
+    cut = sum(q.seq_len > cap for q in replayed)
+    work = [(replayed, spec, instances, cost, rank_threads, cap) for spec in (live, proposed)]
+    started = time.monotonic()
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
+            live_figures, proposed_figures = pool.map(_figures, work)
+    else:
+        live_figures, proposed_figures = map(_figures, work)
+    return {"live": live_figures, "proposed": proposed_figures, "requests": len(replayed),
+            "requests_captured": len(queries), "sampling": note, "instances": instances,
+            "rank_threads": rank_threads, "prefix_cap": cap, "prefixes_cut": cut,
+            "sim_wall_s": round(time.monotonic() - started, 2)}

@@ -1,0 +1,32 @@
+from rest_framework import serializers
+
+from ..models import Preview
+from ..traffic import DEFAULT_WINDOW, window_label
+
+
+class PreviewRequestSerializer(serializers.Serializer):
+    window = serializers.CharField(required=False, default=DEFAULT_WINDOW, max_length=16, help_text=(
+        "The captured window to replay, ending now: a duration from 1m to 1h (e.g. 15m, 90s, 1h)."))
+
+
+class TrafficQuerySerializer(serializers.Serializer):
+    window = serializers.CharField(required=False, default=DEFAULT_WINDOW, max_length=16,
+                                   help_text="A duration from 1m to 1h (e.g. 15m, 90s, 1h), ending now.")
+
+
+class PreviewSerializer(serializers.ModelSerializer):
+    pool = serializers.CharField(source="pool.name")
+    window = serializers.SerializerMethodField()
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Preview
+        fields = ["id", "pool", "generation", "live_generation", "sha256", "live_sha256", "window", "window_s",
+                  "window_end", "status", "error", "result", "requested_by", "created_at", "started_at",
+                  "finished_at", "url"]
+
+    def get_window(self, obj: Preview) -> str:
+        return window_label(obj.window_s)
+
+    def get_url(self, obj: Preview) -> str:
+        return f"/api/v1/pools/{obj.pool.name}/previews/{obj.pk}/"

@@ -1,0 +1,105 @@
+"""Thin views: the pool's captured traffic (summary or trace), and what-if previews of a revision."""
+
+from __future__ import annotations
+
+import json
+
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.common.errors import InvalidInput
+from controlplane.common.views import GENERATION_PARAM, POOL_PARAM, actor_name, error_responses
+from controlplane.policies import selectors as policy_selectors
+
+from .. import selectors, services, traffic
+from .serializers import PreviewRequestSerializer, PreviewSerializer, TrafficQuerySerializer
+
+
+class JsonLinesRenderer(BaseRenderer):
+    """``?format=jsonl``: the trace itself is streamed by the view; this renders its errors."""
+
+    media_type = "application/x-ndjson"
+    format = "jsonl"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return (json.dumps(data) + "\n").encode()
+
+
+def _window(data: dict) -> int:
+    query = TrafficQuerySerializer(data=data)
+    if not query.is_valid():
+        raise InvalidInput("window: " + " ".join(str(m) for m in query.errors.get("window", ["is invalid"])),
+                           {"window": [str(m) for m in query.errors.get("window", ["is invalid"])]})
+    return traffic.parse_window(query.validated_data["window"])
+
+
+class PoolTrafficView(APIView):
+    renderer_classes = [JSONRenderer, BrowsableAPIRenderer, JsonLinesRenderer]
+
+    @extend_schema(
+        parameters=[POOL_PARAM, TrafficQuerySerializer,
+                    OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "jsonl"],
+                                     description="`jsonl`: the captured window in the trace format (a download)")],
+        responses={200: OpenApiTypes.OBJECT, (200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.STR),
+                   **error_responses(400, 401, 403, 404, 503)},
+        description="The shape of the pool's captured ranking traffic over the window ending now: `requests`, "
+        "`rate_qps`, prefix-length percentiles, short-length and candidates medians, `repeat_user_share` "
+        "(requests of users seen more than once in the window), `outcomes`; what the instances measured: "
+        "`latency_ms` p50/p99, `within_slo_share` (against the live revision's SLO, failures outside it), "
+        "`hit_ratio`. No traffic is `requests: 0`. "
+        "`?format=jsonl` streams the window in the benchmark's trace format (user ids are the capture's "
+        "salted hashes), replayable by `relay_engine.bench --trace` and `relay_engine.sim run --trace`.",
+    )
+    def get(self, request, pool):
+        pool_obj = policy_selectors.pool_get(name=pool)
+        window_s = _window(request.query_params)
+        window = traffic.read_window(pool=pool_obj.name, window_s=window_s)
+        if request.accepted_renderer.format == "jsonl":
+            response = StreamingHttpResponse(traffic.trace_lines(window), content_type="application/x-ndjson")
+            response["Content-Disposition"] = (f'attachment; filename="{pool_obj.name}-traffic-'
+                                               f'{traffic.window_label(window_s)}.jsonl"')
+            return response
+        return Response(traffic.summary(window, window_s, traffic.capture_extent(pool=pool_obj.name),
+                                        slo_ms=pool_obj.slo.p99_ms))
+
+
+class RevisionPreviewView(APIView):
+    @extend_schema(
+        parameters=[POOL_PARAM, GENERATION_PARAM], request=PreviewRequestSerializer,
+        responses={202: PreviewSerializer, 200: PreviewSerializer,
+                   **error_responses(400, 401, 403, 404, 409, 429, 503)},
+        description="Replay the pool's captured traffic of the window (default 15m, ending now rounded down "
+        "to a fifteenth of the window, at most 1 min) through the fleet simulator, under the live revision "
+        "and under revision `generation`: same requests, the pool's live instance count, the cost profile "
+        "of its device. 202 with a queued preview; poll `url`. The same specs and window again reuse the "
+        "existing preview (200 when it is done, 202 otherwise; same id). 409 when the window holds no "
+        "captured traffic.",
+    )
+    def post(self, request, pool, generation):
+        pool_obj = policy_selectors.pool_get(name=pool)
+        window_s = _window(request.data if isinstance(request.data, dict) else {})
+        preview, _ = services.preview_request(pool=pool_obj, generation=generation, window_s=window_s,
+                                              actor=actor_name(request))
+        done = preview.status in (preview.Status.DONE, preview.Status.FAILED)
+        return Response(PreviewSerializer(preview).data,
+                        status=status.HTTP_200_OK if done else status.HTTP_202_ACCEPTED)
+
+
+class PreviewDetailView(APIView):
+    @extend_schema(
+        parameters=[POOL_PARAM, OpenApiParameter("preview", OpenApiTypes.INT, OpenApiParameter.PATH)],
+        responses={200: PreviewSerializer, **error_responses(401, 403, 404)},
+        description="A preview: `status` queued | running | done | failed, `error` (a sentence when failed), "
+        "`result` when done: `live` and `proposed` figures (p99_ms, p50_ms, within_slo_share, "
+        "slo_throughput_qps, hbm_peak_bytes, dram_peak_bytes, hit_ratio, preinfer_admitted, "
+        "preinfer_refused by reason), `requests` replayed, `window`, `model_error` and the profile used.",
+    )
+    def get(self, request, pool, preview):
+        pool_obj = policy_selectors.pool_get(name=pool)
+        return Response(PreviewSerializer(selectors.preview_get(pool=pool_obj, preview_id=preview)).data)

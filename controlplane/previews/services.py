@@ -1,0 +1,228 @@
+"""Writes of the previews app: request a preview (or reuse the cached one), run it, record its end.
+
+A preview runs on the control plane's Celery queue ``<prefix>.controlplane.previews`` (``tasks``): it
+exports the captured window to a trace file and runs ``python -m relay_engine.sim preview`` as a
+subprocess (the control plane never imports the lab), live spec vs proposed spec, same requests,
+the pool's live instance count and the cost profile of its device.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import redis
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane.celery_app import app as celery_app
+from controlplane.common.errors import Conflict
+from controlplane.common.redis import get_redis, redis_unreachable
+from controlplane.policies import selectors as policy_selectors
+from controlplane.policies.models import Pool
+from relay_engine.core.config import slo_of
+from relay_engine.core.wire import InstanceStatus, PoolKeys, WireError, live_since
+
+from . import traffic
+from .models import Preview
+
+log = logging.getLogger(__name__)
+
+# Routed to ``<prefix>.controlplane.previews`` by CELERY_TASK_ROUTES (``relaygr.controlplane.preview*``).
+PREVIEW_TASK = "relaygr.controlplane.preview_run"
+# The simulator's budget: a preview that runs longer is failed (and says so), never left running.
+SIM_TIMEOUT_S = 300
+# An error kept for the reader: the end of the simulator's stderr, never only a traceback.
+ERROR_TAIL_CHARS = 2000
+# A preview queued or running this long has lost its worker (``_fail_abandoned``).
+ABANDONED_AFTER_S = 2 * SIM_TIMEOUT_S
+
+
+def window_end_of(now_s: float, window_s: int) -> float:
+    """The window's end, rounded down to a fifteenth of the window (1 min for 15 min, at most 1 min):
+    repeated clicks within that step reuse one preview, and it stays small against the window."""
+    step_s = max(1, min(60, window_s // 15))
+    return now_s // step_s * step_s
+
+
+def _as_datetime(unix_s: float) -> datetime:
+    return datetime.fromtimestamp(unix_s, tz=UTC)
+
+
+def preview_request(*, pool: Pool, generation: int, window_s: int, actor: str,
+                    now_s: float | None = None) -> tuple[Preview, bool]:
+    """The preview of ``generation`` against the live revision on the window ending now (rounded
+    down): the existing one when the same specs and window were already asked for (and it did not
+    fail), else a new queued one. NotFound for an unknown generation; Conflict when the window
+    holds no captured traffic. Returns (preview, created)."""
+    proposed = policy_selectors.revision_get(pool=pool, generation=generation)
+    live = policy_selectors.revision_desired(pool=pool)
+    _fail_abandoned(pool)
+    end_s = window_end_of(time.time() if now_s is None else now_s, window_s)
+    window_end = _as_datetime(end_s)
+    question = dict(pool=pool, sha256=proposed.sha256, live_sha256=live.sha256, window_s=window_s,
+                    window_end=window_end)
+    existing = Preview.objects.filter(**question).exclude(status=Preview.Status.FAILED).first()
+    if existing is not None:
+        return existing, False
+    if not traffic.has_traffic(pool=pool.name, start_s=end_s - window_s, end_s=end_s):
+        extent = traffic.capture_extent(pool=pool.name)
+        raise Conflict(f"No captured traffic of pool {pool.name!r} in the last {traffic.window_label(window_s)} "
+                       f"(the window ending {window_end:%H:%M:%S} UTC): {extent.describe(end_s)}. A preview "
+                       f"replays captured ranking traffic; send traffic to the pool or choose a longer window.")
+    try:
+        with transaction.atomic():
+            preview = Preview.objects.create(**question, generation=proposed.generation,
+                                             live_generation=live.generation, requested_by=actor)
+    except IntegrityError:  # the same question asked at the same moment: its winner answers both
+        return Preview.objects.filter(**question).exclude(status=Preview.Status.FAILED).get(), False
+    transaction.on_commit(lambda: _enqueue(preview.pk))  # the worker must find the row it is given
+    return preview, True
+
+
+def _fail_abandoned(pool: Pool) -> None:
+    """A preview still queued or running long after any simulation would have ended lost its worker
+    (stopped, or never started): it fails, saying so, and is no longer reused."""
+    cutoff = timezone.now() - timedelta(seconds=ABANDONED_AFTER_S)
+    Preview.objects.filter(pool=pool, status__in=[Preview.Status.QUEUED, Preview.Status.RUNNING],
+                           created_at__lt=cutoff).update(
+        status=Preview.Status.FAILED, finished_at=timezone.now(),
+        error=f"Not finished {ABANDONED_AFTER_S // 60} minutes after it was asked for: the control plane's Celery "
+              f"worker (queue <prefix>.controlplane.previews) stopped or is not running.")
+
+
+def _enqueue(preview_id: int) -> None:
+    try:
+        celery_app.send_task(PREVIEW_TASK, args=[preview_id])
+    except Exception as exc:  # noqa: BLE001 — the broker is down: say so on the preview itself
+        preview_fail(preview_id=preview_id, error=f"The preview could not be queued: the control plane's "
+                                                  f"Celery broker (REDIS_URL) is unreachable ({type(exc).__name__}).")
+
+
+def preview_fail(*, preview_id: int, error: str) -> None:
+    Preview.objects.filter(pk=preview_id).update(status=Preview.Status.FAILED, error=error[:ERROR_TAIL_CHARS],
+                                                 finished_at=timezone.now())
+
+
+def pool_fleet(*, pool: Pool) -> tuple[int, str, str]:
+    """(live instances, device kind, how they were found) — what the simulated fleet mirrors."""
+    keys = PoolKeys(pool.name)
+    now = time.time()
+    try:
+        client = get_redis()
+        names = client.zrangebyscore(keys.members, live_since(now), "+inf")
+        raws = client.mget([keys.status(name) for name in names]) if names else []
+    except redis.RedisError as exc:
+        raise redis_unreachable(exc) from exc
+    devices = []
+    for raw in filter(None, raws):
+        try:
+            devices.append(InstanceStatus.from_json(raw).device.split(":")[0])
+        except WireError:
+            continue
+    kind = pool.device_kind if pool.device_kind != "auto" else (max(set(devices), key=devices.count)
+                                                                if devices else "auto")
+    if names:
+        return len(names), kind, f"{len(names)} live instances"
+    return pool.expected_instances, kind, f"no live instance now: the pool's expected {pool.expected_instances}"
+
+
+def _sim_command(paths: dict[str, Path], instances: int, device_kind: str) -> list[str]:
+    command = [sys.executable, "-m", "relay_engine.sim", "preview", "--trace", str(paths["trace"]),
+               "--live", str(paths["live"]), "--proposed", str(paths["proposed"]), "--instances", str(instances),
+               "--device-kind", device_kind, "--out", str(paths["out"])]
+    if settings.RELAYGR_PREVIEW_MAX_REQUESTS:
+        command += ["--max-requests", str(settings.RELAYGR_PREVIEW_MAX_REQUESTS)]
+    return command
+
+
+def _error_tail(stderr: str) -> str:
+    """The simulator's own ``error: …`` line when it printed one, else the end of its output."""
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("error:")]
+    if said:
+        return said[-1].removeprefix("error:").strip()
+    if any(line.startswith("Traceback") for line in lines):  # the exception's own line says what broke
+        return f"it raised {lines[-1].strip()[:ERROR_TAIL_CHARS]}"
+    return "\n".join(lines[-12:])[-ERROR_TAIL_CHARS:] or "no output"
+
+
+def preview_execute(*, preview_id: int) -> Preview:
+    """Run one queued preview to its end (done or failed); idempotent: a preview already running or
+    finished is left as it is."""
+    claimed = Preview.objects.filter(pk=preview_id, status=Preview.Status.QUEUED).update(
+        status=Preview.Status.RUNNING, started_at=timezone.now())
+    preview = Preview.objects.select_related("pool").get(pk=preview_id)
+    if not claimed:
+        return preview
+    started = time.monotonic()
+    try:
+        result = _simulate(preview)
+    except PreviewFailed as exc:
+        preview_fail(preview_id=preview_id, error=str(exc))
+    except Exception as exc:  # noqa: BLE001 — a preview never crashes the worker; the reader gets a sentence
+        log.exception("preview %s failed", preview_id)
+        preview_fail(preview_id=preview_id, error=f"The preview failed unexpectedly ({type(exc).__name__}: {exc}).")
+    else:
+        result["wall_s"] = round(time.monotonic() - started, 2)
+        Preview.objects.filter(pk=preview_id).update(status=Preview.Status.DONE, result=result,
+                                                     finished_at=timezone.now())
+    preview.refresh_from_db()
+    return preview
+
+
+class PreviewFailed(Exception):
+    pass
+
+
+def _simulate(preview: Preview) -> dict:
+    pool = preview.pool
+    end_s = preview.window_end.timestamp()
+    window = traffic.read_window(pool=pool.name, window_s=preview.window_s, end_s=end_s)
+    lines = list(traffic.trace_lines(window))
+    if len(lines) < 2:
+        raise PreviewFailed(f"The window holds {len(lines)} replayable requests; a preview needs at least 2.")
+    live = policy_selectors.revision_get(pool=pool, generation=preview.live_generation)
+    proposed = policy_selectors.revision_get(pool=pool, generation=preview.generation)
+    instances, device_kind, instances_note = pool_fleet(pool=pool)
+    with tempfile.TemporaryDirectory(prefix="relaygr-preview-") as tmp:
+        paths = {name: Path(tmp) / f"{name}.json" for name in ("live", "proposed", "out")}
+        paths["trace"] = Path(tmp) / "trace.jsonl"
+        paths["trace"].write_text("".join(lines), encoding="utf-8")
+        paths["live"].write_text(json.dumps(live.spec), encoding="utf-8")
+        paths["proposed"].write_text(json.dumps(proposed.spec), encoding="utf-8")
+        try:
+            done = subprocess.run(_sim_command(paths, instances, device_kind), capture_output=True, text=True,
+                                  timeout=SIM_TIMEOUT_S, cwd=settings.BASE_DIR,
+                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                      filter(None, [str(settings.BASE_DIR), os.environ.get("PYTHONPATH")]))})
+        except subprocess.TimeoutExpired:
+            raise PreviewFailed(f"The simulator ran past {SIM_TIMEOUT_S} s and was stopped.") from None
+        if done.returncode != 0:
+            raise PreviewFailed(f"The simulator failed (exit {done.returncode}): {_error_tail(done.stderr)}")
+        result = json.loads(paths["out"].read_text(encoding="utf-8"))
+    result.update({
+        "window": traffic.window_label(preview.window_s), "window_from": end_s - preview.window_s,
+        "window_to": end_s, "captured_in_window": len(window.records), "skipped_records": window.bad,
+        "instances_note": instances_note, "device_kind": device_kind,
+        "slo_ms": {"live": _slo_ms(live.spec), "proposed": _slo_ms(proposed.spec)},
+        "hbm_budget_bytes": {"live": _hbm_budget_bytes(live.spec), "proposed": _hbm_budget_bytes(proposed.spec)},
+    })
+    return result
+
+
+def _slo_ms(spec: dict) -> float | None:
+    return slo_of(spec).p99_ms
+
+
+def _hbm_budget_bytes(spec: dict) -> int | None:
+    mb = (spec.get("cache") or {}).get("hbm_budget_mb")
+    return int(mb * 2**20) if isinstance(mb, (int, float)) else None

@@ -1,0 +1,182 @@
+"""Traffic capture's read side and what-if previews, through the API, on the real Redis.
+
+Capture records are written as the workers write them (``CaptureRecord`` fields in the pool's
+stream), with entry ids at their own times so a window can hold the past. The preview's task runs
+in-process here (``services.preview_execute``: the real simulator subprocess); the real control-plane
+Celery worker runs it in tests/frontend.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.policies import services as policy_services
+from controlplane.previews import services
+from controlplane.previews.models import Preview
+from relay_engine.core.capture import CaptureRecord, user_hash
+from relay_engine.core.config import default_policy, to_plain
+from relay_engine.core.trace import read_trace
+from relay_engine.core.wire import PoolKeys
+
+pytestmark = pytest.mark.integration
+
+
+def write_capture(client, pool: str, *, n: int, qps: float, end_s: float, users: int = 40, seed: int = 0) -> None:
+    """n requests at ``qps`` ending ``end_s``: users repeat, half of them with long (at-risk) prefixes."""
+    rng = random.Random(seed)
+    keys = PoolKeys(pool)
+    pipe = client.pipeline(transaction=False)
+    for i in range(n):
+        ts_ms = (end_s - (n - i) / qps) * 1000
+        user = rng.randrange(users)
+        record = CaptureRecord(ts_ms=ts_ms, user=user_hash("salt", f"user-{user}"),
+                               prefix_len=1500 + 20 * (user % 40) if user % 2 == 0 else 100 + user % 400, short_len=8,
+                               candidates=64, gap_ms=30.0 + i % 20 if i % 4 else None,
+                               outcome=("hbm", "miss", "dram")[i % 3], latency_ms=5.0)
+        pipe.xadd(keys.traffic, record.to_fields(), id=f"{int(ts_ms)}-*")
+    pipe.execute()
+
+
+def stricter(pool, at_risk_seq_len: int) -> int:
+    spec = to_plain(default_policy())
+    spec["trigger"]["at_risk_seq_len"] = at_risk_seq_len
+    return policy_services.revision_create(pool=pool, spec=spec, parent_generation=1, author="test").generation
+
+
+def test_traffic_summary_of_the_window(operator, viewer, pool, redis_client):
+    write_capture(redis_client, pool.name, n=600, qps=5, end_s=time.time() - 1)
+    response = viewer.get(f"/api/v1/pools/{pool.name}/traffic/?window=15m")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["requests"] == 600 and body["window"] == "15m"
+    assert body["rate_qps"] == pytest.approx(600 / 900, abs=1e-3)
+    assert body["prefix_len"]["p50"] <= body["prefix_len"]["p90"] <= body["prefix_len"]["p99"]
+    assert body["short_len_median"] == 8 and body["candidates_median"] == 64
+    assert 0.9 < body["repeat_user_share"] <= 1.0  # 40 users, 600 requests
+    assert body["outcomes"] == {"dram": 200, "hbm": 200, "miss": 200}
+    assert body["to"] - body["from"] == 900
+    assert body["latency_ms"]["p99"] == 5.0 and body["slo_ms"] == 50.0 and body["within_slo_share"] == 1.0
+    assert body["hit_ratio"] == pytest.approx(400 / 600, abs=1e-3)  # hbm and dram are hits, miss is not
+
+
+def test_a_pool_without_traffic_summarises_to_zero(viewer, pool, redis_on):
+    body = viewer.get(f"/api/v1/pools/{pool.name}/traffic/").json()
+    assert body["requests"] == 0 and body["repeat_user_share"] is None and body["window"] == "15m"
+
+
+@pytest.mark.parametrize("window", ["2h", "30s", "abc", "0m"])
+def test_a_window_out_of_range_is_a_400_naming_the_field(viewer, pool, redis_on, window):
+    response = viewer.get(f"/api/v1/pools/{pool.name}/traffic/?window={window}")
+    assert response.status_code == 400
+    assert "window" in response.json()["errors"]
+    assert "1m" in response.json()["detail"] and "1h" in response.json()["detail"]
+
+
+def test_a_broken_record_in_the_capture_is_skipped_and_counted(viewer, pool, redis_client):
+    write_capture(redis_client, pool.name, n=10, qps=5, end_s=time.time() - 5)
+    redis_client.xadd(PoolKeys(pool.name).traffic, {"t": "yesterday", "u": "x"})
+    body = viewer.get(f"/api/v1/pools/{pool.name}/traffic/?window=1m").json()
+    assert body["requests"] == 10 and body["skipped_records"] == 1
+
+
+def test_an_abandoned_preview_fails_and_is_not_reused(operator, pool, redis_client):
+    write_capture(redis_client, pool.name, n=100, qps=5, end_s=time.time() - 61)
+    first = operator.post(f"/api/v1/pools/{pool.name}/revisions/1/preview/").json()
+    Preview.objects.filter(pk=first["id"]).update(created_at=timezone.now() - timedelta(hours=1))
+    again = operator.post(f"/api/v1/pools/{pool.name}/revisions/1/preview/").json()
+    assert again["id"] != first["id"]
+    abandoned = operator.get(first["url"]).json()
+    assert abandoned["status"] == "failed" and "Celery worker" in abandoned["error"]
+
+
+def test_the_jsonl_export_round_trips_through_read_trace(viewer, pool, redis_client, tmp_path):
+    write_capture(redis_client, pool.name, n=300, qps=10, end_s=time.time() - 1)
+    response = viewer.get(f"/api/v1/pools/{pool.name}/traffic/?window=5m&format=jsonl")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("application/x-ndjson")
+    assert "attachment" in response["Content-Disposition"]
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(b"".join(response.streaming_content))
+    queries = read_trace(path)
+    assert len(queries) == 300 and queries[0].t_ms == 0
+    assert not any(q.user_id.startswith("user-") for q in queries)
+    assert len({q.user_id for q in queries}) == 40
+    assert {q.rank_delay_ms for q in queries} <= {30.0 + k for k in range(20)} | {39.5}  # unknown: the median
+
+
+def test_a_preview_is_queued_then_reused(operator, pool, redis_client):
+    write_capture(redis_client, pool.name, n=300, qps=5, end_s=time.time() - 61)
+    generation = stricter(pool, 4096)
+    first = operator.post(f"/api/v1/pools/{pool.name}/revisions/{generation}/preview/", {"window": "15m"},
+                          format="json")
+    assert first.status_code == 202, first.content
+    assert first.json()["status"] == "queued" and first.json()["live_generation"] == 1
+    again = operator.post(f"/api/v1/pools/{pool.name}/revisions/{generation}/preview/", {"window": "15m"},
+                          format="json")
+    assert again.status_code == 202 and again.json()["id"] == first.json()["id"]
+    assert Preview.objects.count() == 1
+    other_window = operator.post(f"/api/v1/pools/{pool.name}/revisions/{generation}/preview/", {"window": "30m"},
+                                 format="json")
+    assert other_window.json()["id"] != first.json()["id"]
+
+
+def test_a_preview_of_an_unknown_generation_is_a_404(operator, pool, redis_on):
+    response = operator.post(f"/api/v1/pools/{pool.name}/revisions/9/preview/")
+    assert response.status_code == 404
+    assert "generation 9" in response.json()["detail"]
+
+
+def test_a_preview_without_captured_traffic_is_a_409_naming_the_window(operator, pool, redis_client):
+    write_capture(redis_client, pool.name, n=50, qps=5, end_s=time.time() - 1800)  # 30 min ago
+    response = operator.post(f"/api/v1/pools/{pool.name}/revisions/1/preview/", {"window": "5m"}, format="json")
+    assert response.status_code == 409
+    detail = response.json()["detail"]
+    assert "last 5m" in detail and "holds 50 requests" in detail
+
+
+def test_previews_are_for_operators_and_readable_by_viewers(clients, pool, redis_client):
+    write_capture(redis_client, pool.name, n=100, qps=5, end_s=time.time() - 61)
+    assert clients["viewer"].post(f"/api/v1/pools/{pool.name}/revisions/1/preview/").status_code == 403
+    created = clients["admin"].post(f"/api/v1/pools/{pool.name}/revisions/1/preview/")
+    assert created.status_code == 202
+    read = clients["viewer"].get(created.json()["url"])
+    assert read.status_code == 200 and read.json()["status"] == "queued"
+    assert clients["viewer"].get(f"/api/v1/pools/{pool.name}/previews/999/").status_code == 404
+
+
+def test_a_stricter_at_risk_seq_len_predicts_fewer_admissions(operator, pool, redis_client):
+    write_capture(redis_client, pool.name, n=1500, qps=10, end_s=time.time() - 61)
+    generation = stricter(pool, 2000)  # live: 512 (every long prefix is at risk); 2000: only the longest
+    created = operator.post(f"/api/v1/pools/{pool.name}/revisions/{generation}/preview/").json()
+    preview = services.preview_execute(preview_id=created["id"])
+    assert preview.status == "done", preview.error
+    body = operator.get(created["url"]).json()
+    live, proposed = body["result"]["live"], body["result"]["proposed"]
+    assert 0 < proposed["preinfer_admitted"] < live["preinfer_admitted"]
+    assert proposed["preinfer_refused"].get("not_at_risk", 0) > live["preinfer_refused"].get("not_at_risk", 0)
+    for figures in (live, proposed):
+        assert {"p99_ms", "p50_ms", "within_slo_share", "slo_throughput_qps", "hbm_peak_bytes", "dram_peak_bytes",
+                "hit_ratio", "preinfer_admitted", "preinfer_refused"} <= set(figures)
+    result = body["result"]
+    assert result["requests"] == 1500 and result["window"] == "15m"
+    assert "model_error" in result and result["model_error_note"]
+    assert "reference profile" in result["profile"]["note"]  # no worker reported a device
+    assert result["instances"] == 2  # none live: the pool's expected count, said so
+    assert "expected" in result["instances_note"]
+
+
+def test_a_failing_simulation_fails_the_preview_with_a_sentence(operator, pool, redis_client, settings):
+    settings.RELAYGR_PREVIEW_MAX_REQUESTS = 5  # the simulator refuses it
+    write_capture(redis_client, pool.name, n=50, qps=5, end_s=time.time() - 61)
+    created = operator.post(f"/api/v1/pools/{pool.name}/revisions/1/preview/").json()
+    preview = services.preview_execute(preview_id=created["id"])
+    assert preview.status == "failed"
+    assert "--max-requests must be at least 100" in preview.error and "Traceback" not in preview.error
+    # a failed preview is not reused: asking again queues a new one
+    again = operator.post(f"/api/v1/pools/{pool.name}/revisions/1/preview/").json()
+    assert again["id"] != created["id"]

@@ -1,0 +1,49 @@
+"""Capture records: what Redis hands back is checked field by field; records become a trace."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay_engine.core.capture import DEFAULT_GAP_MS, CaptureError, CaptureRecord, to_trace, user_hash
+
+
+def record(ts_ms: float, user: str = "u", gap_ms: float | None = 40.0, **changes) -> CaptureRecord:
+    values = dict(ts_ms=ts_ms, user=user_hash("s", user), prefix_len=300, short_len=4, candidates=16,
+                  gap_ms=gap_ms, outcome="hbm", latency_ms=2.0)
+    return CaptureRecord(**{**values, **changes})
+
+
+def test_a_record_survives_its_stream_fields():
+    for gap in (12.5, None):
+        r = record(1.7e12, gap_ms=gap)
+        assert CaptureRecord.from_fields(r.to_fields()) == r
+
+
+@pytest.mark.parametrize(("name", "value", "field"), [
+    ("p", "-1", "prefix_len"), ("p", "9" * 500, "prefix_len"), ("t", "nan", "ts_ms"), ("o", "exploded", "outcome"),
+    ("u", "not a hash!", "user"), ("g", "inf", "gap_ms"), ("c", "1.5", "candidates"),
+])
+def test_a_broken_field_is_an_error_naming_it(name, value, field):
+    fields = record(1.7e12).to_fields()
+    fields[name] = value
+    with pytest.raises(CaptureError, match=rf"capture record\.{field}"):
+        CaptureRecord.from_fields(fields)
+
+
+def test_a_missing_field_is_named():
+    fields = record(1.7e12).to_fields()
+    del fields["l"]
+    with pytest.raises(CaptureError, match="latency_ms is missing"):
+        CaptureRecord.from_fields(fields)
+
+
+def test_the_trace_starts_at_the_first_pre_infer_signal_and_keeps_the_gaps():
+    queries = to_trace([record(10_100.0, "a", 50.0), record(10_000.0, "b", 20.0), record(10_200.0, "a", None)])
+    assert [q.t_ms for q in queries] == [0.0, 70.0, 185.0]  # signals at 9,980; 10,050; 10,200 − median 35
+    assert [q.rank_delay_ms for q in queries] == [20.0, 50.0, 35.0]
+    assert queries[1].user_id == queries[2].user_id != queries[0].user_id
+
+
+def test_requests_no_trace_can_hold_are_left_out_and_a_window_without_gaps_assumes_the_default():
+    queries = to_trace([record(0.0, gap_ms=None), record(5.0, prefix_len=0, outcome="invalid_input")])
+    assert len(queries) == 1 and queries[0].rank_delay_ms == DEFAULT_GAP_MS

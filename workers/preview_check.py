@@ -1,0 +1,215 @@
+"""How far to trust a what-if preview: predict a change on captured traffic, publish it, measure it.
+
+    python -m workers.preview_check [--window 5m] [--at-risk-seq-len N] [--out F]
+        [--url URL --token KEY --pool NAME]          # a running stack (an operator's token)
+        [--instances 2] [--rate 8] [--model default] [--device auto] [--warmup-s 60]   # else one started here
+
+Against a running stack (or one it starts with ``workers.stack``, steady replayed traffic): waits
+until the capture holds a full window of steady traffic, creates a revision that changes the trigger
+(a stricter ``at_risk_seq_len``: twice the live one unless given), previews it on that window
+(``POST …/revisions/{g}/preview/``), measures the same window from the capture (what the instances
+recorded: P99, within-SLO share, hit ratio), publishes the revision, waits for the fleet to converge,
+lets a whole window of traffic pass under it and measures that window the same way. Prints predicted
+vs measured for the live and the proposed revision and writes them as JSON with ``--out``.
+
+Measured figures are the instances' own ranking latencies (``engine.rank``, as the capture records
+them) — the quantity the simulator predicts. The machine is shared: read the figures with that in mind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from workers.embedded_redis import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = (("p99_ms", "P99 (ms)"), ("within_slo_share", "within SLO"), ("hit_ratio", "hit ratio"))
+WINDOWS = {"1m": 60, "3m": 180, "5m": 300, "10m": 600, "15m": 900}
+ROUND_STEP_S = 20  # at least the control plane's rounding of a window's end (a fifteenth, ≤ 60 s)
+
+
+class Api:
+    def __init__(self, url: str, token: str):
+        self.url = url.rstrip("/")
+        self.token = token
+
+    def __call__(self, method: str, path: str, body: dict | None = None) -> dict:
+        request = urllib.request.Request(
+            self.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Token {self.token}", "Content-Type": "application/json",
+                     "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise SystemExit(f"{method} {path}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}") from None
+
+
+def start_stack(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Popen, dict]:
+    status = workdir / "status.json"
+    log = (workdir / "stack.log").open("ab")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "workers.stack", "--instances", str(args.instances), "--rate", repr(args.rate),
+         "--model", args.model, "--device", args.device, "--port", str(free_port()), "--pool", "check",
+         "--data-dir", str(workdir), "--status-file", str(status)],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0,
+        env={**os.environ, "RELAYGR_KEY_PREFIX": f"check-{os.getpid()}"})
+    deadline = time.monotonic() + 600
+    while not status.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the stack did not start; see {workdir / 'stack.log'}")
+        time.sleep(1)
+    return process, json.loads(status.read_text())
+
+
+def stop_stack(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def wait_converged(api: Api, pool: str, generation: int, timeout_s: float = 180.0) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        status = api("GET", f"/api/v1/pools/{pool}/status/")
+        if status["converged"] and status["desired_generation"] == generation:
+            return time.monotonic() - started
+        time.sleep(1)
+    raise SystemExit(f"the pool did not converge on generation {generation} within {timeout_s:.0f} s")
+
+
+def measured(summary: dict) -> dict:
+    return {"p99_ms": summary["latency_ms"]["p99"], "within_slo_share": summary["within_slo_share"],
+            "hit_ratio": summary["hit_ratio"], "requests": summary["requests"], "from": summary["from"],
+            "to": summary["to"]}
+
+
+def check(api: Api, pool: str, window: str, at_risk_seq_len: int | None) -> dict:
+    window_s = WINDOWS[window]
+    say(f"letting a full {window} window of traffic into the capture")
+    time.sleep(window_s + ROUND_STEP_S)
+    state = api("GET", f"/api/v1/pools/{pool}/")
+    live = api("GET", f"/api/v1/pools/{pool}/revisions/{state['desired_generation']}/")
+    trigger = live["spec"]["trigger"]
+    threshold = at_risk_seq_len or 2 * int(trigger.get("at_risk_seq_len") or 512)
+    spec = {**live["spec"], "trigger": {**trigger, "at_risk_seq_len": threshold}}
+    revision = api("POST", f"/api/v1/pools/{pool}/revisions/", {
+        "parent_generation": state["latest_generation"], "spec": spec,
+        "comment": f"preview_check: at_risk_seq_len {trigger.get('at_risk_seq_len')} → {threshold}"})
+    say(f"previewing generation {revision['generation']} (at_risk_seq_len {threshold}) against "
+        f"generation {live['generation']}")
+    live_measured = measured(api("GET", f"/api/v1/pools/{pool}/traffic/?window={window}"))
+    preview = api("POST", f"/api/v1/pools/{pool}/revisions/{revision['generation']}/preview/", {"window": window})
+    started = time.monotonic()
+    while preview["status"] in ("queued", "running"):
+        if time.monotonic() - started > 600:
+            raise SystemExit(f"the preview did not finish in 10 min: {preview['url']}")
+        time.sleep(2)
+        preview = api("GET", preview["url"])
+    if preview["status"] != "done":
+        raise SystemExit(f"the preview failed: {preview['error']}")
+    preview_s = time.monotonic() - started
+    say(f"preview done in {preview_s:.1f} s; publishing generation {revision['generation']}")
+    api("POST", f"/api/v1/pools/{pool}/revisions/{revision['generation']}/publish/")
+    converged_s = wait_converged(api, pool, revision["generation"])
+    say(f"converged in {converged_s:.1f} s; measuring the next {window} under it")
+    time.sleep(window_s + 1)
+    proposed_measured = measured(api("GET", f"/api/v1/pools/{pool}/traffic/?window={window}"))
+    result = preview["result"]
+    return {
+        "pool": pool, "window": window, "live_generation": live["generation"], "generation": revision["generation"],
+        "at_risk_seq_len": {"live": trigger.get("at_risk_seq_len"), "proposed": threshold},
+        "predicted": {side: {k: result[side][k] for k, _ in FIGURES} | {"requests": result[side]["requests"]}
+                      for side in ("live", "proposed")},
+        "measured": {"live": live_measured, "proposed": proposed_measured},
+        "preview": {"id": preview["id"], "wall_s": round(preview_s, 1), "requests": result["requests"],
+                    "sampling": result["sampling"], "model_error": result["model_error"],
+                    "model_error_note": result["model_error_note"], "profile": result["profile"],
+                    "instances": result["instances"]},
+        "converged_s": round(converged_s, 1),
+    }
+
+
+def table(report: dict) -> str:
+    def show(key: str, value) -> str:
+        if value is None:
+            return "–"
+        return f"{100 * value:.2f} %" if key != "p99_ms" else f"{value:.1f}"
+
+    lines = [f"Preview accuracy on pool {report['pool']}, {report['window']} windows "
+             f"(at_risk_seq_len {report['at_risk_seq_len']['live']} → {report['at_risk_seq_len']['proposed']}; "
+             f"profile: {report['preview']['profile']['note']})",
+             "| figure | live predicted | live measured | proposed predicted | proposed measured |",
+             "|---|---:|---:|---:|---:|"]
+    for key, label in FIGURES:
+        p, m = report["predicted"], report["measured"]
+        lines.append(f"| {label} | {show(key, p['live'][key])} | {show(key, m['live'][key])} | "
+                     f"{show(key, p['proposed'][key])} | {show(key, m['proposed'][key])} |")
+    lines.append(f"| requests | {p['live']['requests']} | {m['live']['requests']} | {p['proposed']['requests']} | "
+                 f"{m['proposed']['requests']} |")
+    error = report["preview"]["model_error"]
+    lines.append(f"\nSimulator's validation error: {'unknown' if error is None else f'{100 * error:.1f} %'} "
+                 f"({report['preview']['model_error_note']}). Preview took {report['preview']['wall_s']} s.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.preview_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--window", default="5m", choices=sorted(WINDOWS, key=WINDOWS.get))
+    parser.add_argument("--at-risk-seq-len", type=int, help="the proposed threshold (default: twice the live one)")
+    parser.add_argument("--out", type=Path, help="JSON file for the figures")
+    parser.add_argument("--url", help="a running control plane (default: start a stack here)")
+    parser.add_argument("--token", help="an operator's API token (with --url)")
+    parser.add_argument("--pool", default="main", help="the pool (with --url)")
+    parser.add_argument("--instances", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=8.0, help="replayed queries per second")
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--warmup-s", type=float, default=60.0, help="steady traffic before the captured window")
+    args = parser.parse_args(argv)
+    if args.url and not args.token:
+        parser.error("--url needs --token (an operator's API token)")
+    if args.at_risk_seq_len is not None and not 1 <= args.at_risk_seq_len <= 1 << 20:
+        parser.error(f"--at-risk-seq-len must be in [1, {1 << 20}], got {args.at_risk_seq_len}")
+    process = None
+    with tempfile.TemporaryDirectory(prefix="relaygr-preview-check-") as tmp:
+        try:
+            if args.url:
+                api, pool = Api(args.url, args.token), args.pool
+            else:
+                say("starting a stack (workers.stack)")
+                process, status = start_stack(args, Path(tmp))
+                api, pool = Api(status["url"], status["token"]), status["pool"]
+            say(f"warming up for {args.warmup_s:.0f} s")
+            time.sleep(args.warmup_s)
+            report = check(api, pool, args.window, args.at_risk_seq_len)
+        finally:
+            if process is not None:
+                stop_stack(process)
+    print(table(report))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
