@@ -38,7 +38,8 @@ def write_capture(client, pool: str, *, n: int, qps: float, end_s: float, users:
                                prefix_len=1500 + 20 * (user % 40) if user % 2 == 0 else 100 + user % 400, short_len=8,
                                candidates=64, gap_ms=30.0 + i % 20 if i % 4 else None,
                                outcome=("hbm", "miss", "dram")[i % 3], latency_ms=5.0)
-        pipe.xadd(keys.traffic, record.to_fields(), id=f"{int(ts_ms)}-*")
+        # A full explicit id (ms-seq): Redis before 7 (the embedded one) has no "ms-*".
+        pipe.xadd(keys.traffic, record.to_fields(), id=f"{int(ts_ms)}-{i}")
     pipe.execute()
 
 
