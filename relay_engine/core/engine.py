@@ -374,7 +374,7 @@ class RelayEngine:
                 scores = self.forwards.rank_full(request.prefix, request.short_term, candidates,
                                                  request.query_timestamp, state.edit)
             elif kv is None:  # a miss: one full forward gives the scores and the prefix KV to keep
-                scores = self._recompute(request, candidates, state)
+                scores, source = self._recompute(request, candidates, state)
             else:
                 self._check_deadline(request, f"after fetching the prefix cache ({source})")
                 scores = self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp,
@@ -450,15 +450,28 @@ class RelayEngine:
         self._count("inflight_joins")
         return kv
 
-    def _recompute(self, request: RankRequest, candidates: torch.Tensor, state: _State) -> torch.Tensor:
+    def _recompute(self, request: RankRequest, candidates: torch.Tensor,
+                   state: _State) -> tuple[torch.Tensor, str]:
         """A miss: rank with a full forward and keep the prefix KV it computed for the next request.
-        Concurrent requests for the same key wait for this one's KV instead of recomputing it."""
+        Concurrent requests for the same key wait for this one's KV instead of recomputing it. Returns
+        the scores and where the prefix came from: "miss" for the one that computed it."""
         key = self.cache_key(request.user_id, request.prefix, state.edit)
         future, leader = self.producing.begin(key)
         if not leader:
             kv = self._join_inflight(request, future, state)
             if isinstance(kv, PrefixKV):
-                return self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp, state.edit)
+                return self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp,
+                                          state.edit), "inflight"
+        else:
+            # The lookup that sent this request here ran before ``begin``: a computation of the key may
+            # have started *and* finished in between (this thread descheduled), leaving its KV in HBM.
+            # Looked up again under leadership, that KV is found, never computed a second time.
+            kv = self.hbm.get(key)
+            if kv is not None:
+                self.producing.finish(key, kv)
+                self._count("hbm_hits")
+                return self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp,
+                                          state.edit), "hbm"
         self._count("misses")
         try:
             scores, kv = self.forwards.rank_full_keeping_prefix(request.prefix, request.short_term, candidates,
@@ -470,7 +483,7 @@ class RelayEngine:
         if leader:
             self._keep_if_edit_in_force(state, lambda: self.hbm.insert(key, kv, consumed=True))
             self.producing.finish(key, kv)
-        return scores
+        return scores, "miss"
 
     def _keep_if_edit_in_force(self, state: _State, keep: Callable[[], object]) -> bool:
         """Run ``keep`` (a commit or insert of a KV computed under ``state``) only if that state's

@@ -117,9 +117,40 @@ def test_concurrent_ranks_of_one_missing_prefix_compute_it_once():
     for t in threads:
         t.join()
     sources = sorted(r.source for r in results)
-    assert sources.count("miss") == 1, sources
+    assert len(sources) == 6 and sources.count("miss") == 1, sources
+    assert engine.stats().counters["misses"] == 1
     first = torch.tensor(results[0].scores)
     assert all(relative_error(torch.tensor(r.scores), first) <= TOLERANCE for r in results)
+
+
+def test_a_rank_whose_lookup_missed_before_another_computed_the_prefix_uses_that_computation():
+    """The interleaving a busy machine makes (fixed here, not left to the scheduler): B looks the
+    prefix up and misses, then is descheduled while A computes it, keeps it and finishes; B must
+    find A's KV, not compute it a second time."""
+    engine = engine_with()
+    prefix = make_history(300, SMALL, seed=5)
+    real_get = engine.hbm.get
+    b_looked_up, a_done = threading.Event(), threading.Event()
+
+    def get_pausing_b_after_its_first_lookup(key):
+        kv = real_get(key)
+        if threading.current_thread().name == "B" and not b_looked_up.is_set():
+            b_looked_up.set()
+            assert a_done.wait(60), "A did not finish"
+        return kv
+
+    engine.hbm.get = get_pausing_b_after_its_first_lookup
+    results = {}
+    b = threading.Thread(target=lambda: results.update(B=rank(engine, "frank", prefix)), name="B")
+    b.start()
+    assert b_looked_up.wait(60), "B never looked the prefix up"
+    results["A"] = rank(engine, "frank", prefix)
+    a_done.set()
+    b.join(60)
+    assert (results["A"].source, results["B"].source) == ("miss", "hbm")
+    counters = engine.stats().counters
+    assert counters["misses"] == 1 and counters["hbm_hits"] == 1
+    assert relative_error(torch.tensor(results["B"].scores), torch.tensor(results["A"].scores)) <= TOLERANCE
 
 
 def test_a_request_past_its_deadline_fails_fast_and_the_engine_stays_usable():
