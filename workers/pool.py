@@ -24,6 +24,7 @@ import redis
 import torch
 
 from relay_engine.core import devices
+from relay_engine.core.lifetime import die_with_parent
 from workers.membership import live_members
 from workers.settings import MODELS, Settings
 
@@ -44,7 +45,8 @@ def instance_device(device: str, index: int) -> str:
 def spawn_instance(settings: Settings, index: int, **popen: Any) -> subprocess.Popen:
     """Start instance ``index`` of ``settings.pool`` as a child process with these settings."""
     env = {**os.environ, **settings.worker_env(), "RELAYGR_DEVICE": instance_device(settings.device, index)}
-    return subprocess.Popen([sys.executable, "-m", "workers.instance", "--index", str(index)], env=env, **popen)
+    return subprocess.Popen([sys.executable, "-m", "workers.instance", "--index", str(index)], env=env,
+                            preexec_fn=die_with_parent(), **popen)
 
 
 def _exit_code(proc: subprocess.Popen | multiprocessing.Process) -> int | None:

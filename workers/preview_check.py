@@ -30,6 +30,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from relay_engine.core.lifetime import die_with_parent
 from workers.embedded_redis import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,6 +64,7 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Pop
          "--model", args.model, "--device", args.device, "--port", str(free_port()), "--pool", "check",
          "--data-dir", str(workdir), "--status-file", str(status)],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0,
+        preexec_fn=die_with_parent(),
         env={**os.environ, "RELAYGR_KEY_PREFIX": f"check-{os.getpid()}"})
     deadline = time.monotonic() + 600
     while not status.exists():

@@ -39,6 +39,7 @@ from pathlib import Path
 import redis
 
 from relay_engine.core import wire
+from relay_engine.core.lifetime import die_with_parent
 from relay_engine.core.trace import TraceError, read_trace
 from workers.embedded_redis import EmbeddedRedis
 from workers.membership import live_members
@@ -64,7 +65,8 @@ class Child:
         # Own process group: the terminal's Ctrl-C reaches only the launcher, which then stops the
         # group as a whole, grandchildren included, in a controlled order.
         self.process = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=self.log_file, stderr=subprocess.STDOUT, process_group=0)
+                                        stdout=self.log_file, stderr=subprocess.STDOUT, process_group=0,
+                                        preexec_fn=die_with_parent())  # and none outlives a killed launcher
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

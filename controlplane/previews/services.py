@@ -29,6 +29,7 @@ from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import Pool
 from relay_engine.core.config import slo_of
+from relay_engine.core.lifetime import die_with_parent
 from relay_engine.core.wire import InstanceStatus, PoolKeys, WireError, live_since
 
 from . import traffic
@@ -201,7 +202,7 @@ def _simulate(preview: Preview) -> dict:
         paths["proposed"].write_text(json.dumps(proposed.spec), encoding="utf-8")
         try:
             done = subprocess.run(_sim_command(paths, instances, device_kind), capture_output=True, text=True,
-                                  timeout=SIM_TIMEOUT_S, cwd=settings.BASE_DIR,
+                                  timeout=SIM_TIMEOUT_S, cwd=settings.BASE_DIR, preexec_fn=die_with_parent(),
                                   env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                       filter(None, [str(settings.BASE_DIR), os.environ.get("PYTHONPATH")]))})
         except subprocess.TimeoutExpired:

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from relay_engine.core.lifetime import die_with_parent
+
 REPO = Path(__file__).resolve().parents[2]
 TARGET_WARM_P95_MS = 100.0
 TARGET_POLL_BYTES = 200_000
@@ -288,7 +290,7 @@ def bench_convergence(instances: int, publishes: int, redis_url: str, prefix: st
     policy_services.pool_create(name=pool, actor="bench", expected_instances=instances)
     env = {**os.environ, "REDIS_URL": redis_url, "RELAYGR_KEY_PREFIX": prefix, "RELAYGR_POOL": pool}
     fleet = subprocess.Popen([sys.executable, "-m", "workers.loadfleet", "--instances", str(instances)],
-                             cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent())
     try:
         line = fleet.stdout.readline()
         if "live" not in line:

@@ -25,6 +25,7 @@ import torch
 from relay_engine.core.config import PolicySpec
 from relay_engine.core.engine import DeadlineExceeded, PreInferRequest, RankRequest, RelayEngine
 from relay_engine.core.features import SyntheticFeatures
+from relay_engine.core.lifetime import follow_parent
 from relay_engine.core.model import History, HSTUModel, PrefixKV
 from relay_engine.lab.bench.host import cores_for, pin
 from relay_engine.lab.bench.modes import FullInference
@@ -132,7 +133,8 @@ class Instance:
             report.ranks.append((ev.query, (time.monotonic() - arrival) * 1000, outcome, ev.measured))
 
 
-def _instance_main(conn, index: int, settings: BenchSettings) -> None:
+def _instance_main(conn, index: int, settings: BenchSettings, parent_pid: int) -> None:
+    follow_parent(parent_pid)  # a killed benchmark leaves no instance behind (daemon=True covers only exits)
     cores = pin(cores_for(index, settings.threads_per_instance))
     torch.set_num_threads(settings.threads_per_instance)
     model = HSTUModel(settings.model)
@@ -163,7 +165,7 @@ class Fleet:
         os.environ["OMP_NUM_THREADS"] = str(settings.threads_per_instance)
         for i in range(settings.instances):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_instance_main, args=(child, i, settings), daemon=True)
+            proc = ctx.Process(target=_instance_main, args=(child, i, settings, os.getpid()), daemon=True)
             proc.start()
             self._conns.append(parent)
             self._procs.append(proc)

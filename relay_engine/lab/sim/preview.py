@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from relay_engine.core.config import PolicySpec
+from relay_engine.core.lifetime import follow_parent
 from relay_engine.core.model import HSTUModel, ModelConfig
 from relay_engine.core.trace import TraceQuery
 from relay_engine.lab.bench.stats import PointResult, point_result, quantile
@@ -191,7 +193,8 @@ def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: Polic
     work = [(replayed, spec, instances, cost, rank_threads, cap) for spec in (live, proposed)]
     started = time.monotonic()
     if jobs > 1:
-        with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
+        with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork"),
+                                 initializer=follow_parent, initargs=(os.getpid(),)) as pool:
             live_figures, proposed_figures = pool.map(_figures, work)
     else:
         live_figures, proposed_figures = map(_figures, work)
