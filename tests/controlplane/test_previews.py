@@ -181,3 +181,14 @@ def test_a_failing_simulation_fails_the_preview_with_a_sentence(operator, pool, 
     # a failed preview is not reused: asking again queues a new one
     again = operator.post(f"/api/v1/pools/{pool.name}/revisions/1/preview/").json()
     assert again["id"] != created["id"]
+
+
+def test_the_jsonl_export_is_served_whatever_the_accept_header(viewer, pool, redis_client):
+    """``?format=jsonl`` is the caller's explicit choice: a script sending ``Accept: application/json``
+    to every URL still gets the download, not a 406."""
+    write_capture(redis_client, pool.name, n=20, qps=10, end_s=time.time() - 1)
+    response = viewer.get(f"/api/v1/pools/{pool.name}/traffic/?window=5m&format=jsonl",
+                          HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("application/x-ndjson")
+    assert len(b"".join(response.streaming_content).splitlines()) == 20

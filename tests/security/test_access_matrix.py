@@ -248,3 +248,19 @@ def test_every_session_write_needs_a_csrf_token(callers, route, method):
     assert response.status_code == 403, response.content[:300]
     assert b"CSRF" in response.content
     assert AuditEntry.objects.count() == before
+
+
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"  # Chromium's, for a page
+API_READS = [route for route, methods in RULES.items() if "get" in methods and methods["get"].kind == API]
+
+
+@pytest.mark.parametrize("route", API_READS, ids=lambda r: f"/{r}")
+def test_every_api_read_opens_in_the_browsable_api(callers, route):
+    """What a person gets opening an API URL in a browser (Accept: text/html, signed in): DRF's
+    browsable page with the same status the JSON caller gets, never a server error."""
+    _, browser = callers["admin"]
+    rule = RULES[route]["get"]
+    response = browser.get(sample_path(route, 1) + rule.query, HTTP_ACCEPT=BROWSER_ACCEPT)
+    assert response.status_code == rule.ok, f"/{route}: {response.status_code}"
+    if response.status_code == 200 and route not in ("metrics", "api/schema/"):  # text and YAML by design
+        assert response["Content-Type"].startswith("text/html"), response["Content-Type"]

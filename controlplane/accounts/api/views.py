@@ -36,9 +36,12 @@ class UserListView(GenericAPIView):
     write_role = Role.ADMIN
     serializer_class = UserSerializer
 
+    def get_queryset(self):  # the browsable API asks for it too
+        return selectors.user_list()
+
     @extend_schema(responses={200: UserSerializer(many=True), **ADMIN_READ_ERRORS})
     def get(self, request):
-        page = self.paginate_queryset(selectors.user_list())
+        page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(UserSerializer(page, many=True).data)
 
     @extend_schema(request=UserCreateInputSerializer, responses={201: UserSerializer, **ADMIN_WRITE_ERRORS})
@@ -57,9 +60,12 @@ class TokenListView(GenericAPIView):
     write_role = Role.ADMIN
     serializer_class = TokenSerializer
 
+    def get_queryset(self):
+        return selectors.token_list()
+
     @extend_schema(responses={200: TokenSerializer(many=True), **ADMIN_READ_ERRORS})
     def get(self, request):
-        page = self.paginate_queryset(selectors.token_list())
+        page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(TokenSerializer(page, many=True).data)
 
     @extend_schema(request=TokenCreateInputSerializer, responses={201: TokenIssuedSerializer, **ADMIN_WRITE_ERRORS})

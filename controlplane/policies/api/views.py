@@ -37,9 +37,12 @@ class PoolListView(GenericAPIView):
     write_role = Role.ADMIN
     serializer_class = PoolSerializer
 
+    def get_queryset(self):  # the browsable API asks for it too
+        return selectors.pool_list()
+
     @extend_schema(responses={200: PoolSerializer(many=True), **error_responses(401, 403)})
     def get(self, request):
-        page = self.paginate_queryset(selectors.pool_list())
+        page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(PoolSerializer(page, many=True).data)
 
     @extend_schema(request=PoolCreateInputSerializer, responses={201: PoolSerializer, **WRITE_ERRORS})
@@ -60,10 +63,12 @@ class PoolDetailView(APIView):
 class RevisionListView(GenericAPIView):
     serializer_class = RevisionSerializer
 
+    def get_queryset(self):
+        return selectors.revision_list(pool=selectors.pool_get(name=self.kwargs["pool"])).select_related("pool")
+
     @extend_schema(parameters=[POOL_PARAM], responses={200: RevisionSerializer(many=True), **READ_ERRORS})
     def get(self, request, pool):
-        revisions = selectors.revision_list(pool=selectors.pool_get(name=pool)).select_related("pool")
-        page = self.paginate_queryset(revisions)
+        page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(RevisionSerializer(page, many=True).data)
 
     @extend_schema(
@@ -158,6 +163,9 @@ class PoolRollbackView(APIView):
 
 class AuditListView(GenericAPIView):
     serializer_class = AuditEntrySerializer
+
+    def get_queryset(self):  # the browsable API and the schema ask for it; ``get`` filters by the query
+        return selectors.audit_list()
 
     @extend_schema(parameters=[AuditQuerySerializer], responses={200: AuditEntrySerializer(many=True),
                                                                  **error_responses(400, 401, 403)})
