@@ -103,7 +103,8 @@ def test_the_core_imports_only_the_stdlib_numpy_torch_and_itself():
 
 
 def test_nothing_but_the_commands_imports_the_lab():
-    commands = {f"relay_engine.{c}" for c in ("bench", "editing", "profile", "traffic", "sim", "import_gr")}
+    commands = {f"relay_engine.{c}" for c in ("bench", "editing", "profile", "traffic", "sim", "import_gr",
+                                                         "calibrate")}
 
     def rule(name, module, names):
         if module.startswith("relay_engine.lab") and not name.startswith("relay_engine.lab") and name not in commands:

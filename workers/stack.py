@@ -33,12 +33,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import redis
+import torch
 
-from relay_engine.core import wire
+from relay_engine.core import devices, wire
 from relay_engine.core.lifetime import die_with_parent
 from relay_engine.core.trace import TraceError, read_trace
 from workers.embedded_redis import EmbeddedRedis
@@ -107,6 +108,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, default=ROOT / "var", help="logs, SQLite, generated trace")
     p.add_argument("--no-traffic", action="store_true", help="do not start the replayer")
     p.add_argument("--status-file", type=Path, help="write {url, user, password, token, pids} here as JSON")
+    p.add_argument("--time-scale", type=time_scale_flag, default=None, metavar="K|auto",
+                   help="how much slower than the reference accelerator this machine runs the model: the demo "
+                        "pool's SLO, ranking deadline and retrieval→ranking gap are the reference's × K (default "
+                        "auto: measured once per data dir on a CPU, 1 on an accelerator)")
     args = p.parse_args(argv)
     if not 1 <= args.instances <= 64:
         p.error(f"--instances must be in [1, 64], got {args.instances}")
@@ -123,6 +128,93 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def time_scale_flag(text: str) -> float | None:
+    if text == "auto":
+        return None
+    try:
+        k = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number or 'auto', got {text!r}") from None
+    if not 0.01 <= k <= 1000:
+        raise argparse.ArgumentTypeError(f"must be in [0.01, 1000], got {text}")
+    return k
+
+
+# The reference regime the demo scales (relay_engine.lab.profiles.reference: an accelerator): ranking
+# SLO, ranking deadline after the request is sent, and the retrieval→ranking gap of the generated trace.
+REFERENCE_SLO_MS = 50.0
+REFERENCE_DEADLINE_MS = 100.0
+REFERENCE_RANK_DELAY_MS = (20.0, 60.0)
+
+
+@dataclass(frozen=True)
+class TimeScale:
+    k: float
+    how: str  # a sentence for the banner and the pool's description
+    profile: Path | None = None  # this machine's cost model of the pool's model, for previews
+
+    @property
+    def slo_ms(self) -> float:
+        return round(REFERENCE_SLO_MS * self.k, 1)
+
+    @property
+    def deadline_ms(self) -> float:
+        return round(REFERENCE_DEADLINE_MS * self.k, 1)
+
+    @property
+    def rank_delay_ms(self) -> tuple[float, float]:
+        return tuple(round(d * self.k, 1) for d in REFERENCE_RANK_DELAY_MS)  # type: ignore[return-value]
+
+    def describe(self) -> str:
+        if self.k == 1:
+            return f"times as on the reference accelerator (SLO {self.slo_ms:g} ms); {self.how}"
+        return (f"every latency ×{self.k:g} of the reference accelerator's (ranking SLO {REFERENCE_SLO_MS:g} ms × "
+                f"{self.k:g} = {self.slo_ms:g} ms, deadline {self.deadline_ms:g} ms, retrieval→ranking gap "
+                f"{self.rank_delay_ms[0]:g}–{self.rank_delay_ms[1]:g} ms): {self.how}")
+
+
+def measure_time_scale(args: argparse.Namespace, data_dir: Path, env: dict[str, str]) -> TimeScale:
+    """K for the demo: given, or measured here once (``python -m relay_engine.calibrate``, ~10 s) and
+    reused while the machine, torch, the threads and the model are the same."""
+    device = devices.select_device(None if args.device == "auto" else args.device)
+    if device.type != "cpu":
+        return TimeScale(args.time_scale or 1.0, f"{device.type} device: the reference regime as it is"
+                         if args.time_scale is None else "given (--time-scale)")
+    threads = int(env.get("RELAYGR_TORCH_THREADS") or 1)
+    path, profile = data_dir / "calibration.json", data_dir / "profile-cpu.json"
+    key = {"torch": torch.__version__, "threads": threads, "model": args.model, "cpu": _cpu_name()}
+    try:
+        known = json.loads(path.read_text())
+        fresh = known.get("key") == key and profile.is_file()
+    except (OSError, ValueError, AttributeError):
+        known, fresh = None, False
+    if not fresh:
+        print(f"RelayGR: measuring this machine's forward times once (~10 s; kept in {path}) …", flush=True)
+        command = [sys.executable, "-m", "relay_engine.calibrate", "--out", str(path), "--profile-out", str(profile),
+                   "--threads", str(threads)]
+        command += (["--model-config", json.dumps(asdict(MODELS[args.model]))] if args.model in MODELS
+                    else ["--weights", args.model])
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              preexec_fn=die_with_parent())
+        if done.returncode != 0:
+            raise RuntimeError(f"measuring the time scale failed:\n{done.stderr.strip()[-2000:]}")
+        known = {**json.loads(path.read_text()), "key": key}
+        path.write_text(json.dumps(known, indent=1) + "\n")
+    if args.time_scale is not None:
+        return TimeScale(args.time_scale, "given (--time-scale)", profile)
+    how = (f"this CPU ({threads} torch thread(s) per instance) runs a full rank of 2,048 tokens in "
+           f"{known['rank_full_ms_2048']:.0f} ms, the reference in {known['rank_full_ms_2048_reference']:.0f} ms")
+    return TimeScale(round(float(known["time_scale"]), 1), how, profile)  # K to a tenth: round figures
+
+
+def _cpu_name() -> str:
+    try:
+        return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
 def manage(env: dict[str, str], *command: str) -> str:
     done = subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True,
                           text=True, stdin=subprocess.DEVNULL)
@@ -131,7 +223,7 @@ def manage(env: dict[str, str], *command: str) -> str:
     return done.stdout
 
 
-def prepare_trace(args: argparse.Namespace) -> Path:
+def prepare_trace(args: argparse.Namespace, scale: TimeScale) -> Path:
     if args.trace:
         try:
             queries = read_trace(args.trace)
@@ -140,12 +232,14 @@ def prepare_trace(args: argparse.Namespace) -> Path:
         if not queries:
             raise SystemExit(f"--trace: {args.trace} holds no queries")
         return args.trace
-    path = args.data_dir / f"trace-{args.rate:g}qps.jsonl"
+    low, high = scale.rank_delay_ms
+    path = args.data_dir / f"trace-{args.rate:g}qps-gap{low:g}-{high:g}ms.jsonl"
     if not path.exists():
         # An hour of traffic, which the replayer loops over, from the lab's generator (a command, so the
-        # worker package never imports the lab).
+        # worker package never imports the lab); its retrieval→ranking gap in the stack's time scale.
         done = subprocess.run([sys.executable, "-m", "relay_engine.traffic", "generate", "--out", str(path),
-                               "--queries", str(int(args.rate * 3600)), "--qps", repr(args.rate), "--seed", "1"],
+                               "--queries", str(int(args.rate * 3600)), "--qps", repr(args.rate), "--seed", "1",
+                               "--rank-delay-min-ms", repr(low), "--rank-delay-max-ms", repr(high)],
                               cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise RuntimeError(f"generating the trace failed:\n{done.stderr.strip()}")
@@ -214,9 +308,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"RelayGR: setting up (Redis {'embedded' if embedded else 'at $REDIS_URL'}, "
               f"database {env['DATABASE_URL'].split(':', 1)[0]}, logs in {logs}) …", flush=True)
         manage(env, "migrate", "--noinput")
-        demo = json.loads(manage(env, "relaygr_demo", "--pool", args.pool, "--instances", str(args.instances)))
+        scale = measure_time_scale(args, data_dir, env)
+        if scale.profile is not None:
+            env["RELAYGR_PROFILE_DIR"] = str(scale.profile.parent)  # what the pool's previews replay with
+        demo = json.loads(manage(env, "relaygr_demo", "--pool", args.pool, "--instances", str(args.instances),
+                                 "--slo-ms", repr(scale.slo_ms), "--time-note", scale.describe()))
         manage(env, "relaygr_sync")
-        trace = prepare_trace(args)
+        trace = prepare_trace(args, scale)
         py = sys.executable
         children = [
             Child("web", [py, "-m", "gunicorn", "controlplane.wsgi:application", "--bind", f"{args.host}:{args.port}",
@@ -235,10 +333,11 @@ def run(args: argparse.Namespace) -> int:
                  lambda: len(live_members(client, keys)) >= args.instances, children)
         if not args.no_traffic:
             replay = Child("replay", [py, "-m", "workers.replay", "--trace", str(trace), "--speed", "1",
-                                      "--pool", args.pool, "--no-progress"], logs / "replay.log", restart=True)
+                                      "--deadline-ms", repr(scale.deadline_ms), "--pool", args.pool, "--no-progress"],
+                           logs / "replay.log", restart=True)
             replay.start(env)
             children.append(replay)
-        banner(url, demo, args, trace)
+        banner(url, demo, args, trace, scale)
         if args.status_file:
             args.status_file.write_text(json.dumps({
                 "url": url, "redis_url": redis_url, **demo,
@@ -274,7 +373,7 @@ def controlplane_worker_argv(py: str, data_dir: Path) -> list[str]:
             "--schedule", str(data_dir / "celerybeat-schedule"), "--hostname", f"controlplane-{os.getpid()}@%h"]
 
 
-def banner(url: str, demo: dict, args: argparse.Namespace, trace: Path) -> None:
+def banner(url: str, demo: dict, args: argparse.Namespace, trace: Path, scale: TimeScale) -> None:
     print(f"""
 RelayGR is running.
   Dashboard   {url}/
@@ -284,6 +383,7 @@ RelayGR is running.
   API docs    {url}/api/docs/
   Pool        {demo['pool']}: {args.instances} instance(s), model {args.model}, device {args.device}
   Traffic     {'off' if args.no_traffic else f'{trace.name} at {args.rate:g} queries/s (looped)'}
+  Time scale  K = {scale.k:g}: {scale.describe()}
 Ctrl-C stops everything.
 """, flush=True)
 

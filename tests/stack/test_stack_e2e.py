@@ -119,18 +119,34 @@ def stack(tmp_path_factory):
             os.killpg(process.pid, signal.SIGKILL)
 
 
+def test_the_demo_pool_runs_on_the_stacks_time_scale_and_says_so(stack):
+    """On a CPU the stack measures K once (this machine's forwards ÷ the reference accelerator's)
+    and gives the demo pool the reference's SLO × K, in a revision of its own, with the reason in
+    the pool's description; previews get this machine's profile, not the reference one."""
+    _, api, data_dir = stack
+    calibration = json.loads((data_dir / "calibration.json").read_text())
+    k = round(calibration["time_scale"], 1)
+    assert k > 0 and (data_dir / "profile-cpu.json").is_file()
+    pool = api.call("GET", "/api/v1/pools/main/")
+    assert pool["slo"]["ranking_p99_slo_ms"] == round(50 * k, 1)
+    assert f"×{k:g} of the reference accelerator's" in pool["description"]
+    calibrated = api.call("GET", f"/api/v1/pools/main/revisions/{pool['desired_generation']}/")
+    assert calibrated["author"] == "cli:relaygr_demo" and "time scale" in calibrated["comment"]
+
+
 def test_raising_the_threshold_stops_pre_inference_and_a_rollback_restores_it(stack):
     _, api, _ = stack
-    wait_for(lambda: converged_at(api, 1), 60, "generation 1 to converge")
+    first = api.call("GET", "/api/v1/pools/main/")["desired_generation"]
+    wait_for(lambda: converged_at(api, first), 60, f"generation {first} to converge")
     wait_for(lambda: api.counters().get("relaygr_preinfer_admitted_total", 0) > 0, 90, "pre-inferences")
     running = deltas_over(api, 4)
     assert running["relaygr_rank_ok_total"] > 0 and running["relaygr_preinfer_admitted_total"] > 0
 
-    revision = api.call("GET", "/api/v1/pools/main/revisions/1/")
+    revision = api.call("GET", f"/api/v1/pools/main/revisions/{first}/")
     spec = revision["spec"]
     spec["trigger"]["at_risk_seq_len"] = 1_000_000  # above every request (the trace's max is 8192)
     created = api.call("POST", "/api/v1/pools/main/revisions/",
-                       {"parent_generation": 1, "spec": spec, "comment": "e2e: no pre-inference"})
+                       {"parent_generation": first, "spec": spec, "comment": "e2e: no pre-inference"})
     api.call("POST", f"/api/v1/pools/main/revisions/{created['generation']}/publish/")
     wait_for(lambda: converged_at(api, created["generation"]), 30, "every instance to ACK the new generation")
 
@@ -140,7 +156,7 @@ def test_raising_the_threshold_stops_pre_inference_and_a_rollback_restores_it(st
     assert quiet["relaygr_rank_ok_total"] > 0  # ranking continues
     assert quiet["relaygr_preinfer_refusals_total{not_at_risk}"] > 0
 
-    rolled = api.call("POST", "/api/v1/pools/main/rollback/", {"to_generation": 1, "parent_generation": created["generation"], "comment": "e2e: restore"})
+    rolled = api.call("POST", "/api/v1/pools/main/rollback/", {"to_generation": first, "parent_generation": created["generation"], "comment": "e2e: restore"})
     wait_for(lambda: converged_at(api, rolled["generation"]), 30, "the rollback to converge")
     back = wait_for(lambda: (d := deltas_over(api, 4))["relaygr_preinfer_admitted_total"] > 0 and d, 60,
                     "pre-inferences to resume")

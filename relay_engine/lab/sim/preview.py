@@ -124,11 +124,16 @@ DEFAULT_MAX_REQUESTS = 15_000
 
 
 def profile_for(device_kind: str) -> tuple[Path, str]:
-    """The cost profile of a pool's device: measured on this machine (``artifacts/profile-<kind>.json``,
-    ``python -m relay_engine.profile --fit``), else shipped (``profiles/<kind>.json``), else the
-    reference profile. Returns the file and a sentence saying which and why."""
+    """The cost profile of a pool's device: the one its stack measured at start (``$RELAYGR_PROFILE_DIR``,
+    ``python -m relay_engine.calibrate``), else one measured on this machine
+    (``artifacts/profile-<kind>.json``, ``python -m relay_engine.profile --fit``), else shipped
+    (``profiles/<kind>.json``), else the reference profile. Returns the file and a sentence saying
+    which and why."""
     if device_kind in DEVICE_KINDS:
-        for path, how in ((REPO_ROOT / "artifacts" / f"profile-{device_kind}.json", "measured on this machine"),
+        started = os.environ.get("RELAYGR_PROFILE_DIR")
+        for path, how in (*(((Path(started) / f"profile-{device_kind}.json",
+                              "measured on this machine when the stack started"),) if started else ()),
+                          (REPO_ROOT / "artifacts" / f"profile-{device_kind}.json", "measured on this machine"),
                           (PROFILES_DIR / f"{device_kind}.json", "shipped")):
             if path.is_file():
                 return path, f"the {device_kind} profile ({how})"

@@ -2,6 +2,11 @@
 
 Used by the one-command stack (``make run``). Prints one JSON line with the user, password and a
 fresh API token, which the launcher shows once; nothing is printed or logged anywhere else.
+
+``--slo-ms`` puts the demo pool on the stack's time scale (``workers.stack``: the reference
+accelerator's SLO × K on a slower machine): while the pool's desired revision is still the demo's own
+(authored by this command), a revision with that SLO is created and published; a revision anyone
+else published is left alone.
 """
 
 import json
@@ -13,8 +18,10 @@ from django.db import transaction
 
 from controlplane.accounts import services as accounts
 from controlplane.accounts.roles import Role
-from controlplane.policies import services
+from controlplane.common.errors import ServiceError
+from controlplane.policies import selectors, services
 from controlplane.policies.models import Pool
+from relay_engine.core.config import parse_policy, to_plain
 
 ACTOR = "cli:relaygr_demo"
 
@@ -27,8 +34,10 @@ class Command(BaseCommand):
         parser.add_argument("--instances", type=int, default=2, help="expected instances of the pool")
         parser.add_argument("--user", default="demo")
         parser.add_argument("--password", default="", help="default: a new random password each run")
+        parser.add_argument("--slo-ms", type=float, help="the demo pool's ranking SLO (trigger.ranking_p99_slo_ms)")
+        parser.add_argument("--time-note", default="", help="why the pool's times are what they are (its description)")
 
-    def handle(self, *args, pool, instances, user, password, **options):
+    def handle(self, *args, pool, instances, user, password, slo_ms, time_note, **options):
         if not 1 <= instances <= 1024:
             raise CommandError(f"--instances must be in [1, 1024], got {instances}")
         password = password or secrets.token_urlsafe(9)
@@ -42,7 +51,25 @@ class Command(BaseCommand):
                 account.set_password(password)
                 account.save(update_fields=["password"])
         if not Pool.objects.filter(name=pool).exists():
-            services.pool_create(name=pool, description="demo pool started by make run",
-                                 expected_instances=instances, actor=ACTOR)
+            note = f"demo pool started by make run; {time_note}" if time_note else "demo pool started by make run"
+            services.pool_create(name=pool, description=note[:500], expected_instances=instances, actor=ACTOR)
+        if slo_ms is not None:
+            self._calibrate(Pool.objects.get(name=pool), slo_ms, time_note)
         token = accounts.token_create(user=account, actor=ACTOR, name="make run")
         self.stdout.write(json.dumps({"user": user, "password": password, "token": token.key, "pool": pool}))
+
+    def _calibrate(self, pool: Pool, slo_ms: float, note: str) -> None:
+        desired = selectors.revision_desired(pool=pool)
+        latest = selectors.revision_list(pool=pool).first()
+        if desired.author != ACTOR or latest.generation != desired.generation:
+            return  # someone else's revision (or one being prepared): theirs to change
+        spec = to_plain(parse_policy(desired.spec))
+        if spec["trigger"]["ranking_p99_slo_ms"] == slo_ms:
+            return
+        spec["trigger"]["ranking_p99_slo_ms"] = slo_ms
+        try:
+            revision = services.revision_create(pool=pool, spec=spec, parent_generation=desired.generation,
+                                                author=ACTOR, comment=f"the stack's time scale: {note}"[:1000])
+        except ServiceError as exc:
+            raise CommandError(f"--slo-ms {slo_ms:g}: {exc.detail}") from None
+        services.revision_publish(pool=pool, generation=revision.generation, actor=ACTOR)
