@@ -33,11 +33,11 @@ from pathlib import Path
 import torch
 
 from relay_engine.core.model import HSTUModel, ModelConfig, WeightsFileError
+from relay_engine.lab.bench.settings import REFERENCE_PROFILE
 from relay_engine.lab.costmodel import PROFILE_LENGTHS, CostModel, time_scale_against
 from relay_engine.lab.profile import fit_profile
 
 FORMAT = "relaygr-calibration/1"
-REFERENCE_PROFILE = Path(__file__).resolve().parent / "profiles" / "reference.json"
 # The shape K is judged at: the profile's default (32 short-term tokens, 128 candidates).
 SHORT, CANDIDATES = 32, 128
 

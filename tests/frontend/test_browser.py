@@ -214,6 +214,8 @@ def test_preview_shows_live_and_proposed_side_by_side_then_publishes_that_revisi
     assert "SLO" in p99.locator('td[data-side="proposed"]').inner_text()
     assert " of " in table.locator('tr[data-figure="hbm_peak_bytes"] td[data-side="proposed"]').inner_text()
     assert "Simulator error" in sre.locator('[data-role="preview-model-error"]').inner_text()
+    # This stack measured no profile of its own: the preview says in its main text whose times it shows.
+    assert "not this pool's" in sre.locator('[data-role="preview-foreign-profile"]').inner_text()
     assert "ago" in sre.locator('[data-role="preview"] [data-role="preview-window"]').inner_text()
     screenshot(sre, "09b-config-preview")
     previewed = pool_state(stack)["latest_generation"]  # the preview created it, unpublished

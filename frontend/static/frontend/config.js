@@ -563,8 +563,16 @@
     const error = r.model_error === null || r.model_error === undefined
       ? `Simulator error: unknown (${r.model_error_note}).`
       : `Simulator error: ±${(100 * r.model_error).toFixed(0)} % on P99 (${r.model_error_note}).`;
+    // A prediction on another device's times is not this pool's: said first, in the main text.
+    const foreign = r.profile.pools_own === false
+      ? el("p", { class: "notice", role: "note", dataset: { role: "preview-foreign-profile" } },
+        `These times are not this pool's: the simulator used ${r.profile.note}, so P99, P50 and the share within `
+        + "the SLO are another device's. The cache figures (hit ratio, admissions, HBM) still hold. Measure this "
+        + "pool's device with python -m relay_engine.calibrate (make run does it at start).")
+      : null;
     sayPreview(el("div", { dataset: { role: "preview", previewId: String(preview.id) } },
       el("h3", {}, "What-if preview"),
+      foreign,
       table,
       el("p", { class: "muted small", dataset: { role: "preview-window" } },
         `${fmt.count(r.requests)} requests replayed of ${fmt.count(r.requests_captured)} captured in the last ${r.window}`

@@ -186,7 +186,9 @@ def cmd_preview(args: argparse.Namespace) -> int:
     result = run_preview(queries, live, proposed, instances=args.instances, cost=cost,
                          rank_threads=args.rank_threads, max_requests=args.max_requests, jobs=args.jobs)
     result.update({"model_error": model_error, "model_error_note": model_error_note,
-                   "profile": {"path": str(profile), "device": cost.device, "note": profile_note}})
+                   "profile": {"path": str(profile), "device": cost.device, "note": profile_note,
+                               # whether the times are this pool's devices' own, or a stand-in's
+                               "pools_own": not Path(profile).samefile(REFERENCE_PROFILE)}})
     report.write_json(Path(args.out), result)
     print(f"previewed {result['requests']} requests on {args.instances} instances in {result['sim_wall_s']} s "
           f"({profile_note}); wrote {args.out}", file=sys.stderr)
