@@ -145,6 +145,10 @@ def test_a_canary_of_every_live_instance_is_refused(operator, fleet):
     ({**CANARY, "bake_s": 10**400}, "bake_s", "less than or equal to 86400"),
     ({**CANARY, "max_burn": 0}, "max_burn", "above 0 and at most 100"),
     ({**CANARY, "max_burn": True}, "max_burn", "above 0"),
+    ({**CANARY, "max_burn": 10**401}, "max_burn", "above 0 and at most 100"),  # an OverflowError page before
+    ({**CANARY, "max_burn": -10**401}, "max_burn", "above 0 and at most 100"),
+    ({**CANARY, "canary_instances": 10**401}, "canary_instances", "a count of instances"),
+    ({**CANARY, "canary_instances": -10**401}, "canary_instances", "a count of instances"),
     ({**CANARY, "bake": 30}, "bake", "Unknown field"),
     ({"strategy": "all", "bake_s": 30}, "bake_s", 'only with strategy "canary"'),
 ])

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-import math
-
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.common.fields import StrictIntegerField, StrictSerializer
 from controlplane.policies.models import MAX_EXPECTED_INSTANCES
+from relay_engine.core import fields
 
 from ..models import Rollout
 
@@ -24,10 +23,11 @@ class StrictNumberField(serializers.Field):
         super().__init__(**kwargs)
 
     def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, (int, float)) or not math.isfinite(data) \
-                or not self.lo < data <= self.hi:
-            raise serializers.ValidationError(f"must be a number above {self.lo:g} and at most {self.hi:g}.")
-        return float(data)
+        try:  # the schema's one number check: a 401-digit integer is out of range, never an OverflowError
+            return fields.number(data, self.lo, self.hi, lo_open=True)
+        except fields.FieldValueError:
+            raise serializers.ValidationError(f"must be a number above {self.lo:g} and at most {self.hi:g}, "
+                                              f"got {fields.show(data)}.") from None
 
     def to_representation(self, value):
         return value
@@ -38,15 +38,14 @@ class CanaryInstancesField(serializers.Field):
     """How many live instances get the canary: a count (1, 2, …) or a fraction in (0, 1)."""
 
     def to_internal_value(self, data):
-        message = (f"must be a count of instances (an integer from 1 to {MAX_EXPECTED_INSTANCES - 1}) or a "
-                   "fraction of the live instances (a number above 0 and below 1).")
-        if isinstance(data, bool) or not isinstance(data, (int, float)) or not math.isfinite(data):
-            raise serializers.ValidationError(message)
         if isinstance(data, float) and 0 < data < 1:
             return data
-        if float(data).is_integer() and 1 <= data < MAX_EXPECTED_INSTANCES:
-            return int(data)
-        raise serializers.ValidationError(message)
+        try:
+            return fields.integer(data, 1, MAX_EXPECTED_INSTANCES - 1)
+        except fields.FieldValueError:
+            raise serializers.ValidationError(
+                f"must be a count of instances (an integer from 1 to {MAX_EXPECTED_INSTANCES - 1}) or a fraction "
+                f"of the live instances (a number above 0 and below 1), got {fields.show(data)}.") from None
 
     def to_representation(self, value):
         return value
