@@ -22,7 +22,7 @@ from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.rollouts.selectors import rollout_baking
 from relay_engine.core.config import default_policy, validate_policy
-from relay_engine.core.wire import DesiredRevision, PoolKeys, pools_key
+from relay_engine.core.wire import DesiredRevision, PoolKeys, pools_key, revoked_ranges
 
 from . import selectors
 from .models import AuditEntry, ConfigRevision, Pool
@@ -243,10 +243,13 @@ def desired_push(*, pool: Pool, force: bool = False) -> bool:
     newer generation already in Redis is kept. Raises Unavailable when Redis cannot be reached.
     """
     revision = selectors.revision_desired(pool=pool)
+    baking = rollout_baking(pool=pool)
     message = DesiredRevision(
         generation=revision.generation, sha256=revision.sha256, spec=revision.spec,
         published_at=(pool.desired_at or revision.created_at).timestamp(), published_by=pool.desired_by,
-        revoked=tuple(sorted(g for g in pool.revoked_generations if g > revision.generation)),
+        # However many canaries were rolled back: at most two ranges, leaving out only the one baking.
+        revoked=revoked_ranges(pool.revoked_generations, above=revision.generation,
+                               keep=[baking.generation] if baking is not None else []),
     )
     keys = PoolKeys(pool.name)
     client = get_redis()

@@ -36,6 +36,13 @@ than the one it applied (a stale Redis); the one exception is a canary rolled ba
 then lists the canary's generation in ``revoked``, and an instance running a revoked generation may
 leave it for the pool's older one (``may_step_down``). A stale record, written before the rollback,
 carries no such list and is still refused.
+
+Revocation stays bounded however many canaries were rolled back: ``revoked`` holds inclusive ranges
+``[lo, hi]`` of generations (a bare integer is the range of one, as older control planes wrote). Every
+generation above the pool's desired one was either never sent to an instance, or sent to canaries
+that were rolled back, or is the generation baking now (one per pool): so the control plane covers
+the revoked ones with the fewest ranges that leave out only the baking one (``revoked_ranges``: at
+most two), whatever the count of aborted canaries, and a record never fails for its length.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -203,7 +211,23 @@ def _typed(data: dict[str, Any], name: str, kind: type, what: str) -> Any:
     return float(value) if kind is float else value
 
 
-MAX_REVOKED = 64  # revoked generations a desired record may list (only those above its own matter)
+MAX_REVOKED = 64  # revoked ranges a desired record may list (the control plane writes at most two)
+Ranges = tuple[tuple[int, int], ...]
+
+
+def revoked_ranges(revoked: Iterable[int], *, above: int, keep: Iterable[int] = ()) -> Ranges:
+    """The fewest inclusive ranges covering every generation in ``revoked`` above ``above`` and none in
+    ``keep`` (a canary baking now); generations between revoked ones that no instance was sent are
+    covered too, which is what keeps the count bounded."""
+    gens = sorted({g for g in revoked if g > above})
+    kept = set(keep) - set(gens)
+    ranges: list[tuple[int, int]] = []
+    for g in gens:
+        if ranges and not any(ranges[-1][1] < k < g for k in kept):
+            ranges[-1] = (ranges[-1][0], g)  # nothing an instance may keep lies between: one range
+        else:
+            ranges.append((g, g))
+    return tuple(ranges)
 
 
 @dataclass(frozen=True)
@@ -213,20 +237,20 @@ class DesiredRevision:
     spec: dict[str, Any]
     published_at: float
     published_by: str = ""
-    # Generations above this one that the control plane withdrew from canary instances (rolled back):
-    # an instance running one of them may step down to this generation.
-    revoked: tuple[int, ...] = ()
+    # Inclusive ranges of generations above this one that the control plane withdrew from canary
+    # instances (rolled back): an instance running one of them may step down to this generation.
+    revoked: Ranges = ()
 
     def may_step_down(self, applied_generation: int) -> bool:
         """Whether an instance that applied ``applied_generation`` may go down to this older one."""
-        return applied_generation in self.revoked
+        return any(lo <= applied_generation <= hi for lo, hi in self.revoked)
 
     def to_json(self) -> str:
         data = asdict(self)
         if not self.revoked:  # the record stays as it always was when nothing is revoked
             del data["revoked"]
         else:
-            data["revoked"] = list(self.revoked)
+            data["revoked"] = [lo if lo == hi else [lo, hi] for lo, hi in self.revoked]
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -251,18 +275,25 @@ class DesiredRevision:
         )
 
 
-def _revoked(data: dict[str, Any], generation: int) -> tuple[int, ...]:
+def _revoked(data: dict[str, Any], generation: int) -> Ranges:
     revoked = data.get("revoked", [])
     if not isinstance(revoked, list) or len(revoked) > MAX_REVOKED:
-        raise WireError(f"desired revision.revoked must be a list of at most {MAX_REVOKED} generations, "
-                        f"got {repr(revoked)[:40]}")
+        raise WireError(f"desired revision.revoked must be a list of at most {MAX_REVOKED} generations or "
+                        f"[first, last] ranges, got {repr(revoked)[:40]}")
     out = []
     for value in revoked:
-        one = _typed({"revoked": value}, "revoked", int, "desired revision")
-        if one <= generation:
-            raise WireError(f"desired revision.revoked holds generation {one}; only generations above the "
+        if isinstance(value, list):
+            if len(value) != 2:
+                raise WireError(f"desired revision.revoked ranges must be [first, last], got {repr(value)[:40]}")
+            lo, hi = (_typed({"revoked": v}, "revoked", int, "desired revision") for v in value)
+        else:
+            lo = hi = _typed({"revoked": value}, "revoked", int, "desired revision")
+        if lo > hi:
+            raise WireError(f"desired revision.revoked range [{lo}, {hi}] is empty: first must be at most last")
+        if lo <= generation:
+            raise WireError(f"desired revision.revoked holds generation {lo}; only generations above the "
                             f"record's own, {generation}, can be revoked")
-        out.append(one)
+        out.append((lo, hi))
     return tuple(sorted(set(out)))
 
 

@@ -198,7 +198,7 @@ def test_a_burning_canary_is_rolled_back_and_steps_down(operator, fleet, redis_c
     assert rollout.stable_burn == 0.0
     keys = PoolKeys(POOL, prefix=key_prefix)
     assert redis_client.get(keys.instance_desired("ranking-a.0")) is None
-    assert DesiredRevision.from_json(redis_client.get(keys.desired)).revoked == (2,)
+    assert DesiredRevision.from_json(redis_client.get(keys.desired)).revoked == ((2, 2),)
     assert fleet[0].reconcile().applied_generation == 1  # down to the stable generation
     entry = AuditEntry.objects.get(action=AuditEntry.Action.ROLLOUT_ROLLBACK)
     figures = entry.after["figures"]
@@ -309,7 +309,7 @@ def test_relaygr_sync_restores_the_overrides_and_the_revocation(operator, fleet,
     redis_client.set(keys.instance_desired("ranking-a.0"), redis_client.get(keys.desired))  # stale leftovers
     call_command("relaygr_sync", stdout=io.StringIO())
     assert redis_client.get(keys.instance_desired("ranking-a.0")) is None
-    assert DesiredRevision.from_json(redis_client.get(keys.desired)).revoked == (2,)
+    assert DesiredRevision.from_json(redis_client.get(keys.desired)).revoked == ((2, 2),)
 
 
 def test_a_decision_taken_while_redis_is_down_reaches_redis_on_the_next_tick(operator, fleet, settings, redis_client,
@@ -324,5 +324,41 @@ def test_a_decision_taken_while_redis_is_down_reaches_redis_on_the_next_tick(ope
     assert services.rollouts_tick()["published"] == 1
     keys = PoolKeys(POOL, prefix=key_prefix)
     assert redis_client.get(keys.instance_desired("ranking-a.0")) is None
-    assert DesiredRevision.from_json(redis_client.get(keys.desired)).revoked == (2,)
+    assert DesiredRevision.from_json(redis_client.get(keys.desired)).revoked == ((2, 2),)
     assert Rollout.objects.get().published is True
+
+
+def test_seventy_aborted_canaries_in_a_row_leave_every_instance_on_stable(operator, fleet, redis_client, key_prefix,
+                                                                         settings):
+    """Before, the 65th abort made every instance NACK the pool's record ("revoked must be a list of
+    at most 64") and left the canary on the aborted generation. Each round here also leaves a
+    never-published what-if revision between the aborted ones, as Preview clicks do."""
+    settings.RELAYGR_WRITE_THROTTLE_RATE = "10000/min"  # 280 writes: the throttle is not what is tested
+    latest = 2
+    for round_ in range(70):
+        assert _start(operator, generation=latest).status_code == 201, round_
+        assert [w.reconcile().applied_generation for w in fleet] == [latest, 1, 1]
+        assert operator.post(f"{BASE}/rollout/abort/").status_code == 200
+        states = [w.reconcile() for w in fleet]
+        assert [(s.applied_generation, s.config_state) for s in states] == [(1, "ACK")] * 3, (round_, states[0].error)
+        for _ in range(2):  # the next canary's revision, and a what-if revision nobody publishes
+            response = operator.post(f"{BASE}/revisions/", {"parent_generation": latest, "spec": {
+                "cache": {"hbm_budget_mb": 300 + latest}}}, format="json")
+            assert response.status_code == 201
+            latest = response.json()["generation"]
+    record = DesiredRevision.from_json(redis_client.get(PoolKeys(POOL, prefix=key_prefix).desired))
+    assert record.generation == 1 and record.revoked == ((2, 140),)
+    assert Rollout.objects.filter(state="aborted").count() == 70
+
+
+def test_a_canary_baking_between_revoked_generations_is_not_revoked(operator, fleet, redis_client, key_prefix):
+    """Generation 3 aborted, then generation 2 canaried: the pool's record revokes 3 but not 2, so a
+    canary that lost its own record for a moment keeps generation 2."""
+    response = operator.post(f"{BASE}/revisions/", {"parent_generation": 2, "spec": {"cache": {"hbm_budget_mb": 301}}},
+                             format="json")
+    assert response.status_code == 201
+    assert _start(operator, generation=3).status_code == 201
+    assert operator.post(f"{BASE}/rollout/abort/").status_code == 200
+    assert _start(operator, generation=2).status_code == 201
+    record = DesiredRevision.from_json(redis_client.get(PoolKeys(POOL, prefix=key_prefix).desired))
+    assert record.revoked == ((3, 3),) and not record.may_step_down(2)

@@ -12,7 +12,7 @@ import redis
 
 from relay_engine.core.config import parse_policy
 from relay_engine.core.engine import RelayEngine
-from relay_engine.core.wire import ACK, NACK, DesiredRevision, WireError
+from relay_engine.core.wire import ACK, NACK, DesiredRevision, WireError, revoked_ranges
 from tests.workers.test_reconciler import make_instance, record
 from workers.settings import MODELS
 
@@ -109,6 +109,8 @@ def test_a_malformed_override_is_a_nack_naming_the_instance_and_the_field(engine
 @pytest.mark.parametrize(("revoked", "field"), [
     ("[1]", "only generations above"), ('"2"', "revoked must be a list"), ('[2.5]', "revoked must be int"),
     ("[" + ", ".join(["9"] * 65) + "]", "at most 64"), ("[1e400]", "revoked must be int"),
+    ("[[3]]", r"\[first, last\]"), ("[[3, 4, 5]]", r"\[first, last\]"), ("[[5, 3]]", "is empty"),
+    ("[[1, 4]]", "only generations above"), ("[[2, 1e400]]", "revoked must be int"),
 ])
 def test_the_revoked_list_is_decoded_strictly(revoked, field):
     digest = parse_policy({}).sha256()
@@ -119,4 +121,20 @@ def test_the_revoked_list_is_decoded_strictly(revoked, field):
 
 def test_a_record_without_revocations_is_written_as_before():
     assert "revoked" not in json.loads(DesiredRevision(1, "x", {}, 1.0).to_json())
-    assert json.loads(DesiredRevision(1, "x", {}, 1.0, revoked=(3, 2)).to_json())["revoked"] == [3, 2]
+    assert json.loads(DesiredRevision(1, "x", {}, 1.0, revoked=((2, 2), (4, 9))).to_json())["revoked"] == [2, [4, 9]]
+
+
+def test_revocations_round_trip_and_an_older_list_of_generations_still_decodes():
+    record = DesiredRevision(1, "x", {}, 1.0, revoked=((2, 2), (4, 9)))
+    assert DesiredRevision.from_json(record.to_json()) == record
+    old = DesiredRevision.from_json('{"generation": 1, "sha256": "x", "spec": {}, "revoked": [3, 5]}')
+    assert old.revoked == ((3, 3), (5, 5)) and old.may_step_down(5) and not old.may_step_down(4)
+
+
+def test_any_number_of_revoked_generations_is_at_most_two_ranges():
+    """70 canaries rolled back in a row (generations 2…71, each next to a never-sent what-if
+    revision) are one range; the one baking now is the only gap."""
+    assert revoked_ranges(range(2, 142, 2), above=1) == ((2, 140),)
+    assert revoked_ranges(range(2, 142, 2), above=1, keep=[71]) == ((2, 70), (72, 140))
+    assert revoked_ranges([5, 6], above=6) == ()  # none above the record's own
+    assert revoked_ranges([3, 4], above=1, keep=[9]) == ((3, 4),)  # a later baking generation: no gap
