@@ -107,28 +107,58 @@ def rollout_start(*, pool: Pool, generation: int, canary_instances: int | float,
     return rollout
 
 
-def overrides_push(*, rollout: Rollout) -> None:
-    """Redis after the database: the canaries' overrides while baking, none after; then poke the pool."""
+# Writes or deletes the canary overrides only if no newer rollout state was written before: KEYS =
+# fence, poke channel, overrides…; ARGV = token, "set" or "delete", the record, the generation.
+# Returns 1 when written, 0 when a newer state's token is already there.
+_OVERRIDES_SCRIPT = """
+local fence = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if fence > tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+for i = 3, #KEYS do
+  if ARGV[2] == 'set' then redis.call('SET', KEYS[i], ARGV[3]) else redis.call('DEL', KEYS[i]) end
+end
+redis.call('PUBLISH', KEYS[2], ARGV[4])
+return 1
+"""
+
+
+def fence_token(rollout: Rollout) -> int:
+    """Grows with every state a pool's rollouts go through: a later rollout's (one bakes at a time, so
+    start times order them) and a decided one's above its bake's. Microseconds × 2 stay below 2^53, a
+    Lua number's exact range."""
+    return int(rollout.started_at.timestamp() * 1_000_000) * 2 + (rollout.state != Rollout.State.BAKING)
+
+
+def overrides_push(*, rollout: Rollout) -> bool:
+    """Redis after the database: the canaries' overrides while baking, none after; then poke the pool.
+
+    A compare-and-set on the pool's rollout fence: a writer holding a state that is no longer current
+    (a periodic pass that read the bake before an abort, say) writes nothing, so a decision sticks.
+    Returns whether it wrote."""
     pool = rollout.pool
     keys = PoolKeys(pool.name)
     overrides = [keys.instance_desired(name) for name in rollout.canary_instances]
+    message = ""
+    if rollout.state == Rollout.State.BAKING:
+        revision = policy_selectors.revision_get(pool=pool, generation=rollout.generation)
+        message = DesiredRevision(generation=revision.generation, sha256=revision.sha256, spec=revision.spec,
+                                  published_at=rollout.started_at.timestamp(),
+                                  published_by=rollout.started_by).to_json()
     try:
-        pipe = get_redis().pipeline(transaction=True)
-        if rollout.state == Rollout.State.BAKING:
-            revision = policy_selectors.revision_get(pool=pool, generation=rollout.generation)
-            message = DesiredRevision(generation=revision.generation, sha256=revision.sha256, spec=revision.spec,
-                                      published_at=rollout.started_at.timestamp(), published_by=rollout.started_by)
-            for key in overrides:
-                pipe.set(key, message.to_json())
-        elif overrides:
-            pipe.delete(*overrides)
-        pipe.publish(keys.poke_channel, str(rollout.generation))
-        pipe.execute()
+        written = get_redis().eval(_OVERRIDES_SCRIPT, 2 + len(overrides), keys.rollout_fence, keys.poke_channel,
+                                   *overrides, str(fence_token(rollout)), "set" if message else "delete", message,
+                                   str(rollout.generation))
     except redis.RedisError as exc:
         raise redis_unreachable(exc) from exc
+    if not written:
+        logger.info("rollout %s: overrides not written, a newer rollout state is in Redis", rollout)
+        if rollout.state == Rollout.State.BAKING:
+            return False
+        # A decision a newer rollout superseded has nothing left to write: not retried by the tick.
     if not rollout.published:
         Rollout.objects.filter(pk=rollout.pk).update(published=True)
         rollout.published = True
+    return bool(written)
 
 
 def _decided(*, rollout: Rollout, state: str, actor: str, reason: str, figures: dict) -> Rollout:

@@ -11,6 +11,7 @@ Keys (``P`` = prefix, ``pool`` = pool name, ``inst`` = instance name ``<pool>.<i
 | ``P:pools`` | set | control plane | pool names known to the fleet |
 | ``P:pool:{pool}:desired`` | string | control plane | JSON ``DesiredRevision`` |
 | ``P:pool:{pool}:desired:{inst}`` | string | control plane | JSON ``DesiredRevision`` for one instance: a canary's, overriding the pool's while it bakes |
+| ``P:pool:{pool}:rollout:fence`` | string | control plane | the newest rollout state written to the overrides (``rollout_fence``): an older writer's overrides are refused |
 | ``P:pool:{pool}:poke`` | pub/sub channel | control plane | the desired generation, as text |
 | ``P:pool:{pool}:members`` | sorted set | workers | inst → last heartbeat (unix s) |
 | ``P:pool:{pool}:status:{inst}`` | string, TTL | workers | JSON ``InstanceStatus`` |
@@ -126,6 +127,12 @@ class PoolKeys:
     def instance_desired(self, instance: str) -> str:
         """One instance's own desired revision (a canary's), read before the pool's."""
         return f"{self.base}:desired:{instance}"
+
+    @property
+    def rollout_fence(self) -> str:
+        """The token of the last rollout state whose overrides were written (see the control plane's
+        ``rollouts.services.overrides_push``): writes carrying an older token change nothing."""
+        return f"{self.base}:rollout:fence"
 
     @property
     def poke_channel(self) -> str:

@@ -173,3 +173,32 @@ def test_a_write_that_cannot_get_the_lock_in_time_is_a_503_that_writes_nothing(o
     assert response["Retry-After"] == "1" and "retry" in response.json()["detail"]
     assert ConfigRevision.objects.filter(pool=pool).count() == 1
     assert operator.post(f"{BASE}/revisions/", {"parent_generation": 1, "spec": {}}, format="json").status_code == 201
+
+
+def test_promote_and_abort_racing_on_one_bake_have_one_winner(token, pool, redis_client, worker_factory):
+    """Four promotes and four aborts of one baking canary at once: one decision, the rest 409, and
+    Redis says what the database says (the winner's overrides and revocation, none of the loser's)."""
+    from controlplane.policies import services as policy_services
+
+    policy_services.desired_push(pool=pool)
+    workers = [worker_factory(POOL, i) for i in range(3)]
+    for worker in workers:
+        worker.reconcile()
+    generation = revisions(1)[-1]
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    started = client.post(f"{BASE}/revisions/{generation}/publish/", {"strategy": "canary", "canary_instances": 1,
+                                                                      "bake_s": 60}, format="json")
+    assert started.status_code == 201, started.content
+    results = race(token, [(f"{BASE}/rollout/{action}/", None) for action in ("promote", "abort") * 4])
+    assert statuses(results, "promote vs abort of one bake") == Counter({200: 1, 409: WRITERS - 1})
+    winner = next(body for status, body in results if status == 200)["state"]
+    pool_row = Pool.objects.get(name=POOL)
+    keys = PoolKeys(POOL)
+    assert redis_client.get(keys.instance_desired(f"{POOL}.0")) is None
+    record = DesiredRevision.from_json(redis_client.get(keys.desired))
+    if winner == "promoted":
+        assert pool_row.desired_generation == record.generation == generation
+    else:
+        assert winner == "aborted" and record.generation == 1 and record.may_step_down(generation)
+    assert {w.reconcile().applied_generation for w in workers} == {record.generation}

@@ -362,3 +362,34 @@ def test_a_canary_baking_between_revoked_generations_is_not_revoked(operator, fl
     assert _start(operator, generation=2).status_code == 201
     record = DesiredRevision.from_json(redis_client.get(PoolKeys(POOL, prefix=key_prefix).desired))
     assert record.revoked == ((3, 3),) and not record.may_step_down(2)
+
+
+def test_an_abort_sticks_against_a_pass_that_read_the_bake_before_it(operator, fleet, redis_client, key_prefix):
+    """The interleaving that made an aborted canary serve its generation again: the periodic pass
+    reads the bake, the abort commits and clears the overrides, then the pass re-sends what it read.
+    The rollout fence in Redis refuses the stale write."""
+    assert _start(operator).status_code == 201
+    read_by_the_pass = Rollout.objects.select_related("pool").get()  # still baking, as the pass saw it
+    assert operator.post(f"{BASE}/rollout/abort/").status_code == 200
+    keys = PoolKeys(POOL, prefix=key_prefix)
+    assert redis_client.get(keys.instance_desired("ranking-a.0")) is None
+    assert services.overrides_push(rollout=read_by_the_pass) is False
+    assert redis_client.get(keys.instance_desired("ranking-a.0")) is None
+    assert fleet[0].reconcile().applied_generation == 1
+    services.rollouts_tick()  # a whole pass afterwards: nothing baking, nothing re-sent
+    assert redis_client.get(keys.instance_desired("ranking-a.0")) is None
+
+
+def test_a_later_rollouts_overrides_win_over_an_earlier_decision_written_late(operator, fleet, redis_client,
+                                                                               key_prefix):
+    assert _start(operator).status_code == 201
+    assert operator.post(f"{BASE}/rollout/abort/").status_code == 200
+    first = Rollout.objects.get()
+    response = operator.post(f"{BASE}/revisions/", {"parent_generation": 2, "spec": {"cache": {"hbm_budget_mb": 301}}},
+                             format="json")
+    assert _start(operator, generation=response.json()["generation"]).status_code == 201
+    Rollout.objects.filter(pk=first.pk).update(published=False)  # its Redis half "failed" earlier
+    services.rollouts_tick()
+    keys = PoolKeys(POOL, prefix=key_prefix)
+    assert DesiredRevision.from_json(redis_client.get(keys.instance_desired("ranking-a.0"))).generation == 3
+    assert Rollout.objects.get(pk=first.pk).published is True  # superseded: not retried forever
