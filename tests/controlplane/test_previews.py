@@ -18,12 +18,13 @@ from django.utils import timezone
 from controlplane.policies import services as policy_services
 from controlplane.previews import services
 from controlplane.previews.models import Preview
-from relay_engine.core.capture import CaptureRecord, user_hash
+from relay_engine.core.capture import CaptureRecord, capture_key, user_hash
 from relay_engine.core.config import default_policy, to_plain
 from relay_engine.core.trace import read_trace
 from relay_engine.core.wire import PoolKeys
 
 pytestmark = pytest.mark.integration
+KEY = capture_key("a capture secret of the preview tests, not a real one", "ranking-a")
 
 
 def write_capture(client, pool: str, *, n: int, qps: float, end_s: float, users: int = 40, seed: int = 0) -> None:
@@ -34,7 +35,7 @@ def write_capture(client, pool: str, *, n: int, qps: float, end_s: float, users:
     for i in range(n):
         ts_ms = (end_s - (n - i) / qps) * 1000
         user = rng.randrange(users)
-        record = CaptureRecord(ts_ms=ts_ms, user=user_hash("salt", f"user-{user}"),
+        record = CaptureRecord(ts_ms=ts_ms, user=user_hash(KEY, f"user-{user}"),
                                prefix_len=1500 + 20 * (user % 40) if user % 2 == 0 else 100 + user % 400, short_len=8,
                                candidates=64, gap_ms=30.0 + i % 20 if i % 4 else None,
                                outcome=("hbm", "miss", "dram")[i % 3], latency_ms=5.0)
