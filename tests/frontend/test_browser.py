@@ -554,6 +554,23 @@ def test_the_fleet_page_of_a_large_pool_counts_every_instance(sre, large_pool, s
     screenshot(sre, "17-large-pool-fleet")
 
 
+def test_a_heartbeat_that_is_no_time_shows_on_its_row_and_the_rest_of_the_fleet_page_answers(sre, stack):
+    """Redis is untrusted: a members score of -inf (planted) is that instance's problem, on its row only."""
+    keys = stack.worker_settings.keys
+    stack.redis.zadd(keys.members, {f"{POOL}.7": float("-inf")})
+    try:
+        sre.goto(FLEET)
+        odd = sre.locator(f'[data-role="instances"] tr[data-instance="{POOL}.7"][data-live="false"]')
+        odd.wait_for()
+        assert "unreadable heartbeat in Redis" in odd.inner_text() and "-inf" in odd.inner_text()
+        assert sre.locator('[data-role="instances"] tr[data-instance][data-live="true"]').count() == 2
+        sre.goto(f"/pools/{POOL}/instances/{POOL}.0/")
+        sre.locator('[data-figure="live"]', has_text="live").wait_for()
+        assert sre.locator('[data-figure="capture"]').inner_text() == "on"  # the stack's workers have a secret
+    finally:
+        stack.redis.zrem(keys.members, f"{POOL}.7")
+
+
 def test_the_pages_loaded_nothing_from_outside(operator_session, stack):
     assert operator_session.requested, "no request recorded"
     outside = [url for url in operator_session.requested
