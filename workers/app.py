@@ -87,7 +87,7 @@ def make_app(settings: Settings) -> Celery:
 def redis_client(settings: Settings) -> redis.Redis:
     """A client for the wire keys that retries through short outages (a Redis restart)."""
     return redis.Redis.from_url(
-        settings.redis_url, decode_responses=True,
+        settings.redis_url, decode_responses=True, encoding_errors="replace",  # not UTF-8: the decoder refuses it
         socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_CONNECT_TIMEOUT_S,
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError], health_check_interval=10,

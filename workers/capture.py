@@ -2,9 +2,9 @@
 
 The ranking task only calls ``record`` (a ``put_nowait`` of a small tuple); a full queue drops the
 record and counts it, so capture never blocks nor slows ranking. The drain thread hashes the user
-id with the pool's salt (``PoolKeys.traffic_salt``, created once with SET NX, shared by every
-instance so a user hashes the same everywhere), and appends batches to the pool's stream in one
-pipeline: ``XADD … MAXLEN ~ CAPTURE_MAX_RECORDS`` per record, then ``XTRIM MINID ~`` the age bound.
+id under the pool's capture key (``capture.capture_key`` of the deployment's capture secret: the same
+on every instance, so a user hashes alike everywhere, and never written to Redis), and appends
+batches to the pool's stream in one pipeline: ``XADD … MAXLEN ~ CAPTURE_MAX_RECORDS`` per record, then ``XTRIM MINID ~`` the age bound.
 Records lost to a full queue or to an unreachable Redis are added to ``PoolKeys.traffic_dropped``
 (instance → count) once Redis answers again. Every capture key expires an hour (the age bound)
 after its last write, so a pool gone quiet leaves nothing behind.
@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import logging
 import queue
-import secrets
 import threading
 import time
 from collections import OrderedDict
 
 import redis
 
-from relay_engine.core.capture import CAPTURE_MAX_AGE_S, CAPTURE_MAX_RECORDS, CaptureRecord, user_hash
+from relay_engine.core.capture import (
+    CAPTURE_MAX_AGE_S,
+    CAPTURE_MAX_RECORDS,
+    CaptureRecord,
+    capture_key,
+    user_hash,
+)
 from relay_engine.core.wire import PoolKeys
 
 log = logging.getLogger(__name__)
@@ -39,12 +44,14 @@ KEY_TTL_S = int(CAPTURE_MAX_AGE_S)  # every capture key outlives its last write 
 
 
 class TrafficCapture:
-    def __init__(self, client: redis.Redis, keys: PoolKeys, instance: str, *, queue_size: int = QUEUE_SIZE,
-                 batch_size: int = BATCH_SIZE, flush_interval_s: float = FLUSH_INTERVAL_S,
-                 max_records: int = CAPTURE_MAX_RECORDS, clock=time.time):
+    def __init__(self, client: redis.Redis, keys: PoolKeys, instance: str, *, secret: str,
+                 queue_size: int = QUEUE_SIZE, batch_size: int = BATCH_SIZE,
+                 flush_interval_s: float = FLUSH_INTERVAL_S, max_records: int = CAPTURE_MAX_RECORDS,
+                 clock=time.time):
         self.client = client
         self.keys = keys
         self.instance = instance
+        self._key = capture_key(secret, keys.pool)
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
         self.max_records = max_records
@@ -123,25 +130,10 @@ class TrafficCapture:
         self.written += len(batch)
         return len(batch)
 
-    def _pool_salt(self) -> str:
-        """The pool's salt, read at every batch: if the pool was idle past the age bound its salt
-        expired with its records, and whichever instance writes first sets the new one for all."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.set(self.keys.traffic_salt, secrets.token_hex(16), nx=True, ex=KEY_TTL_S)
-        pipe.get(self.keys.traffic_salt)
-        pipe.expire(self.keys.traffic_salt, KEY_TTL_S)
-        _, salt, _ = pipe.execute()
-        if isinstance(salt, bytes):
-            salt = salt.decode()
-        if not salt:
-            raise redis.RedisError(f"{self.keys.traffic_salt} is empty")
-        return salt
-
     def _write(self, batch: list[tuple]) -> None:
-        salt = self._pool_salt()
         pipe = self.client.pipeline(transaction=False)
         for ts_ms, user_id, prefix_len, short_len, candidates, gap_ms, outcome, latency_ms in batch:
-            record = CaptureRecord(ts_ms=ts_ms, user=user_hash(salt, user_id), prefix_len=prefix_len,
+            record = CaptureRecord(ts_ms=ts_ms, user=user_hash(self._key, user_id), prefix_len=prefix_len,
                                    short_len=short_len, candidates=candidates, gap_ms=gap_ms, outcome=outcome,
                                    latency_ms=latency_ms)
             pipe.xadd(self.keys.traffic, record.to_fields(), maxlen=self.max_records, approximate=True)

@@ -222,7 +222,8 @@ class RelayClient:
         self.redis = redis_client(settings)
         # Blocking waits for answers, on their own connections, without retries: a lost Redis fails
         # the waiting request at once rather than holding it past its deadline.
-        self.replies = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S,
+        self.replies = redis.Redis.from_url(settings.redis_url, decode_responses=True, encoding_errors="replace",
+                                            socket_timeout=SOCKET_TIMEOUT_S,
                                             socket_connect_timeout=SOCKET_CONNECT_TIMEOUT_S,
                                             retry=Retry(NoBackoff(), 0))
         self.refresh_s = refresh_s

@@ -34,7 +34,7 @@ from workers.loops import InstanceLoops
 from workers.membership import IndexClaim
 from workers.periodic import Periodic
 from workers.revision_store import RevisionStore
-from workers.settings import MODELS, Settings
+from workers.settings import CAPTURE_SECRET_ENV, MODELS, Settings
 from workers.tasks import InstanceRuntime, register_tasks
 from workers.telemetry_publisher import WorkerCounts
 
@@ -74,12 +74,19 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     keys = settings.keys
     started_at = time.time()
     counts = WorkerCounts()
+    # No secret, no capture: nothing in Redis may stand in for it (whoever reads Redis could then
+    # undo the hashes), and the status says why this instance records no traffic.
+    capture = TrafficCapture(client, keys, name, secret=settings.capture_secret) if settings.capture_secret else None
+    capture_off = "" if capture else f"no capture secret ({CAPTURE_SECRET_ENV} is not set): this instance records no traffic"
+    if not capture:
+        log.warning("%s: %s", name, capture_off)
     loops = InstanceLoops(engine, client, keys, InstanceStatus(
         instance=name, pool=settings.pool, device=str(engine.device), pid=os.getpid(),
-        heartbeat_ts=started_at, started_at=started_at, **engine_gauges(engine),
+        heartbeat_ts=started_at, started_at=started_at, capture_off=capture_off, **engine_gauges(engine),
     ), lambda: engine_gauges(engine), counts, settings.heartbeat_interval_s,
         RevisionStore(settings.revision_path(name)))
-    capture = TrafficCapture(client, keys, name).start()
+    if capture:
+        capture.start()
     runtime = InstanceRuntime(engine, SyntheticFeatures(engine.model.config), counts, replies=client, keys=keys,
                               capture=capture)
     app = make_app(settings)
@@ -103,7 +110,8 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     try:
         return app.worker_main(celery_argv(settings, name, loglevel)) or 0
     finally:
-        capture.stop()
+        if capture:
+            capture.stop()
         loops.stop()
         engine.close()
 

@@ -16,13 +16,20 @@ from typing import Any
 
 import redis
 
-from relay_engine.core.wire import HEARTBEAT_TIMEOUT_S, STATUS_TTL_S, InstanceStatus, PoolKeys, live_since
+from relay_engine.core.wire import (
+    HEARTBEAT_TIMEOUT_S,
+    STATUS_TTL_S,
+    InstanceStatus,
+    PoolKeys,
+    live_since,
+    live_until,
+)
 
 
 def live_members(client: redis.Redis, keys: PoolKeys, *, now: float | None = None) -> list[str]:
     """Instances of the pool that are live by the wire's rule, sorted by name."""
     now = time.time() if now is None else now
-    return sorted(client.zrangebyscore(keys.members, live_since(now), "+inf"))
+    return sorted(client.zrangebyscore(keys.members, live_since(now), live_until(now)))
 
 
 class StatusBoard:

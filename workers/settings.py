@@ -12,6 +12,7 @@
 | ``RELAYGR_TORCH_THREADS`` | torch's default | intra-op threads per instance (CPU) |
 | ``RELAYGR_HEARTBEAT_INTERVAL_S`` | ``wire.HEARTBEAT_INTERVAL_S`` | status + membership refresh |
 | ``RELAYGR_DATA_DIR`` | ``$XDG_STATE_HOME/relaygr`` (``~/.local/state/relaygr``) | local state: each instance's last applied revision (``workers.revision_store``) |
+| ``RELAYGR_CAPTURE_SECRET`` | none: capture off | key of the traffic capture's user hashes (``capture.capture_key``), the same on every instance of a deployment, at least 32 characters; never in Redis. Without it an instance records no traffic and says so in its status (``capture_off``) |
 
 The heartbeat *timeout* is ``wire.HEARTBEAT_TIMEOUT_S`` and not a setting: the control plane judges
 liveness with the same constant, and the two sides must agree on who is alive.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,6 +36,10 @@ MODELS: dict[str, ModelConfig] = {
     "small": ModelConfig(num_items=4096, embed_dim=32, num_layers=2, num_heads=2, head_dim=16,
                          max_seq_len=4096),
 }
+
+
+CAPTURE_SECRET_ENV = "RELAYGR_CAPTURE_SECRET"
+MIN_CAPTURE_SECRET_CHARS = 32
 
 
 class SettingsError(ValueError):
@@ -57,6 +62,7 @@ class Settings:
     torch_threads: int | None = None
     heartbeat_interval_s: float = wire.HEARTBEAT_INTERVAL_S
     data_dir: str = ""  # empty: default_data_dir()
+    capture_secret: str = field(default="", repr=False)  # empty: the traffic capture is off
 
     @property
     def heartbeat_timeout_s(self) -> float:
@@ -106,6 +112,7 @@ class Settings:
             heartbeat_interval_s=_float(env, "RELAYGR_HEARTBEAT_INTERVAL_S", d.heartbeat_interval_s,
                                         0.05, wire.HEARTBEAT_TIMEOUT_S / 2),
             data_dir=env.get("RELAYGR_DATA_DIR") or d.data_dir,
+            capture_secret=env.get(CAPTURE_SECRET_ENV) or d.capture_secret,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
@@ -120,6 +127,11 @@ class Settings:
                                                  f"existing weights file")
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError("REDIS_URL", f"must be a redis:// URL, got {self.redis_url!r}")
+        if self.capture_secret and len(self.capture_secret) < MIN_CAPTURE_SECRET_CHARS:
+            # Never echoed: it is a secret even when it is a poor one.
+            raise SettingsError(CAPTURE_SECRET_ENV, f"must be at least {MIN_CAPTURE_SECRET_CHARS} characters, got "
+                                                    f"{len(self.capture_secret)} (e.g. python3 -c 'import secrets; "
+                                                    f"print(secrets.token_hex(32))')")
 
     def worker_env(self) -> dict[str, str]:
         """These settings as environment variables, for a child process (``workers.pool``, tests)."""
@@ -128,7 +140,7 @@ class Settings:
             "RELAYGR_POOL_SIZE": str(self.pool_size), "RELAYGR_DEVICE": self.device,
             "RELAYGR_MODEL": self.model, "RELAYGR_RANK_THREADS": str(self.rank_threads),
             "RELAYGR_HEARTBEAT_INTERVAL_S": repr(self.heartbeat_interval_s),
-            "RELAYGR_DATA_DIR": self.data_dir,
+            "RELAYGR_DATA_DIR": self.data_dir, CAPTURE_SECRET_ENV: self.capture_secret,
         }
         if self.torch_threads is not None:
             env["RELAYGR_TORCH_THREADS"] = str(self.torch_threads)

@@ -10,12 +10,14 @@ Starts, each as its own process (logs under ``<data-dir>/logs/``):
 - the control plane (migrations first; SQLite unless ``$DATABASE_URL``) under gunicorn;
 - the config sync loop (``manage.py relaygr_sync --interval``): the database is the source of truth
   and this rewrites the desired revisions into Redis, so a Redis restart is repaired;
-- the control plane's Celery worker with its beat (``controlplane.celery_app``): previews and the
-  canary bake evaluation, on queues of their own;
+- the control plane's two Celery workers (``controlplane.celery_app``): the canary bake's evaluation
+  with the beat, and the previews, each on its own queue in its own process;
 - one worker pool (``python -m workers.pool``) of ``--instances`` engine instances;
 - the traffic replayer on a generated trace (or ``--trace``) at ``--rate`` queries per second, looped.
 
-It creates a demo operator and prints the URL, the login and an API token once. Ctrl-C (or SIGTERM)
+The traffic capture's secret (``RELAYGR_CAPTURE_SECRET``, unless set) is made once per data dir and
+kept in ``<data-dir>/capture-secret`` (mode 0600). It creates a demo operator and prints the URL, the
+login and an API token once. Ctrl-C (or SIGTERM)
 stops every process it started: each child runs in its own process group, which is signalled as a
 whole (gunicorn's and the pool's own children included), then killed if it has not left in time.
 """
@@ -27,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -44,7 +47,7 @@ from relay_engine.core.lifetime import die_with_parent
 from relay_engine.core.trace import TraceError, read_trace
 from workers.embedded_redis import EmbeddedRedis
 from workers.membership import live_members
-from workers.settings import MODELS
+from workers.settings import CAPTURE_SECRET_ENV, MODELS
 
 log = logging.getLogger("workers.stack")
 ROOT = Path(__file__).resolve().parent.parent
@@ -298,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
     }
     env.setdefault("DATABASE_URL", f"sqlite:///{data_dir / 'relaygr.sqlite3'}")
     env.setdefault("RELAYGR_DATA_DIR", str(data_dir / "workers"))  # each instance's last applied revision
+    env.setdefault(CAPTURE_SECRET_ENV, capture_secret(data_dir))  # the key of the capture's user hashes
     # On the CPU the instances share the cores; one intra-op thread each keeps them from fighting.
     if args.device in ("auto", "cpu"):
         env.setdefault("RELAYGR_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // args.instances)))
@@ -321,7 +325,8 @@ def run(args: argparse.Namespace) -> int:
                           "--workers", "2", "--threads", "4", "--timeout", "60", "--access-logfile", "-"],
                   logs / "web.log"),
             Child("sync", [py, "manage.py", "relaygr_sync", "--interval", "10"], logs / "sync.log"),
-            Child("controlplane-worker", controlplane_worker_argv(py, data_dir), logs / "controlplane-worker.log"),
+            *(Child(f"controlplane-{queue}", controlplane_worker_argv(py, data_dir, queue), logs / f"controlplane-{queue}.log")
+              for queue in wire.CONTROLPLANE_QUEUES),
             Child("pool", [py, "-m", "workers.pool"], logs / "pool.log"),
         ]
         for child in children:
@@ -366,11 +371,29 @@ def run(args: argparse.Namespace) -> int:
         print("RelayGR: stopped.", flush=True)
 
 
-def controlplane_worker_argv(py: str, data_dir: Path) -> list[str]:
-    """The control plane's Celery worker with the beat in it (one per deployment: beat is the clock)."""
-    return [py, "-m", "celery", "-A", "controlplane.celery_app", "worker", "--beat", "--pool", "threads",
-            "--concurrency", "2", "--loglevel", "INFO", "--without-mingle", "--without-gossip",
-            "--schedule", str(data_dir / "celerybeat-schedule"), "--hostname", f"controlplane-{os.getpid()}@%h"]
+def capture_secret(data_dir: Path) -> str:
+    """The traffic capture's secret of this data dir, made once and kept in a file only its owner may
+    read: every instance hashes a user alike, across restarts, and nothing in Redis undoes the hash."""
+    path = data_dir / "capture-secret"
+    secret = secrets.token_hex(32)
+    try:
+        with open(path, "x", encoding="ascii", opener=lambda name, flags: os.open(name, flags, 0o600)) as f:
+            f.write(secret)
+    except FileExistsError:
+        secret = path.read_text(encoding="ascii").strip()
+    return secret
+
+
+def controlplane_worker_argv(py: str, data_dir: Path, queue: str, prefix: str | None = None) -> list[str]:
+    """The control plane's Celery worker of one of its queues (``wire.CONTROLPLANE_QUEUES``), each in
+    a process of its own so previews never hold the bake: the ``periodic`` one carries the beat (one
+    per deployment: beat is the bake's clock), the ``previews`` one runs the simulator."""
+    argv = [py, "-m", "celery", "-A", "controlplane.celery_app", "worker", "--pool", "threads", "--concurrency", "2",
+            "--queues", wire.controlplane_queue(queue, prefix), "--loglevel", "INFO", "--without-mingle",
+            "--without-gossip", "--hostname", f"controlplane-{queue}-{os.getpid()}@%h"]
+    if queue == "periodic":
+        argv += ["--beat", "--schedule", str(data_dir / "celerybeat-schedule")]
+    return argv
 
 
 def banner(url: str, demo: dict, args: argparse.Namespace, trace: Path, scale: TimeScale) -> None:

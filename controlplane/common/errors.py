@@ -38,6 +38,16 @@ class Conflict(ServiceError):
     status_code = status.HTTP_409_CONFLICT
 
 
+class TooManyRequests(ServiceError):
+    """A limit on work in progress is reached; ``retry_after_s`` goes out as ``Retry-After``."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+
+    def __init__(self, detail: str, retry_after_s: int, errors: dict[str, list[str]] | None = None):
+        super().__init__(detail, errors)
+        self.retry_after_s = retry_after_s
+
+
 class Unavailable(ServiceError):
     """A dependency (Redis) cannot be reached; what the database holds is still right."""
 
@@ -75,7 +85,8 @@ def exception_handler(exc, context):
             body["errors"] = exc.errors
         if isinstance(exc, Unavailable):
             logger.warning("service unavailable: %s", exc.detail)
-        return Response(body, status=exc.status_code)
+        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, TooManyRequests) else None
+        return Response(body, status=exc.status_code, headers=headers)
     if isinstance(exc, (OperationalError, InterfaceError)):
         # Busy past the lock timeout, or unreachable: the request's transaction rolled back.
         logger.warning("database unavailable: %s", exc)

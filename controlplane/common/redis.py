@@ -21,9 +21,11 @@ def get_redis() -> redis.Redis:
     with _lock:
         client = _clients.get(url)
         if client is None:
+            # Redis is untrusted: bytes that are not UTF-8 read as U+FFFD, so the decoder of the
+            # record refuses it for that item, instead of the reply parser failing the whole request.
             client = redis.Redis.from_url(
-                url, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0,
-                health_check_interval=30,
+                url, decode_responses=True, encoding_errors="replace", socket_timeout=5.0,
+                socket_connect_timeout=2.0, health_check_interval=30,
             )
             _clients[url] = client
     return client

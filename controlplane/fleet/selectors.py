@@ -1,7 +1,8 @@
 """Pool status from what the workers write to Redis, judged against the database's desired generation.
 
 An instance is live by the wire's rule (``is_live``: its heartbeat, the score in the pool's ``members``
-sorted set, is recent enough). Each instance is judged against its own desired generation: the pool's,
+sorted set, is recent enough and not from the far future); a score that is no time at all is that
+instance's problem, reported with it. Each instance is judged against its own desired generation: the pool's,
 or, for a canary instance while a canary bakes, the canary's (``rollouts.selectors.instance_desired``).
 The pool has converged when it has at least one live instance and every live instance reports ACK for
 exactly its desired generation.
@@ -9,6 +10,7 @@ exactly its desired generation.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -19,7 +21,17 @@ from controlplane.common.errors import NotFound
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies.models import Pool
 from controlplane.rollouts.selectors import instance_desired
-from relay_engine.core.wire import ACK, NACK, UNKNOWN, InstanceStatus, PoolKeys, WireError, is_live
+from relay_engine.core.wire import (
+    ACK,
+    HEARTBEAT_MAX_AHEAD_S,
+    NACK,
+    UNKNOWN,
+    InstanceStatus,
+    PoolKeys,
+    WireError,
+    is_live,
+    live_until,
+)
 
 
 @dataclass(frozen=True)
@@ -46,8 +58,8 @@ class InstanceView:
             out.pop(internal)
         if self.status.config_state == UNKNOWN:
             out["started_at"] = None
-        if self.problem:
-            out["error"] = self.problem
+        if self.problem:  # what the control plane could not read, then the worker's own error
+            out["error"] = "; ".join(filter(None, (self.problem, self.status.error)))
         out.update(live=self.live, heartbeat_age_s=self.heartbeat_age_s, up_to_date=self.up_to_date,
                    desired_generation=self.desired_generation, canary=self.canary)
         return out
@@ -83,23 +95,34 @@ class PoolStatus:
         return out
 
 
-def _instance_view(pool: str, name: str, heartbeat_ts: float, raw: str | None, desired: int,
+def _heartbeat(score: float | None, now: float) -> tuple[bool, float | None, str]:
+    """(live, heartbeat age, problem) of an instance's score in the pool's ``members`` (None: it has
+    none). Redis is untrusted: a score that is no unix time (±inf, NaN, negative, further ahead than
+    clocks differ) makes the instance not live, with no age and the reason, never a failed page."""
+    if score is None:
+        return False, None, ""
+    if not (math.isfinite(score) and 0 <= score <= live_until(now)):
+        return False, None, (f"unreadable heartbeat in Redis: its members score {score!r} is no unix time "
+                             f"(at most {HEARTBEAT_MAX_AHEAD_S:g} s ahead of now)")
+    return is_live(score, now), round(max(0.0, now - score), 3), ""
+
+
+def _instance_view(pool: str, name: str, score: float | None, raw: str | None, desired: int,
                    now: float, canary: bool = False) -> InstanceView:
-    age = round(max(0.0, now - heartbeat_ts), 3)
-    live = is_live(heartbeat_ts, now)
+    live, age, heartbeat_problem = _heartbeat(score, now)
     mine = {"desired_generation": desired, "canary": canary}
     if raw is None:
-        return InstanceView(InstanceStatus.unknown(name, pool), live, age, **mine)
+        return InstanceView(InstanceStatus.unknown(name, pool), live, age, problem=heartbeat_problem, **mine)
     try:
         status = InstanceStatus.from_json(raw)
         if (status.instance, status.pool) != (name, pool):  # filed under one name, claiming another
             raise WireError(f"status names instance {status.instance[:80]!r} of pool {status.pool[:80]!r}")
     except WireError as exc:
         # A worker wrote something off-contract: show the instance, say what, never fail the page.
-        return InstanceView(InstanceStatus.unknown(name, pool), live, age, problem=f"unreadable status in Redis: {exc}",
-                            **mine)
+        problem = "; ".join(filter(None, (f"unreadable status in Redis: {exc}", heartbeat_problem)))
+        return InstanceView(InstanceStatus.unknown(name, pool), live, age, problem=problem, **mine)
     up_to_date = status.config_state == ACK and status.applied_generation == desired
-    return InstanceView(status, live, age, up_to_date, **mine)
+    return InstanceView(status, live, age, up_to_date, problem=heartbeat_problem, **mine)
 
 
 def _state(view: InstanceView) -> str:
@@ -131,7 +154,7 @@ def pool_status(*, pool: Pool, now: float | None = None, order: str = "name", of
         raise redis_unreachable(exc) from exc
     canaries = instance_desired(pool=pool)
     instances = [
-        _instance_view(pool.name, name, float(score), raw, canaries.get(name, pool.desired_generation), now,
+        _instance_view(pool.name, name, score, raw, canaries.get(name, pool.desired_generation), now,
                        canary=name in canaries)
         for (name, score), raw in zip(members, raws, strict=True)
     ]
@@ -168,5 +191,5 @@ def instance_status(*, pool: Pool, instance: str, now: float | None = None) -> I
         raise NotFound(f"instance {instance!r} has no status in pool {pool.name!r}: it never joined, or left "
                        f"more than an hour ago.")
     canaries = instance_desired(pool=pool)
-    return _instance_view(pool.name, instance, float(score or 0.0), raw,
+    return _instance_view(pool.name, instance, score, raw,
                           canaries.get(instance, pool.desired_generation), now, canary=instance in canaries)

@@ -95,6 +95,9 @@ class AuditEntry(models.Model):
         USER_ROLE = "user.role"
         TOKEN_CREATE = "token.create"
         TOKEN_REVOKE = "token.revoke"
+        # Reads that matter: starting a simulation on the control plane, taking captured traffic away.
+        PREVIEW_START = "preview.start"
+        TRAFFIC_DOWNLOAD = "traffic.download"
 
     time = models.DateTimeField(auto_now_add=True, db_index=True)
     actor = models.CharField(max_length=150)

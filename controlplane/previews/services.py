@@ -1,9 +1,13 @@
-"""Writes of the previews app: request a preview (or reuse the cached one), run it, record its end.
+"""Writes of the previews app: request a preview (or reuse the cached one), run it, record its end;
+and the audited download of captured traffic.
 
-A preview runs on the control plane's Celery queue ``<prefix>.controlplane.previews`` (``tasks``): it
-exports the captured window to a trace file and runs ``python -m relay_engine.sim preview`` as a
-subprocess (the control plane never imports the lab), live spec vs proposed spec, same requests,
-the pool's live instance count and the cost profile of its device.
+A preview runs on the control plane's Celery queue ``<prefix>.controlplane.previews`` (``tasks``), in
+a worker process of its own (never the bake's): it exports the captured window to a trace file and
+runs ``python -m relay_engine.sim preview`` as a subprocess (the control plane never imports the
+lab), live spec vs proposed spec, same requests, the pool's live instance count and the cost
+profile of its device. Previews queued or running at once are bounded per pool and per user
+(``RELAYGR_PREVIEW_MAX_PER_POOL``, ``RELAYGR_PREVIEW_MAX_PER_USER``): one more is a 429 naming the
+limit and what holds it. Starting a preview and downloading captured traffic are audited.
 """
 
 from __future__ import annotations
@@ -15,22 +19,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import redis
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.celery_app import app as celery_app
-from controlplane.common.errors import Conflict
+from controlplane.common.errors import Conflict, TooManyRequests
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies import selectors as policy_selectors
-from controlplane.policies.models import Pool
+from controlplane.policies.models import AuditEntry, Pool
+from controlplane.policies.services import audit_record
 from relay_engine.core.config import slo_of
 from relay_engine.core.lifetime import die_with_parent
-from relay_engine.core.wire import InstanceStatus, PoolKeys, WireError, live_since
+from relay_engine.core.wire import InstanceStatus, PoolKeys, WireError, live_since, live_until
 
 from . import traffic
 from .models import Preview
@@ -45,6 +52,11 @@ SIM_TIMEOUT_S = 300
 ERROR_TAIL_CHARS = 2000
 # A preview queued or running this long has lost its worker (``_fail_abandoned``).
 ABANDONED_AFTER_S = 2 * SIM_TIMEOUT_S
+# A preview refused by a limit is asked to come back after about one simulator run.
+RETRY_AFTER_S = 15
+# Previews named in a refusal (those holding the limit, oldest first).
+MAX_LISTED = 10
+IN_PROGRESS = (Preview.Status.QUEUED, Preview.Status.RUNNING)
 
 
 def window_end_of(now_s: float, window_s: int) -> float:
@@ -66,7 +78,7 @@ def preview_request(*, pool: Pool, generation: int, window_s: int, actor: str,
     holds no captured traffic. Returns (preview, created)."""
     proposed = policy_selectors.revision_get(pool=pool, generation=generation)
     live = policy_selectors.revision_desired(pool=pool)
-    _fail_abandoned(pool)
+    _fail_abandoned()
     end_s = window_end_of(time.time() if now_s is None else now_s, window_s)
     window_end = _as_datetime(end_s)
     question = dict(pool=pool, sha256=proposed.sha256, live_sha256=live.sha256, window_s=window_s,
@@ -81,20 +93,49 @@ def preview_request(*, pool: Pool, generation: int, window_s: int, actor: str,
                        f"replays captured ranking traffic; send traffic to the pool or choose a longer window.")
     try:
         with transaction.atomic():
+            # The count and the new row under one lock (the user's, then the pool's), so racing
+            # requests cannot all pass a limit; on SQLite the IMMEDIATE transaction is that lock.
+            get_user_model().objects.select_for_update().filter(username=actor).first()
+            Pool.objects.select_for_update().filter(pk=pool.pk).first()
+            _check_limits(pool=pool, actor=actor)
             preview = Preview.objects.create(**question, generation=proposed.generation,
                                              live_generation=live.generation, requested_by=actor)
+            audit_record(actor=actor, action=AuditEntry.Action.PREVIEW_START, object_type="preview",
+                         object_id=str(preview.pk), pool=pool.name, after={
+                             "generation": preview.generation, "live_generation": preview.live_generation,
+                             "window": traffic.window_label(window_s), "window_end": window_end.isoformat()})
     except IntegrityError:  # the same question asked at the same moment: its winner answers both
         return Preview.objects.filter(**question).exclude(status=Preview.Status.FAILED).get(), False
     transaction.on_commit(lambda: _enqueue(preview.pk))  # the worker must find the row it is given
     return preview, True
 
 
-def _fail_abandoned(pool: Pool) -> None:
+def _check_limits(*, pool: Pool, actor: str) -> None:
+    """TooManyRequests when the pool, or the user over every pool, already has as many previews
+    queued or running as its limit allows; the message names the limit and those previews."""
+    in_progress = Preview.objects.filter(status__in=IN_PROGRESS).select_related("pool").order_by("created_at", "id")
+    for who, held, setting in (
+        (f"Pool {pool.name!r}", in_progress.filter(pool=pool), "RELAYGR_PREVIEW_MAX_PER_POOL"),
+        (f"User {actor!r}", in_progress.filter(requested_by=actor), "RELAYGR_PREVIEW_MAX_PER_USER"),
+    ):
+        limit = getattr(settings, setting)
+        count = held.count()
+        if count < limit:
+            continue
+        listed = "; ".join(f"preview {p.pk} of {p.pool.name} generation {p.generation}, {p.status}, by "
+                           f"{p.requested_by}" for p in held[:MAX_LISTED])
+        raise TooManyRequests(
+            f"{who} already has {count} previews queued or running, the most {setting} allows ({limit}): "
+            f"{listed}. Ask again once one has finished (about {RETRY_AFTER_S} s), or reuse one of them.",
+            RETRY_AFTER_S)
+
+
+def _fail_abandoned() -> None:
     """A preview still queued or running long after any simulation would have ended lost its worker
-    (stopped, or never started): it fails, saying so, and is no longer reused."""
+    (stopped, or never started): it fails, saying so, is no longer reused, and no longer counts
+    against a limit."""
     cutoff = timezone.now() - timedelta(seconds=ABANDONED_AFTER_S)
-    Preview.objects.filter(pool=pool, status__in=[Preview.Status.QUEUED, Preview.Status.RUNNING],
-                           created_at__lt=cutoff).update(
+    Preview.objects.filter(status__in=IN_PROGRESS, created_at__lt=cutoff).update(
         status=Preview.Status.FAILED, finished_at=timezone.now(),
         error=f"Not finished {ABANDONED_AFTER_S // 60} minutes after it was asked for: the control plane's Celery "
               f"worker (queue <prefix>.controlplane.previews) stopped or is not running.")
@@ -108,6 +149,18 @@ def _enqueue(preview_id: int) -> None:
                                                   f"Celery broker (REDIS_URL) is unreachable ({type(exc).__name__}).")
 
 
+def traffic_download(*, pool: Pool, window_s: int, actor: str) -> Iterator[str]:
+    """The pool's captured traffic of the window ending now, as trace lines; the download is audited
+    (who took which window, how many requests), since the hashed users are a pool's traffic too."""
+    window = traffic.read_window(pool=pool.name, window_s=window_s)
+    with transaction.atomic():
+        audit_record(actor=actor, action=AuditEntry.Action.TRAFFIC_DOWNLOAD, object_type="traffic",
+                     object_id=f"{pool.name}:{traffic.window_label(window_s)}", pool=pool.name,
+                     after={"window": traffic.window_label(window_s), "from": window.start_s, "to": window.end_s,
+                            "requests": len(window.records)})
+    return traffic.trace_lines(window)
+
+
 def preview_fail(*, preview_id: int, error: str) -> None:
     Preview.objects.filter(pk=preview_id).update(status=Preview.Status.FAILED, error=error[:ERROR_TAIL_CHARS],
                                                  finished_at=timezone.now())
@@ -119,7 +172,7 @@ def pool_fleet(*, pool: Pool) -> tuple[int, str, str]:
     now = time.time()
     try:
         client = get_redis()
-        names = client.zrangebyscore(keys.members, live_since(now), "+inf")
+        names = client.zrangebyscore(keys.members, live_since(now), live_until(now))
         raws = client.mget([keys.status(name) for name in names]) if names else []
     except redis.RedisError as exc:
         raise redis_unreachable(exc) from exc

@@ -2,7 +2,9 @@
 
 The workers append one ``capture.CaptureRecord`` per ranking request to ``PoolKeys.traffic`` (entry
 ids are their unix ms, so a time window is an ``XRANGE``). Redis is untrusted input: a record that
-breaks the contract is skipped and counted (``CaptureWindow.bad``), never a 500.
+breaks the contract (a field ``CaptureRecord.from_fields`` refuses, or a time of its own far from
+its entry's) is skipped and counted (``CaptureWindow.bad``), and a count in the dropped-records hash
+that is not one is reported for its instance (``CaptureExtent.unreadable``); never a 500.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import redis
 
 from controlplane.common.errors import InvalidInput
 from controlplane.common.redis import get_redis, redis_unreachable
+from controlplane.fleet import selectors as fleet_selectors
+from controlplane.policies.models import Pool
+from relay_engine.core import fields
 from relay_engine.core.capture import (
     CAPTURE_MAX_AGE_S,
     SERVED_OUTCOMES,
@@ -33,6 +38,13 @@ DEFAULT_WINDOW = "15m"
 _WINDOW_RE = re.compile(r"^\s*(\d{1,6})\s*([smh])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600}
 _READ_BATCH = 10_000
+# A record is written moments after its request arrived (the capture's queue, a batch): one whose own
+# time is further than this from its stream entry's is off-contract, and would stretch a trace
+# exported from the window beyond what a trace can hold.
+MAX_RECORD_SKEW_S = 60.0
+MAX_DROPPED = 2**53  # a count of dropped records, per instance (HINCRBY's range, exact in a float)
+MAX_REPORTED = 10  # unreadable dropped counts named in a summary (the rest are counted)
+_SHOW_NAME_CHARS = 80
 
 
 def parse_window(text: object, field_name: str = "window") -> int:
@@ -75,11 +87,17 @@ def read_window(*, pool: str, window_s: int, end_s: float | None = None) -> Capt
     end_s = time.time() if end_s is None else end_s
     window = CaptureWindow(start_s=end_s - window_s, end_s=end_s)
     try:
-        for _, data in _entries(get_redis(), PoolKeys(pool).traffic, int(window.start_s * 1000), int(end_s * 1000)):
+        for entry_id, data in _entries(get_redis(), PoolKeys(pool).traffic, int(window.start_s * 1000),
+                                       int(end_s * 1000)):
             try:
-                window.records.append(CaptureRecord.from_fields(data))
+                record = CaptureRecord.from_fields(data)
             except CaptureError:
                 window.bad += 1
+                continue
+            if abs(record.ts_ms - int(entry_id.split("-", 1)[0])) > MAX_RECORD_SKEW_S * 1000:
+                window.bad += 1
+                continue
+            window.records.append(record)
     except redis.RedisError as exc:
         raise redis_unreachable(exc) from exc
     return window
@@ -95,12 +113,14 @@ def has_traffic(*, pool: str, start_s: float, end_s: float) -> bool:
 
 @dataclass(frozen=True)
 class CaptureExtent:
-    """What the pool's capture holds at all: how many records, from when to when (unix s)."""
+    """What the pool's capture holds at all: how many records, from when to when (unix s), and how many
+    its instances dropped; ``unreadable``: instance → why its dropped count could not be read."""
 
     records: int
     oldest_s: float | None
     newest_s: float | None
     dropped: int
+    unreadable: dict[str, str] = field(default_factory=dict)
 
     def describe(self, now: float) -> str:
         if not self.records:
@@ -116,7 +136,7 @@ def capture_extent(*, pool: str) -> CaptureExtent:
         pipe.xlen(keys.traffic)
         pipe.xrange(keys.traffic, count=1)
         pipe.xrevrange(keys.traffic, count=1)
-        pipe.hvals(keys.traffic_dropped)
+        pipe.hgetall(keys.traffic_dropped)
         length, first, last, dropped = pipe.execute()
     except redis.RedisError as exc:
         raise redis_unreachable(exc) from exc
@@ -124,8 +144,32 @@ def capture_extent(*, pool: str) -> CaptureExtent:
     def entry_s(entries: list) -> float | None:
         return int(entries[0][0].split("-")[0]) / 1000 if entries else None
 
-    return CaptureExtent(records=int(length), oldest_s=entry_s(first), newest_s=entry_s(last),
-                         dropped=sum(int(v) for v in dropped if str(v).isdigit()))
+    total, unreadable = _dropped_counts(dropped)
+    return CaptureExtent(records=int(length), oldest_s=entry_s(first), newest_s=entry_s(last), dropped=total,
+                         unreadable=unreadable)
+
+
+def _dropped_counts(by_instance: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """The sum of the readable counts of the dropped-records hash, and why the others are not (for at
+    most ``MAX_REPORTED`` instances, then how many more)."""
+    total, unreadable, more = 0, {}, 0
+    for instance, raw in by_instance.items():
+        try:
+            total += int(fields.number_text(raw, 0, MAX_DROPPED, as_int=True))
+        except fields.FieldValueError as exc:
+            if len(unreadable) < MAX_REPORTED:
+                unreadable[instance[:_SHOW_NAME_CHARS]] = f"dropped count {exc}"
+            else:
+                more += 1
+    if more:
+        unreadable["…"] = f"{more} more instances with an unreadable dropped count"
+    return total, unreadable
+
+
+def capture_off(*, pool: Pool) -> dict[str, str]:
+    """Live instances that record no traffic, and why (their own status says: no capture secret)."""
+    return {view.instance: view.status.capture_off for view in fleet_selectors.pool_status(pool=pool).instances
+            if view.live and view.status.capture_off}
 
 
 def _percentile(sorted_values: list[float], q: float) -> float | None:
@@ -137,10 +181,11 @@ def _percentile(sorted_values: list[float], q: float) -> float | None:
 
 
 def summary(window: CaptureWindow, window_s: int, extent: CaptureExtent | None = None,
-            slo_ms: float | None = None) -> dict:
+            slo_ms: float | None = None, off: dict[str, str] | None = None) -> dict:
     """The window's shape: volume and rate, length percentiles, repeat users, outcomes; and what the
     instances measured: latency percentiles, the share within ``slo_ms`` (a failed request is not
-    within it) and the hit ratio (served from HBM, DRAM or a computation in flight)."""
+    within it) and the hit ratio (served from HBM, DRAM or a computation in flight); ``off``: the
+    live instances that capture nothing, and why (``capture_off``)."""
     records = window.records
     prefix = sorted(r.prefix_len for r in records)
     users = Counter(r.user for r in records)
@@ -173,6 +218,9 @@ def summary(window: CaptureWindow, window_s: int, extent: CaptureExtent | None =
     if extent is not None:
         out["captured_total"] = extent.records
         out["dropped_total"] = extent.dropped
+        out["dropped_unreadable"] = extent.unreadable
+    if off is not None:
+        out["capture_off"] = off
     return out
 
 

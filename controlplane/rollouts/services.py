@@ -28,6 +28,7 @@ from controlplane.fleet import selectors as fleet_selectors
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import AuditEntry, Pool
 from controlplane.policies.services import audit_record, desired_push, desired_set
+from relay_engine.core.config import slo_of
 from relay_engine.core.wire import ACK, NACK, DesiredRevision, PoolKeys, live_since
 
 from . import bake, selectors
@@ -78,12 +79,13 @@ def rollout_start(*, pool: Pool, generation: int, canary_instances: int | float,
             baking = selectors.rollout_baking(pool=locked)
             if baking is not None:
                 raise baking.busy()
-            policy_selectors.revision_get(pool=locked, generation=generation)
+            canary_revision = policy_selectors.revision_get(pool=locked, generation=generation)
             if generation <= locked.desired_generation:
                 raise Conflict(
                     f"generation {generation} is not newer than the desired generation {locked.desired_generation}: "
                     "a canary sends a newer generation to a few instances first.",
                     errors={"generation": [f"must be above the desired generation, {locked.desired_generation}"]})
+            _same_yardstick(canary_revision.spec, policy_selectors.revision_desired(pool=locked).spec, generation)
             count = canary_count(canary_instances, len(live))
             if count >= len(live):
                 raise Conflict(
@@ -127,6 +129,25 @@ def fence_token(rollout: Rollout) -> int:
     start times order them) and a decided one's above its bake's. Microseconds × 2 stay below 2^53, a
     Lua number's exact range."""
     return int(rollout.started_at.timestamp() * 1_000_000) * 2 + (rollout.state != Rollout.State.BAKING)
+
+
+def _same_yardstick(canary_spec: dict, stable_spec: dict, generation: int) -> None:
+    """Conflict unless the canary keeps the stable revision's SLO: each instance counts a request as
+    within the SLO of the revision *it* runs, so a canary with a looser SLO would be judged on its own
+    yardstick (a 60 s SLO looks healthy beside a stable one burning at 1 ms). Changing the SLO is
+    published to the whole pool at once."""
+    canary, stable = slo_of(canary_spec), slo_of(stable_spec)
+    changed = {path: (old, new) for path, old, new in (
+        ("trigger.ranking_p99_slo_ms", stable.p99_ms, canary.p99_ms),
+        ("slo.target_ratio", stable.target_ratio, canary.target_ratio)) if old != new}
+    if changed:
+        raise Conflict(
+            f"generation {generation} changes the SLO ({'; '.join(f'{p} {o} → {n}' for p, (o, n) in changed.items())}). "
+            "A canary is judged against the SLO the stable instances keep, and each instance counts its requests "
+            "against its own revision's SLO, so an SLO change cannot be canaried: publish it to the whole pool "
+            "(strategy \"all\"), or canary the other changes first with the stable SLO.",
+            errors={path: [f"differs from the stable revision's ({old} → {new}); an SLO change is published to "
+                           "every instance at once"] for path, (old, new) in changed.items()})
 
 
 def overrides_push(*, rollout: Rollout) -> bool:
@@ -246,8 +267,11 @@ def rollout_evaluate(*, rollout: Rollout, now: float | None = None) -> Rollout:
     stable_figures = GroupFigures.of(stable.requests, stable.bad, stable.p99_ms)
     min_requests = getattr(settings, "RELAYGR_ROLLOUT_MIN_REQUESTS", DEFAULT_MIN_REQUESTS)
     bake_over = now >= rollout.bake_ends_at.timestamp()
+    slo = slo_of(policy_selectors.revision_get(pool=pool, generation=rollout.stable_generation).spec)
+    yardstick = f"the stable revision's SLO, {slo.p99_ms:g} ms" if slo.p99_ms is not None else ""
     decision = decide(canary=canary_figures, stable=stable_figures, max_burn=rollout.max_burn, bake_over=bake_over,
-                      min_requests=min_requests, nacked=nacked, not_live=not_live, not_running=not_running)
+                      min_requests=min_requests, nacked=nacked, not_live=not_live, not_running=not_running,
+                      yardstick=yardstick)
     series = list(rollout.figures.get("series", []))
     series.append({"t": round(now, 3), "canary_p99_ms": canary_figures.p99_ms, "stable_p99_ms": stable_figures.p99_ms,
                    "canary_burn": canary_figures.burn, "stable_burn": stable_figures.burn})
@@ -255,7 +279,8 @@ def rollout_evaluate(*, rollout: Rollout, now: float | None = None) -> Rollout:
         series = series[::2]
     figures = {
         "canary": canary_figures.to_dict(), "stable": stable_figures.to_dict(), "stable_instances": stable_names,
-        "min_requests": min_requests, "max_burn": rollout.max_burn, "bake_over": bake_over, "nacked": nacked,
+        "min_requests": min_requests, "max_burn": rollout.max_burn, "slo_ms": slo.p99_ms, "bake_over": bake_over,
+        "nacked": nacked,
         "not_live": not_live, "not_running": not_running, "evaluated_at": round(now, 3), "decision": decision.action,
         "reason": decision.reason, "series": series,
     }

@@ -7,9 +7,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
-from relay_engine.core import wire
+from relay_engine.core import fields, wire
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -121,14 +122,15 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = RELAYGR_MAX_BODY_BYTES
 # naming the setting. The key prefix comes from RELAYGR_KEY_PREFIX via relay_engine.core.wire.
 REDIS_URL = os.environ.get("REDIS_URL") or None
 
-# The control plane's Celery app (controlplane/celery_app.py): previews and the periodic bake
-# evaluation run in its worker, on queues of their own under the key prefix, never on an engine
-# instance's queues. No result backend: tasks write their outcome to the database.
+# The control plane's Celery app (controlplane/celery_app.py): the periodic bake evaluation and the
+# previews run on queues of their own under the key prefix (``wire.controlplane_queue``), never on an
+# engine instance's queues, each consumed by a worker process of its own (``-Q``), so previews
+# never hold the bake. No result backend: tasks write their outcome to the database.
 CELERY_BROKER_URL = REDIS_URL or "redis://127.0.0.1:6379/0"
-CELERY_TASK_DEFAULT_QUEUE = f"{wire.key_prefix()}.controlplane.periodic"
-CELERY_TASK_QUEUES = tuple(Queue(name, Exchange(name), routing_key=name) for name in (
-    CELERY_TASK_DEFAULT_QUEUE, f"{wire.key_prefix()}.controlplane.previews"))
-CELERY_TASK_ROUTES = {"relaygr.controlplane.preview*": {"queue": f"{wire.key_prefix()}.controlplane.previews"}}
+CELERY_TASK_DEFAULT_QUEUE = wire.controlplane_queue("periodic")
+CELERY_TASK_QUEUES = tuple(Queue(name, Exchange(name), routing_key=name)
+                           for name in map(wire.controlplane_queue, wire.CONTROLPLANE_QUEUES))
+CELERY_TASK_ROUTES = {"relaygr.controlplane.preview*": {"queue": wire.controlplane_queue("previews")}}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -153,6 +155,20 @@ TELEMETRY_CACHE_MB = float(os.environ.get("RELAYGR_TELEMETRY_CACHE_MB", 64))
 # What-if previews: the most recent requests of a window the simulator replays (0: its default,
 # sized to finish a 15-minute window at 50 QPS within a minute).
 RELAYGR_PREVIEW_MAX_REQUESTS = int(os.environ.get("RELAYGR_PREVIEW_MAX_REQUESTS", 0))
+
+
+def _env_int(name: str, default: int, lo: int, hi: int) -> int:
+    try:
+        return int(fields.number_text(os.environ.get(name) or str(default), lo, hi, as_int=True))
+    except fields.FieldValueError as exc:
+        raise ImproperlyConfigured(f"{name} {exc}") from None
+
+
+# Previews queued or running at once (each a simulator run of seconds to a minute, two at a time on
+# the previews' worker): per pool, and per user over every pool. One more is a 429 naming the limit
+# and what is running; asking again for a preview already queued reuses it and counts nothing.
+RELAYGR_PREVIEW_MAX_PER_POOL = _env_int("RELAYGR_PREVIEW_MAX_PER_POOL", 4, 1, 1000)
+RELAYGR_PREVIEW_MAX_PER_USER = _env_int("RELAYGR_PREVIEW_MAX_PER_USER", 2, 1, 1000)
 
 RELAYGR_WRITE_THROTTLE_RATE = os.environ.get("RELAYGR_WRITE_THROTTLE_RATE", "120/min")
 RELAYGR_UPLOAD_THROTTLE_RATE = os.environ.get("RELAYGR_UPLOAD_THROTTLE_RATE", "30/min")

@@ -20,7 +20,7 @@ import redis
 from django.conf import settings
 
 from controlplane.common.redis import get_redis, redis_unreachable
-from relay_engine.core.telemetry import COUNTERS, N_BUCKETS, REFUSAL_REASONS, Snapshot
+from relay_engine.core.telemetry import COUNTERS, MAX_COUNT, N_BUCKETS, REFUSAL_REASONS, Snapshot
 from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
 
 from .cache import telemetry_cache
@@ -45,7 +45,8 @@ _PLAIN_NUMBERS = frozenset((int, float))
 
 def _fast_values(raw: str) -> np.ndarray | None:
     """[row, gauges, ts, started_at] of an entry written as workers write it (plain numbers, bucket
-    indices in range), checked for finiteness all at once; None for anything else."""
+    indices in range, counts and gauges in [0, ``MAX_COUNT``]), checked all at once; None for anything
+    else."""
     try:
         data = json.loads(raw)
         counters, refusals, latency = data["counters"], data["refusals"], data["rank_latency"]
@@ -66,7 +67,8 @@ def _fast_values(raw: str) -> np.ndarray | None:
         array = np.array(values, dtype=float)
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         return None
-    return array if np.isfinite(array).all() else None
+    counts = array[:-2]
+    return array if np.isfinite(array).all() and (counts >= 0).all() and (counts <= MAX_COUNT).all() else None
 
 
 def _decoded(fields: dict) -> tuple[float, float, np.ndarray, np.ndarray] | None:

@@ -8,7 +8,6 @@ cache, so a poll reads only the open ones.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +16,7 @@ from django.conf import settings
 
 from relay_engine.core.telemetry import (
     COUNTERS,
+    MAX_COUNT,
     N_BUCKETS,
     REFUSAL_REASONS,
     ROLLUP_GAUGES,
@@ -47,8 +47,9 @@ _FIELD_COLUMN: dict[str, int] = {
 
 def decode_rollup(fields: dict[str, str]) -> tuple[np.ndarray, np.ndarray]:
     """(counts row [N_COLUMNS], gauges [POOL_GAUGES]) of a rollup hash. Redis is untrusted input:
-    a field that is not a finite number is left out (it costs that figure one point, never the
-    chart); unknown fields (newer workers) are ignored."""
+    a field that is not a number in [0, ``MAX_COUNT``] is left out (it costs that figure one point,
+    never the chart: sums over a window's periods stay finite); unknown fields (newer workers) are
+    ignored."""
     row = np.zeros(N_COLUMNS)
     gauges = np.zeros(len(POOL_GAUGES))
     for name, raw in fields.items():
@@ -61,7 +62,7 @@ def decode_rollup(fields: dict[str, str]) -> tuple[np.ndarray, np.ndarray]:
             value = float(raw)
         except (TypeError, ValueError):
             continue
-        if math.isfinite(value):
+        if 0 <= value <= MAX_COUNT:  # NaN is not
             target[column] = value
     return row, gauges
 

@@ -1,11 +1,16 @@
 """Traffic capture: the shape of one ranking request, as the fleet records it and as a trace replays it.
 
-An instance records, per ranking request, a ``CaptureRecord``: when it arrived (unix ms), a salted
-hash of the user (never the raw id: the salt is the pool's, so one user hashes the same on every
-instance and repeats stay visible), prefix and short-term lengths, candidates, the retrieval→ranking
+An instance records, per ranking request, a ``CaptureRecord``: when it arrived (unix ms), a keyed
+hash of the user (never the raw id), prefix and short-term lengths, candidates, the retrieval→ranking
 gap when the instance saw that user's pre-infer signal, the outcome (the cache tier that served it,
 or the error kind) and the latency. Records go to one bounded stream per pool (``PoolKeys.traffic``:
 ``XADD … MAXLEN ~ CAPTURE_MAX_RECORDS``, ``XTRIM MINID`` for ``CAPTURE_MAX_AGE_S``).
+
+The hash is an HMAC of the user id under the pool's capture key, itself an HMAC of the pool name
+under the deployment's capture secret (``capture_key``). The secret lives in the workers' environment,
+never in Redis, so whoever reads Redis (the hashes included) cannot try the id space against them;
+every instance of a pool derives the same key, so one user hashes alike everywhere and repeats stay
+visible; pools hash apart.
 
 ``to_trace`` turns records into the trace format (``trace.TraceQuery``): a query's ``t_ms`` is the
 pre-infer signal's time, i.e. ranking time − gap, from the first signal of the window; a request
@@ -17,6 +22,7 @@ Redis is untrusted input: ``CaptureRecord.from_fields`` checks every field and r
 from __future__ import annotations
 
 import hashlib
+import hmac
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -41,15 +47,20 @@ class CaptureError(ValueError):
     """A capture record read from Redis that breaks the contract; the message names the field."""
 
 
-def user_hash(salt: str, user_id: str) -> str:
-    """The pool's salted hash of a user id (what the capture stores instead of the id)."""
-    return hashlib.sha256(f"{salt}\x00{user_id}".encode()).hexdigest()[:USER_HASH_HEX]
+def capture_key(secret: str, pool: str) -> bytes:
+    """The pool's key of the user-id hash, derived from the deployment's capture secret."""
+    return hmac.new(secret.encode(), f"relaygr capture key\x00{pool}".encode(), hashlib.sha256).digest()
+
+
+def user_hash(key: bytes, user_id: str) -> str:
+    """The keyed hash of a user id under the pool's ``capture_key`` (what the capture stores instead of the id)."""
+    return hmac.new(key, user_id.encode(), hashlib.sha256).hexdigest()[:USER_HASH_HEX]
 
 
 @dataclass(frozen=True)
 class CaptureRecord:
     ts_ms: float  # the ranking request's arrival at the instance, unix ms
-    user: str  # user_hash(pool salt, user id)
+    user: str  # user_hash(capture_key(secret, pool), user id)
     prefix_len: int
     short_len: int
     candidates: int

@@ -166,18 +166,18 @@ class Snapshot:
         for key, count in _mapping(lat, "buckets").items():
             index = _finite(key, "rank_latency.buckets", int)
             if 0 <= index < N_BUCKETS:
-                hist.counts[index] = _finite(count, "rank_latency.buckets", int, key)
-        hist.sum_ms = _finite(lat.get("sum_ms", 0.0), "rank_latency.sum_ms", float)
+                hist.counts[index] = _count(count, "rank_latency.buckets", int, key)
+        hist.sum_ms = _count(lat.get("sum_ms", 0.0), "rank_latency.sum_ms", float)
         if "instance" not in data or "ts" not in data:
             raise ValueError("snapshot needs instance and ts")
         return cls(
             instance=str(data["instance"]),
             ts=_finite(data["ts"], "ts", float),
             started_at=_finite(data.get("started_at", 0.0), "started_at", float),
-            counters={str(k): _finite(v, "counters", int, k) for k, v in _mapping(data, "counters").items()},
-            refusals={str(k): _finite(v, "refusals", int, k) for k, v in _mapping(data, "refusals").items()},
+            counters={str(k): _count(v, "counters", int, k) for k, v in _mapping(data, "counters").items()},
+            refusals={str(k): _count(v, "refusals", int, k) for k, v in _mapping(data, "refusals").items()},
             rank_latency=hist,
-            **{name: _finite(data.get(name, 0), name, int) for name in _GAUGES},
+            **{name: _count(data.get(name, 0), name, int) for name in _GAUGES},
             slo_ms=_finite(data.get("slo_ms", 0.0), "slo_ms", float),
         )
 
@@ -192,6 +192,9 @@ class Snapshot:
 
 
 _EXACT_INT = 2**53  # the largest integer a float holds exactly
+# Counts, byte gauges and the latency sum are at most this (and never negative): a reader sums their
+# differences over thousands of samples and instances, which then stays finite and exact.
+MAX_COUNT = _EXACT_INT
 _GAUGES = ("hbm_bytes", "hbm_budget_bytes", "dram_bytes", "dram_budget_bytes", "applied_generation")
 
 
@@ -219,6 +222,15 @@ def _finite(value: object, name: str, kind: type, key: object = None) -> int | f
     if isinstance(value, bool) or not math.isfinite(number):
         raise ValueError(f"snapshot.{name} must be a finite number, got {str(value)[:40]!r}")
     return int(number) if kind is int else number
+
+
+def _count(value: object, name: str, kind: type, key: object = None) -> int | float:
+    """A count (or byte gauge, or latency sum) in [0, ``MAX_COUNT``], else ValueError naming the field."""
+    number = _finite(value, name, kind, key)
+    if not 0 <= number <= MAX_COUNT:
+        shown = f"{name}.{key}" if key is not None else name
+        raise ValueError(f"snapshot.{shown} must be in [0, 2**53], got {str(value)[:40]}")
+    return number
 
 
 # --- pool rollups: what every instance adds to its pool's per-tier buckets --------------------

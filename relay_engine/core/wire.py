@@ -21,13 +21,14 @@ Keys (``P`` = prefix, ``pool`` = pool name, ``inst`` = instance name ``<pool>.<i
 | ``P:pool:{pool}:claim:{index}`` | string, TTL | workers | owner of an instance index (scaled replicas) |
 | ``P:pool:{pool}:reply:{token}`` | list, TTL | workers | the answer to one ranking request (JSON), for its sender's BLPOP |
 | ``P:pool:{pool}:traffic`` | stream, MAXLEN ~ / MINID | workers | one ``capture.CaptureRecord`` per ranking request |
-| ``P:pool:{pool}:traffic:salt`` | string | workers (SET NX) | the pool's salt of the user-id hash in the capture |
 | ``P:pool:{pool}:traffic:dropped`` | hash | workers (HINCRBY) | inst → capture records dropped (queue full, Redis down) |
 
-Celery queues: ``P.{inst}.rank`` and ``P.{inst}.preinfer`` (ranking never waits behind pre-infer).
+Celery queues: ``P.{inst}.rank`` and ``P.{inst}.preinfer`` (ranking never waits behind pre-infer);
+the control plane's ``P.controlplane.periodic`` (the canary bake) and ``P.controlplane.previews``,
+each consumed by a worker process of its own (``controlplane_queue``).
 
 Both sides speak the same words from here: the status record (``InstanceStatus``), its config
-states (``ACK``/``NACK``/``PENDING``), and the liveness rule (``is_live``/``live_since``). Redis is
+states (``ACK``/``NACK``/``PENDING``), and the liveness rule (``is_live``/``live_since``/``live_until``). Redis is
 untrusted input to either side, so every decoder here checks types and finiteness and raises
 ``WireError`` naming the field, never a bare ``KeyError`` or ``OverflowError``.
 
@@ -62,6 +63,9 @@ KEY_PREFIX_ENV = "RELAYGR_KEY_PREFIX"
 
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TIMEOUT_S = 5.0  # an instance silent this long leaves the live set; its users move
+# A heartbeat may be this far ahead of the reader's clock (machines' clocks differ); one further
+# ahead is not a time but a bad value, and would keep its instance live for ever.
+HEARTBEAT_MAX_AHEAD_S = 60.0
 STATUS_TTL_S = 3600  # a dead instance's last status stays readable for an hour
 REPLY_TTL_S = 60  # an answer nobody waits for any more disappears with its list
 
@@ -98,9 +102,15 @@ def live_since(now: float) -> float:
     return now - HEARTBEAT_TIMEOUT_S
 
 
+def live_until(now: float) -> float:
+    """The newest heartbeat time that counts at ``now`` (the other members score bound)."""
+    return now + HEARTBEAT_MAX_AHEAD_S
+
+
 def is_live(heartbeat_ts: float, now: float) -> bool:
-    """The liveness rule both sides apply: a heartbeat at most ``HEARTBEAT_TIMEOUT_S`` old."""
-    return heartbeat_ts >= live_since(now)
+    """The liveness rule both sides apply: a heartbeat at most ``HEARTBEAT_TIMEOUT_S`` old, and no
+    more than ``HEARTBEAT_MAX_AHEAD_S`` ahead (NaN is neither)."""
+    return live_since(now) <= heartbeat_ts <= live_until(now)
 
 
 def key_prefix() -> str:
@@ -109,6 +119,19 @@ def key_prefix() -> str:
 
 def instance_name(pool: str, index: int) -> str:
     return f"{pool}.{index}"
+
+
+# The control plane's own Celery queues, by what consumes them: the canary bake's evaluation (the
+# beat's periodic tasks) and the what-if previews, each with a worker process of its own so no
+# preview ever delays a rollback.
+CONTROLPLANE_QUEUES = ("periodic", "previews")
+
+
+def controlplane_queue(kind: str, prefix: str | None = None) -> str:
+    """The name of the control plane's queue ``kind`` (one of ``CONTROLPLANE_QUEUES``)."""
+    if kind not in CONTROLPLANE_QUEUES:
+        raise ValueError(f"no control-plane queue {kind!r}; there are {', '.join(CONTROLPLANE_QUEUES)}")
+    return f"{prefix or key_prefix()}.controlplane.{kind}"
 
 
 @dataclass(frozen=True)
@@ -173,10 +196,6 @@ class PoolKeys:
     def traffic(self) -> str:
         """The pool's traffic capture: a bounded stream of ``capture.CaptureRecord`` fields."""
         return f"{self.base}:traffic"
-
-    @property
-    def traffic_salt(self) -> str:
-        return f"{self.base}:traffic:salt"
 
     @property
     def traffic_dropped(self) -> str:
@@ -322,6 +341,7 @@ class InstanceStatus:
     dram_bytes: int = 0
     dram_budget_bytes: int = 0
     device_memory_bytes: int = 0
+    capture_off: str = ""  # why this instance records no traffic (empty while it captures)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

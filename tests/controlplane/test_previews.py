@@ -15,15 +15,18 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from controlplane.policies import selectors as policy_selectors
 from controlplane.policies import services as policy_services
+from controlplane.policies.models import AuditEntry
 from controlplane.previews import services
 from controlplane.previews.models import Preview
-from relay_engine.core.capture import CaptureRecord, user_hash
+from relay_engine.core.capture import CaptureRecord, capture_key, user_hash
 from relay_engine.core.config import default_policy, to_plain
 from relay_engine.core.trace import read_trace
 from relay_engine.core.wire import PoolKeys
 
 pytestmark = pytest.mark.integration
+KEY = capture_key("a capture secret of the preview tests, not a real one", "ranking-a")
 
 
 def write_capture(client, pool: str, *, n: int, qps: float, end_s: float, users: int = 40, seed: int = 0) -> None:
@@ -34,7 +37,7 @@ def write_capture(client, pool: str, *, n: int, qps: float, end_s: float, users:
     for i in range(n):
         ts_ms = (end_s - (n - i) / qps) * 1000
         user = rng.randrange(users)
-        record = CaptureRecord(ts_ms=ts_ms, user=user_hash("salt", f"user-{user}"),
+        record = CaptureRecord(ts_ms=ts_ms, user=user_hash(KEY, f"user-{user}"),
                                prefix_len=1500 + 20 * (user % 40) if user % 2 == 0 else 100 + user % 400, short_len=8,
                                candidates=64, gap_ms=30.0 + i % 20 if i % 4 else None,
                                outcome=("hbm", "miss", "dram")[i % 3], latency_ms=5.0)
@@ -46,7 +49,8 @@ def write_capture(client, pool: str, *, n: int, qps: float, end_s: float, users:
 def stricter(pool, at_risk_seq_len: int) -> int:
     spec = to_plain(default_policy())
     spec["trigger"]["at_risk_seq_len"] = at_risk_seq_len
-    return policy_services.revision_create(pool=pool, spec=spec, parent_generation=1, author="test").generation
+    latest = policy_selectors.revision_latest_generation(pool=pool)
+    return policy_services.revision_create(pool=pool, spec=spec, parent_generation=latest, author="test").generation
 
 
 def test_traffic_summary_of_the_window(operator, viewer, pool, redis_client):
@@ -192,3 +196,85 @@ def test_the_jsonl_export_is_served_whatever_the_accept_header(viewer, pool, red
     assert response.status_code == 200
     assert response["Content-Type"].startswith("application/x-ndjson")
     assert len(b"".join(response.streaming_content).splitlines()) == 20
+
+
+# --- limits: previews queued or running, per user and per pool ---------------------------------------
+
+def _ask(client, pool, generation: int):
+    return client.post(f"/api/v1/pools/{pool.name}/revisions/{generation}/preview/", {"window": "15m"}, format="json")
+
+
+def test_a_user_past_the_previews_per_user_gets_a_429_naming_the_limit_and_the_previews(operator, pool, redis_client,
+                                                                                       settings):
+    settings.RELAYGR_PREVIEW_MAX_PER_USER = 2
+    write_capture(redis_client, pool.name, n=100, qps=5, end_s=time.time() - 61)
+    generations = [stricter(pool, 1000 + i) for i in range(3)]
+    held = [_ask(operator, pool, g).json()["id"] for g in generations[:2]]
+    refused = _ask(operator, pool, generations[2])
+    assert refused.status_code == 429 and refused["Retry-After"] == str(services.RETRY_AFTER_S)
+    detail = refused.json()["detail"]
+    assert "User 'operator'" in detail and "RELAYGR_PREVIEW_MAX_PER_USER allows (2)" in detail
+    assert all(f"preview {pk} of ranking-a generation" in detail for pk in held) and "queued" in detail
+    assert Preview.objects.count() == 2
+    # asking again for one it already has reuses it: no new work, no refusal
+    assert _ask(operator, pool, generations[0]).json()["id"] == held[0]
+    Preview.objects.filter(pk=held[0]).update(status=Preview.Status.DONE)
+    assert _ask(operator, pool, generations[2]).status_code == 202  # one finished: room again
+
+
+def test_a_pool_past_its_previews_gets_a_429_naming_the_pool_limit_whoever_asks(clients, pool, redis_client, settings):
+    settings.RELAYGR_PREVIEW_MAX_PER_POOL = 3
+    write_capture(redis_client, pool.name, n=100, qps=5, end_s=time.time() - 61)
+    generations = [stricter(pool, 1000 + i) for i in range(4)]
+    for client, generation in zip(("operator", "operator", "admin"), generations, strict=False):
+        assert _ask(clients[client], pool, generation).status_code == 202
+    refused = _ask(clients["admin"], pool, generations[3])
+    assert refused.status_code == 429 and refused.has_header("Retry-After")
+    detail = refused.json()["detail"]
+    assert "Pool 'ranking-a' already has 3 previews queued or running" in detail
+    assert "RELAYGR_PREVIEW_MAX_PER_POOL allows (3)" in detail and "by admin" in detail and "by operator" in detail
+
+
+def test_an_abandoned_preview_no_longer_counts_against_a_limit(operator, pool, redis_client, settings):
+    settings.RELAYGR_PREVIEW_MAX_PER_USER = 1
+    write_capture(redis_client, pool.name, n=100, qps=5, end_s=time.time() - 61)
+    first = _ask(operator, pool, stricter(pool, 1000)).json()
+    Preview.objects.filter(pk=first["id"]).update(created_at=timezone.now() - timedelta(hours=1))
+    assert _ask(operator, pool, stricter(pool, 1001)).status_code == 202
+
+
+# --- audit: who starts previews, who takes captured traffic away --------------------------------------
+
+def test_starting_a_preview_is_audited_once_reusing_it_is_not(operator, pool, redis_client):
+    write_capture(redis_client, pool.name, n=100, qps=5, end_s=time.time() - 61)
+    generation = stricter(pool, 3000)
+    created = _ask(operator, pool, generation).json()
+    _ask(operator, pool, generation)
+    [entry] = AuditEntry.objects.filter(action=AuditEntry.Action.PREVIEW_START)
+    assert (entry.actor, entry.pool, entry.object_type, entry.object_id) == ("operator", pool.name, "preview",
+                                                                             str(created["id"]))
+    assert entry.after["generation"] == generation and entry.after["live_generation"] == 1
+    assert entry.after["window"] == "15m" and entry.request_id
+
+
+def test_downloading_captured_traffic_is_audited_and_the_summary_is_not(viewer, pool, redis_client):
+    write_capture(redis_client, pool.name, n=120, qps=10, end_s=time.time() - 1)
+    assert viewer.get(f"/api/v1/pools/{pool.name}/traffic/?window=5m").status_code == 200
+    assert not AuditEntry.objects.filter(action=AuditEntry.Action.TRAFFIC_DOWNLOAD).exists()
+    response = viewer.get(f"/api/v1/pools/{pool.name}/traffic/?window=5m&format=jsonl")
+    assert response.status_code == 200 and b"".join(response.streaming_content).count(b"\n") == 120
+    [entry] = AuditEntry.objects.filter(action=AuditEntry.Action.TRAFFIC_DOWNLOAD)
+    assert (entry.actor, entry.pool, entry.object_id) == ("viewer", pool.name, f"{pool.name}:5m")
+    assert entry.after["requests"] == 120 and entry.after["to"] - entry.after["from"] == 300
+
+
+def test_the_summary_names_the_live_instances_that_capture_nothing_and_why(viewer, pool, redis_client,
+                                                                           worker_factory):
+    capturing, blind = worker_factory(pool.name, 0), worker_factory(pool.name, 1)
+    blind.status.capture_off = "no capture secret (RELAYGR_CAPTURE_SECRET is not set): this instance records no traffic"
+    capturing.heartbeat()
+    blind.heartbeat()
+    body = viewer.get(f"/api/v1/pools/{pool.name}/traffic/").json()
+    assert body["capture_off"] == {blind.name: blind.status.capture_off}
+    shown = viewer.get(f"/api/v1/pools/{pool.name}/instances/{blind.name}/").json()
+    assert shown["capture_off"] == blind.status.capture_off

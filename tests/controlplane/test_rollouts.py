@@ -16,7 +16,7 @@ from django.utils import timezone
 from controlplane.policies import services as policy_services
 from controlplane.policies.models import AuditEntry, Pool
 from controlplane.rollouts import services
-from controlplane.rollouts.evaluation import GroupFigures, decide, wilson_interval
+from controlplane.rollouts.evaluation import GroupFigures, decide, difference_interval, wilson_interval
 from controlplane.rollouts.models import Rollout
 from relay_engine.core.wire import DesiredRevision, PoolKeys
 from tests.controlplane.fleet_helpers import snapshot
@@ -60,7 +60,7 @@ def test_a_nack_rolls_back_at_once_naming_the_instance():
     ((1000, 0), {"not_live": ["ranking-a.0"]}, "ranking-a.0 is not live"),
     ((1000, 0), {"not_running": ["ranking-a.0"]}, "ranking-a.0 does not run"),
     ((10, 0), {}, "fewer than the 50"),
-    ((1000, 15), {}, "exceeds max_burn"),
+    ((1000, 12), {}, "exceeds max_burn"),  # burn 1.2 against stable's 0.5: over, though not provably worse
 ], ids=["dead canary", "canary not on the generation", "too few requests", "burn above max at the end"])
 def test_at_bake_end_these_are_not_promoted(canary, faults, words):
     decision = _decide(canary, bake_over=True, **faults)
@@ -75,6 +75,32 @@ def test_at_bake_end_a_canary_materially_worse_than_stable_is_not_promoted():
 def test_at_bake_end_a_canary_within_max_burn_is_promoted():
     decision = _decide((1000, 3), bake_over=True)
     assert decision.action == "promote" and "burn 0.30" in decision.reason
+
+
+def test_the_difference_of_the_bad_shares_has_newcombes_interval():
+    # Newcombe (1998), method 10, his example: 56/70 against 48/80, a difference of 0.2
+    assert difference_interval(GroupFigures.of(70, 56), GroupFigures.of(80, 48)) == pytest.approx((0.0524, 0.3339),
+                                                                                                 abs=2e-4)
+
+
+def test_when_both_sides_burn_the_canary_is_judged_against_stable_not_the_budget():
+    """The demo's case: both over budget. A canary no worse than stable is not rolled back for the pool's
+    burn; at bake end it is promoted, saying both burn; a worse one is rolled back saying by how much."""
+    assert _decide((1000, 100), stable=(1000, 100)).action == "bake"
+    promoted = _decide((1000, 100), stable=(1000, 100), bake_over=True)
+    assert promoted.action == "promote" and "both sides burn" in promoted.reason and "not worse" in promoted.reason
+    early = _decide((1000, 300), stable=(1000, 100))
+    assert early.action == "rollback" and "canary is worse" in early.reason and "points" in early.reason
+
+
+def test_a_canary_worse_than_stable_is_rolled_back_even_with_a_lax_max_burn():
+    """Measured on the demo: a canary at 50 % bad requests against stable's 34 %, max_burn 100, was
+    promoted as 'not worse than stable'."""
+    decision = decide(canary=GroupFigures.of(240, 120), stable=GroupFigures.of(240, 82), max_burn=100.0,
+                      bake_over=True, min_requests=50, nacked={}, not_live=[], not_running=[],
+                      yardstick="the stable revision's SLO, 260 ms")
+    assert decision.action == "rollback" and "materially worse" in decision.reason
+    assert "judged on the stable revision's SLO, 260 ms" in decision.reason
 
 
 # --- through the API, with instances and telemetry in Redis ----------------------------------------------
@@ -393,3 +419,31 @@ def test_a_later_rollouts_overrides_win_over_an_earlier_decision_written_late(op
     keys = PoolKeys(POOL, prefix=key_prefix)
     assert DesiredRevision.from_json(redis_client.get(keys.instance_desired("ranking-a.0"))).generation == 3
     assert Rollout.objects.get(pk=first.pk).published is True  # superseded: not retried forever
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"trigger": {"ranking_p99_slo_ms": 60_000}}, "trigger.ranking_p99_slo_ms"),
+    ({"slo": {"target_ratio": 0.5}}, "slo.target_ratio"),
+])
+def test_a_canary_that_changes_the_slo_is_refused_naming_the_field(operator, fleet, change, field):
+    """Each instance counts its requests against its own revision's SLO: a canary with a 60 s SLO beside
+    a stable one at 50 ms looked healthy and was promoted. An SLO change goes to the whole pool."""
+    response = operator.post(f"{BASE}/revisions/", {"parent_generation": 2, "spec": change}, format="json")
+    assert response.status_code == 201, response.content
+    started = _start(operator, generation=3)
+    assert started.status_code == 409, started.content
+    assert field in started.json()["errors"] and "strategy" in started.json()["detail"]
+    assert not Rollout.objects.exists()
+    assert operator.post(f"{BASE}/revisions/3/publish/", {"strategy": "all"}, format="json").status_code == 200
+
+
+def test_the_decision_says_which_slo_it_was_judged_on(operator, fleet):
+    _start(operator)
+    rollout = Rollout.objects.get()
+    for worker, generation in zip(fleet, (2, 1, 1), strict=True):
+        worker.reconcile()
+        _serve(worker, rollout, generation, requests=200, within=200)
+    _end_bake(rollout)
+    decided = services.rollout_evaluate(rollout=Rollout.objects.get())
+    assert decided.state == "promoted" and "judged on the stable revision's SLO, 50 ms" in decided.reason
+    assert decided.figures["slo_ms"] == 50.0

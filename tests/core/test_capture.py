@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from relay_engine.core.capture import DEFAULT_GAP_MS, CaptureError, CaptureRecord, to_trace, user_hash
+from relay_engine.core.capture import (
+    DEFAULT_GAP_MS,
+    CaptureError,
+    CaptureRecord,
+    capture_key,
+    to_trace,
+    user_hash,
+)
+
+KEY = capture_key("a capture secret of the core tests, not a real one", "p")
 
 
 def record(ts_ms: float, user: str = "u", gap_ms: float | None = 40.0, **changes) -> CaptureRecord:
-    values = dict(ts_ms=ts_ms, user=user_hash("s", user), prefix_len=300, short_len=4, candidates=16,
+    values = dict(ts_ms=ts_ms, user=user_hash(KEY, user), prefix_len=300, short_len=4, candidates=16,
                   gap_ms=gap_ms, outcome="hbm", latency_ms=2.0)
     return CaptureRecord(**{**values, **changes})
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from relay_engine.core.wire import instance_name
+from relay_engine.core.wire import CONTROLPLANE_QUEUES, instance_name
 from workers.app import redis_client
 from workers.client import RelayClient, RelayError
 from workers.embedded_redis import free_port
@@ -57,7 +58,7 @@ print(json.dumps(keys))
 
 
 class Stack:
-    def __init__(self, redis_url: str, workdir: Path, *, instances: int = 2):
+    def __init__(self, redis_url: str, workdir: Path, *, instances: int = 2, env: dict[str, str] | None = None):
         self.workdir = workdir
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -72,16 +73,18 @@ class Stack:
             # The canary bake is judged every second, on at least 20 requests (the trickle's pace).
             "RELAYGR_ROLLOUT_EVAL_S": "1",
             "RELAYGR_ROLLOUT_MIN_REQUESTS": "20",
+            **(env or {}),
         }
         self.worker_settings = Settings.from_env(
             {}, redis_url=redis_url, key_prefix=self.key_prefix, pool=POOL, pool_size=instances, device="cpu",
             model="small", rank_threads=2, torch_threads=1, data_dir=str(workdir / "worker-state"),
+            capture_secret=secrets.token_hex(32),
         )
         self.redis = redis_client(self.worker_settings)
         self.server: subprocess.Popen | None = None
         self.workers: dict[str, subprocess.Popen] = {}
         self.load_fleet: subprocess.Popen | None = None
-        self.controlplane_worker: subprocess.Popen | None = None
+        self.controlplane_workers: dict[str, subprocess.Popen] = {}
         self.tokens: dict[str, str] = {}
         self.traffic = Traffic(self.worker_settings)
 
@@ -120,22 +123,26 @@ class Stack:
             time.sleep(0.1)
 
     def start_controlplane_worker(self) -> None:
-        """The control plane's Celery worker with its beat (previews, the canary bake), as ``make run``
-        starts it; its own process group, so ``stop_controlplane_worker`` takes its threads down too."""
-        log = (self.workdir / "controlplane-worker.log").open("a")
-        self.controlplane_worker = subprocess.Popen(
-            controlplane_worker_argv(sys.executable, self.workdir), cwd=REPO, env=self.env, stdout=log,
-            stderr=subprocess.STDOUT, process_group=0)
+        """The control plane's Celery workers as ``make run`` starts them: the canary bake's (with the
+        beat) and the previews', one process each, by queue (``controlplane_workers``); each its own
+        process group, so ``stop_controlplane_worker`` takes its threads and simulator runs down too."""
+        for queue in CONTROLPLANE_QUEUES:
+            log = (self.workdir / f"controlplane-{queue}.log").open("a")
+            self.controlplane_workers[queue] = subprocess.Popen(
+                controlplane_worker_argv(sys.executable, self.workdir, queue, self.key_prefix), cwd=REPO,
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, process_group=0)
 
     def stop_controlplane_worker(self, sig: int = signal.SIGTERM) -> None:
-        if self.controlplane_worker is not None and self.controlplane_worker.poll() is None:
-            os.killpg(self.controlplane_worker.pid, sig)
+        for worker in self.controlplane_workers.values():
+            if worker.poll() is None:
+                os.killpg(worker.pid, sig)
+        for worker in self.controlplane_workers.values():
             try:
-                self.controlplane_worker.wait(15)
+                worker.wait(15)
             except subprocess.TimeoutExpired:
-                os.killpg(self.controlplane_worker.pid, signal.SIGKILL)
-                self.controlplane_worker.wait()
-        self.controlplane_worker = None
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait()
+        self.controlplane_workers = {}
 
     def stop_server(self) -> None:
         if self.server is not None and self.server.poll() is None:

@@ -7,8 +7,10 @@ instance while the rest of the page answers."""
 from __future__ import annotations
 
 import json
+import math
 import time
 
+import numpy as np
 import pytest
 from django.test import Client
 from hypothesis import HealthCheck, given, settings
@@ -17,11 +19,23 @@ from hypothesis import strategies as st
 from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
 from controlplane.policies.models import ConfigRevision
+from controlplane.rollouts import bake
+from controlplane.telemetry.cache import telemetry_cache
+from relay_engine.core import fields
 from relay_engine.core.capture import CaptureError, CaptureRecord
 from relay_engine.core.config import default_policy, validate_policy
 from relay_engine.core.telemetry import LatencyHistogram, Snapshot
-from relay_engine.core.trace import parse_query
-from relay_engine.core.wire import UNKNOWN, DesiredRevision, InstanceStatus, PoolKeys, WireError
+from relay_engine.core.trace import parse_query, read_trace
+from relay_engine.core.wire import (
+    HEARTBEAT_MAX_AHEAD_S,
+    HEARTBEAT_TIMEOUT_S,
+    UNKNOWN,
+    DesiredRevision,
+    InstanceStatus,
+    PoolKeys,
+    WireError,
+)
+from tests.controlplane.fleet_helpers import snapshot
 from tests.reliability.figures import FIGURES, scaled
 from workers.payloads import PayloadError, PreInferPayload, RankPayload
 
@@ -249,3 +263,269 @@ def test_malformed_telemetry_in_redis_leaves_the_metrics_answering(viewer, pool,
 
     check()
     FIGURES.hostile("telemetry records via the API (hypothesis)", scaled(60))
+
+
+# --- Redis values behind the pages and the bake (round three): each class through its real reader ------
+
+# Texts a worker never writes where a number belongs: digits Python's int() refuses or cannot hold
+# ("²", 5000 digits), other scripts' digits int() does accept ("١٢"), signs, floats, blanks.
+NUMBER_TEXT = st.one_of(st.text(max_size=12), st.sampled_from(
+    ["9" * 5000, "9" * 4000, "²", "١٢", "-1", "1e3", "1e400", "nan", "inf", " 7 ", "1_000", "", "0x10",
+     str(2**53), str(2**53 + 1), str(2**64), "12"]))
+
+
+def _raw(redis_client):
+    """A client of the same Redis that writes bytes as they are (not UTF-8 included)."""
+    import redis
+
+    return redis.Redis(connection_pool=redis.ConnectionPool(**{
+        **redis_client.connection_pool.connection_kwargs, "decode_responses": False}))
+
+
+def test_hostile_dropped_counts_are_reported_for_their_instance_and_the_summary_answers(viewer, pool, redis_client):
+    keys = PoolKeys(POOL)
+
+    @fuzz(150)
+    @given(value=NUMBER_TEXT)
+    def check(value):
+        redis_client.delete(keys.traffic_dropped)
+        redis_client.hset(keys.traffic_dropped, mapping={f"{POOL}.0": "7", f"{POOL}.1": value})
+        response = viewer.get(f"/api/v1/pools/{POOL}/traffic/")
+        assert response.status_code == 200, response.content[:300]
+        body = response.json()
+        try:
+            readable = fields.number_text(value, 0, 2**53, as_int=True)
+        except fields.FieldValueError:
+            assert body["dropped_total"] == 7
+            assert list(body["dropped_unreadable"]) == [f"{POOL}.1"]
+            assert body["dropped_unreadable"][f"{POOL}.1"].startswith("dropped count must be")
+        else:
+            assert body["dropped_total"] == 7 + readable and body["dropped_unreadable"] == {}
+
+    check()
+    FIGURES.hostile("Redis values: capture dropped counts via the API (hypothesis)", scaled(150))
+
+
+HEARTBEAT_SCORE = st.one_of(
+    st.sampled_from([float("inf"), float("-inf"), 1e300, -1e300, -1.0, 0.0, 1e12, 2.0**63]),
+    st.floats(allow_nan=False, allow_infinity=False),  # Redis holds no NaN score (ZADD refuses it)
+    st.floats(-120, 120).map(lambda ahead: time.time() + ahead))
+
+
+def test_a_hostile_heartbeat_score_is_reported_for_its_instance_and_the_rest_answers(viewer, pool, redis_client,
+                                                                                     worker_factory, browser):
+    good, odd = worker_factory(POOL, 0), worker_factory(POOL, 1)
+    keys = PoolKeys(POOL)
+
+    @fuzz(150)
+    @given(score=HEARTBEAT_SCORE)
+    def check(score):
+        good.heartbeat()
+        odd.heartbeat()
+        redis_client.zadd(keys.members, {odd.name: score})
+        now = time.time()
+        pool_view = viewer.get(f"/api/v1/pools/{POOL}/status/")
+        one = viewer.get(f"/api/v1/pools/{POOL}/instances/{odd.name}/")
+        for response in (pool_view, one, viewer.get("/metrics"), browser.get(f"/pools/{POOL}/instances/{odd.name}/"),
+                         browser.get(f"/pools/{POOL}/fleet/")):
+            assert response.status_code == 200, response.content[:300]
+        instances = {i["instance"]: i for i in pool_view.json()["instances"]}
+        assert instances[good.name]["live"] and instances[good.name]["error"] == ""
+        shown = one.json()
+        assert instances[odd.name] | {"heartbeat_age_s": None} == shown | {"heartbeat_age_s": None}
+        if not (math.isfinite(score) and 0 <= score <= now + HEARTBEAT_MAX_AHEAD_S - 1):
+            if not 0 <= score <= now + HEARTBEAT_MAX_AHEAD_S + 1:  # clear of the bound's edge
+                assert not shown["live"] and shown["heartbeat_age_s"] is None
+                assert "unreadable heartbeat" in shown["error"] and "members score" in shown["error"]
+        elif score >= now - HEARTBEAT_TIMEOUT_S + 1:
+            assert shown["live"] and shown["error"] == ""
+
+    check()
+    FIGURES.hostile("Redis values: heartbeat scores via the API and pages (hypothesis)", scaled(150))
+
+
+def _capture_fields(draw_time_ms: float) -> dict[str, str]:
+    return {**CAPTURE, "t": f"{draw_time_ms:.3f}"}
+
+
+def test_hostile_capture_records_leave_the_summary_and_a_readable_export(viewer, pool, redis_client, tmp_path):
+    keys = PoolKeys(POOL)
+
+    @fuzz(100)
+    @given(records=st.lists(st.tuples(
+        st.dictionaries(st.sampled_from(sorted(CAPTURE)), CAPTURE_TEXT, max_size=3),
+        st.one_of(st.just(0.0), st.floats(-3.6e6, 3.6e6), st.sampled_from([-1.7e12, 1e14, 1e300]))),
+        min_size=1, max_size=6))
+    def check(records):
+        redis_client.delete(keys.traffic)
+        now_ms = int(time.time() * 1000) - 5000
+        entries = {now_ms - 1000 * i: _capture_fields(now_ms - 1000 * i) for i in range(3)}  # good ones
+        for i, (changes, skew_ms) in enumerate(records):  # and hostile ones between them
+            entries[now_ms - 500 - 10 * i] = {**_capture_fields(now_ms - 500 - 10 * i + skew_ms), **changes}
+        pipe = redis_client.pipeline(transaction=False)
+        for entry_ms in sorted(entries):
+            pipe.xadd(keys.traffic, entries[entry_ms], id=f"{entry_ms}-0")
+        pipe.execute()
+        summary = viewer.get(f"/api/v1/pools/{POOL}/traffic/?window=1m")
+        assert summary.status_code == 200, summary.content[:300]
+        body = summary.json()
+        assert 3 <= body["requests"] <= 3 + len(records)
+        assert body["requests"] + body["skipped_records"] == 3 + len(records)
+        export = viewer.get(f"/api/v1/pools/{POOL}/traffic/?window=1m&format=jsonl")
+        assert export.status_code == 200
+        path = tmp_path / "export.jsonl"
+        path.write_bytes(b"".join(export.streaming_content))
+        assert len(read_trace(path)) >= 3  # every line one the trace reader takes (a TraceError fails here)
+
+    check()
+    FIGURES.hostile("Redis values: capture records via the summary and the export (hypothesis)", scaled(100))
+
+
+ROLLUP_FIELDS = ["rank_requests", "rank_within_slo", "hbm_hits", "misses", "le.10", "le.30", "sum_ms", "hbm_bytes",
+                 "hbm_budget_bytes", "instances", "refused.not_at_risk"]
+HUGE_TEXT = st.sampled_from(["1e308", "-1e308", "1.7976931348623157e308", str(2**63), str(2**53), "-5", "3"])
+
+
+def test_hostile_rollup_fields_leave_the_pool_charts_answering(viewer, pool, redis_client):
+    keys = PoolKeys(POOL)
+
+    @fuzz(100)
+    @given(periods=st.lists(st.dictionaries(st.sampled_from(ROLLUP_FIELDS), st.one_of(NUMBER_TEXT, HUGE_TEXT),
+                                            min_size=1, max_size=6), min_size=1, max_size=4))
+    def check(periods):
+        telemetry_cache.clear()
+        now = int(time.time())
+        for window, tier, step in (("5m", "1s", 1), ("1h", "10s", 10)):
+            for i, hostile in enumerate(periods):
+                key = keys.rollup(tier, (now // step - 1 - i) * step)
+                redis_client.delete(key)
+                redis_client.hset(key, mapping=hostile)
+            response = viewer.get(f"/api/v1/pools/{POOL}/metrics/?window={window}")
+            assert response.status_code == 200, (window, response.content[:300])
+
+    check()
+    FIGURES.hostile("Redis values: pool rollups via the API (hypothesis)", scaled(100))
+
+
+COUNT = st.one_of(st.sampled_from([1e308, -1e308, 1.7e308, 2**53, 2**53 + 1, 2**63, 10**400, -1, 0.5]),
+                  st.integers(0, 10_000))
+
+
+@st.composite
+def snapshot_runs(draw):
+    """Two to four snapshots of one run whose counts are drawn from ``COUNT``: differences between
+    consecutive ones reach ±inf if a reader sums what it should have refused."""
+    now = time.time()
+    runs = []
+    for i in range(draw(st.integers(2, 4))):
+        snap = json.loads(SNAPSHOT)
+        snap.update(instance=f"{POOL}.0", ts=now - 4 + i, started_at=now - 100, applied_generation=2)
+        snap["counters"] = {name: draw(COUNT) for name in ("rank_requests", "rank_within_slo", "hbm_hits")}
+        snap["rank_latency"] = {"buckets": {"10": draw(COUNT)}, "sum_ms": draw(COUNT)}
+        snap["hbm_bytes"] = draw(COUNT)
+        runs.append(snap)
+    return runs
+
+
+def _write_snapshots(redis_client, keys, runs) -> None:
+    for tier in ("1s", "10s"):
+        redis_client.delete(keys.telemetry(tier, f"{POOL}.0"))
+        for snap in runs:
+            redis_client.xadd(keys.telemetry(tier, f"{POOL}.0"), {"d": dumps(snap)}, id=f"{int(snap['ts'] * 1000)}-0")
+    redis_client.zadd(keys.reporting, {f"{POOL}.0": runs[-1]["ts"]})
+
+
+def test_hostile_counts_across_snapshots_leave_every_telemetry_view_answering(viewer, pool, redis_client):
+    keys = PoolKeys(POOL)
+
+    @fuzz(100)
+    @given(runs=snapshot_runs())
+    def check(runs):
+        telemetry_cache.clear()
+        _write_snapshots(redis_client, keys, runs)
+        for path in (f"/api/v1/pools/{POOL}/metrics/?window=5m", f"/api/v1/pools/{POOL}/instances/?window=5m",
+                     f"/api/v1/pools/{POOL}/instances/{POOL}.0/metrics/?window=5m", "/metrics"):
+            response = viewer.get(path)
+            assert response.status_code == 200, (path, response.content[:300])
+
+    check()
+    FIGURES.hostile("Redis values: counts across telemetry snapshots via the API (hypothesis)", scaled(100))
+
+
+def test_the_bakes_telemetry_read_counts_hostile_snapshots_as_nothing_never_as_infinity(pool, redis_client):
+    keys = PoolKeys(POOL)
+
+    @fuzz(150)
+    @given(runs=snapshot_runs())
+    def check(runs):
+        _write_snapshots(redis_client, keys, runs)
+        since = runs[0]["ts"] - 1
+        served = bake.served(redis_client, pool=POOL, instances=[f"{POOL}.0"], generation=2, since=since,
+                             now=runs[-1]["ts"] + 1)
+        assert 0 <= served.requests <= 2**53 and 0 <= served.bad <= served.requests
+        assert np.isfinite(served.buckets).all() and (served.p99_ms is None or math.isfinite(served.p99_ms))
+
+    check()
+    FIGURES.hostile("Redis values: telemetry read by the canary bake (hypothesis)", scaled(150))
+
+
+REPORTING_SCORE = st.one_of(st.sampled_from([float("inf"), float("-inf"), 1e300, -1e300, 0.0]),
+                            st.floats(allow_nan=False))
+
+
+def test_hostile_reporting_scores_leave_the_telemetry_views_answering(viewer, pool, redis_client, worker_factory):
+    keys = PoolKeys(POOL)
+    worker = worker_factory(POOL, 0)
+    now = time.time()
+    worker.publish_snapshot(snapshot(worker.name, now - 2, now - 50, rank_requests=5, rank_within_slo=5))
+    worker.publish_snapshot(snapshot(worker.name, now - 1, now - 50, rank_requests=9, rank_within_slo=9))
+
+    @fuzz(60)
+    @given(scores=st.lists(REPORTING_SCORE, min_size=1, max_size=3))
+    def check(scores):
+        telemetry_cache.clear()
+        redis_client.zadd(keys.reporting, {f"{POOL}.{i}": score for i, score in enumerate(scores)})
+        for path in (f"/api/v1/pools/{POOL}/metrics/?window=5m", f"/api/v1/pools/{POOL}/instances/?window=1h",
+                     "/metrics"):
+            response = viewer.get(path)
+            assert response.status_code == 200, (path, response.content[:300])
+
+    check()
+    FIGURES.hostile("Redis values: reporting scores via the API (hypothesis)", scaled(60))
+
+
+def test_bytes_that_are_not_utf8_in_any_record_are_reported_and_the_rest_answers(viewer, pool, redis_client,
+                                                                                 worker_factory):
+    raw = _raw(redis_client)
+    keys = PoolKeys(POOL)
+    good = worker_factory(POOL, 0)
+    now_ms = int(time.time() * 1000) - 2000
+
+    @fuzz(60)
+    @given(blob=st.binary(min_size=1, max_size=24).filter(lambda b: not _is_utf8(b)))
+    def check(blob):
+        good.heartbeat()
+        raw.zadd(keys.members, {f"{POOL}.1": time.time()})
+        raw.set(keys.status(f"{POOL}.1"), b'{"instance": "' + blob + b'"}')
+        raw.hset(keys.traffic_dropped, f"{POOL}.1", blob)
+        raw.xadd(keys.traffic, {**_capture_fields(now_ms), "u": blob}, maxlen=20)
+        raw.xadd(keys.telemetry("1s", f"{POOL}.1"), {"d": blob}, maxlen=20)
+        raw.hset(keys.rollup("1s", now_ms // 1000 - 1), "rank_requests", blob)
+        for path in (f"/api/v1/pools/{POOL}/status/", f"/api/v1/pools/{POOL}/instances/{POOL}.1/",
+                     f"/api/v1/pools/{POOL}/traffic/?window=1m", f"/api/v1/pools/{POOL}/metrics/?window=5m",
+                     f"/api/v1/pools/{POOL}/instances/?window=5m", "/metrics"):
+            response = viewer.get(path)
+            assert response.status_code == 200, (path, response.content[:300])
+        assert viewer.get(f"/api/v1/pools/{POOL}/instances/{POOL}.1/").json()["config_state"] == UNKNOWN
+
+    check()
+    FIGURES.hostile("Redis values: bytes that are not UTF-8, in every record the control plane reads (hypothesis)",
+                    scaled(60))
+
+
+def _is_utf8(blob: bytes) -> bool:
+    try:
+        blob.decode()
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -12,6 +12,8 @@ import pytest
 import yaml
 from django.core.management import get_commands
 
+from relay_engine.core.wire import CONTROLPLANE_QUEUES, controlplane_queue
+
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT_DIRS = ("relay_engine", "workers", "controlplane", "frontend")
 
@@ -49,7 +51,8 @@ def env_names_read_by_the_project() -> set[str]:
 
 
 def test_the_expected_services_are_there(compose):
-    assert {"redis", "postgres", "web", "worker", "beat", "controlplane-worker", "traffic"} <= set(compose["services"])
+    assert {"redis", "postgres", "web", "worker", "beat", "controlplane-bake", "controlplane-previews",
+            "traffic"} <= set(compose["services"])
     assert "traffic" in compose["services"]["traffic"]["profiles"]
     for name in ("redis", "postgres", "web", "worker"):
         assert "healthcheck" in compose["services"][name], name
@@ -88,3 +91,17 @@ def test_every_variable_set_for_the_project_is_one_it_reads(compose):
 
 def test_workers_claim_their_own_index_when_scaled(compose):
     assert command_words(compose["services"]["worker"])[-2:] == ["--index", "auto"]
+
+
+def test_the_bake_and_the_previews_have_a_control_plane_worker_each(compose):
+    """Each consumes one of the control plane's queues (named for the compose file's key prefix), so no
+    preview can hold the bake's evaluation; the bake's carries the one beat."""
+    prefix = compose["x-app"]["environment"]["RELAYGR_KEY_PREFIX"]
+    consumed = {}
+    for name in ("controlplane-bake", "controlplane-previews"):
+        words = command_words(compose["services"][name])
+        assert words[:4] == ["celery", "-A", "controlplane.celery_app", "worker"] and words.count("--queues") == 1
+        consumed[name] = (words[words.index("--queues") + 1], "--beat" in words)
+    assert consumed == {"controlplane-bake": (controlplane_queue("periodic", prefix), True),
+                        "controlplane-previews": (controlplane_queue("previews", prefix), False)}
+    assert {queue for queue, _ in consumed.values()} == {controlplane_queue(kind, prefix) for kind in CONTROLPLANE_QUEUES}

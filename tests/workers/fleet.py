@@ -8,6 +8,7 @@ plane does (desired JSON + poke), and the client is ``workers.client.RelayClient
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import signal
 import subprocess
 import time
@@ -45,6 +46,7 @@ class Fleet:
         self.settings = Settings.from_env(
             {}, redis_url=redis_url, key_prefix=f"test-{uuid.uuid4().hex[:10]}", pool=pool, pool_size=size,
             device="cpu", model=model, rank_threads=rank_threads, torch_threads=1,
+            capture_secret=secrets.token_hex(32),
         )
         # Each instance's last applied revision goes to this test's folder, not the user's.
         self.settings = dataclasses.replace(self.settings, data_dir=str(logdir / "state"))

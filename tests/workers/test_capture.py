@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import secrets
+import stat
 import time
 from datetime import UTC, datetime
 
 import pytest
 import redis
 
-from relay_engine.core.capture import CaptureRecord, to_trace
+from relay_engine.core.capture import CaptureRecord, capture_key, to_trace, user_hash
+from relay_engine.core.telemetry import Snapshot
 from relay_engine.core.trace import read_trace, write_trace
 from relay_engine.core.wire import PoolKeys
-from tests.workers.fleet import wait_for
+from tests.workers.fleet import Fleet, wait_for
 from workers.app import RANK_TASK
 from workers.capture import TrafficCapture
+from workers.stack import capture_secret
 
 pytestmark = pytest.mark.integration
 
@@ -28,8 +34,12 @@ def client(redis_url, key_prefix):
     connection.close()
 
 
-def _capture(client, key_prefix, **kwargs) -> TrafficCapture:
-    return TrafficCapture(client, PoolKeys("ranking-a", prefix=key_prefix), "ranking-a.0", **kwargs)
+SECRET = secrets.token_hex(32)  # the deployment's capture secret: in the workers' environment only
+
+
+def _capture(client, key_prefix, pool: str = "ranking-a", index: int = 0, secret: str = SECRET,
+             **kwargs) -> TrafficCapture:
+    return TrafficCapture(client, PoolKeys(pool, prefix=key_prefix), f"{pool}.{index}", secret=secret, **kwargs)
 
 
 def _record(capture: TrafficCapture, user: str, arrived_s: float | None = None, **shape) -> bool:
@@ -42,20 +52,67 @@ def _records(client, capture: TrafficCapture) -> list[CaptureRecord]:
     return [CaptureRecord.from_fields(data) for _, data in client.xrange(capture.keys.traffic)]
 
 
-def test_records_carry_a_salted_hash_never_the_user_id(client, key_prefix):
-    capture = _capture(client, key_prefix)
-    for user in ("alice@example.com", "bob", "alice@example.com"):
+def _captured_users(client, capture: TrafficCapture, *users: str) -> list[str]:
+    for user in users:
         assert _record(capture, user)
-    assert capture.drain(wait_s=1.0) == 3
+    assert capture.drain(wait_s=1.0) == len(users)
+    return [r.user for r in _records(client, capture)[-len(users):]]
+
+
+def test_records_carry_a_keyed_hash_never_the_user_id(client, key_prefix):
+    capture = _capture(client, key_prefix)
+    users = _captured_users(client, capture, "alice@example.com", "bob", "alice@example.com")
     entries = client.xrange(capture.keys.traffic)
     assert len(entries) == 3
     assert not any("alice" in value or value == "bob" for _, data in entries for value in data.values())
-    users = [r.user for r in _records(client, capture)]
     assert users[0] == users[2] != users[1]  # one user, one hash: repeats stay visible
-    other_pool = TrafficCapture(client, PoolKeys("ranking-b", prefix=key_prefix), "ranking-b.0")
-    _record(other_pool, "alice@example.com")
-    other_pool.drain(wait_s=1.0)
-    assert _records(client, other_pool)[0].user != users[0]  # salted per pool
+
+
+def _every_string_in_redis(client, key_prefix) -> set[str]:
+    """Every key name, hash field and value, stream field and value, string value under the prefix."""
+    found: set[str] = set()
+    for key in client.scan_iter(f"{key_prefix}*"):
+        found.add(key)
+        kind = client.type(key)
+        if kind == "string":
+            found.add(client.get(key))
+        elif kind == "hash":
+            found.update(part for item in client.hgetall(key).items() for part in item)
+        elif kind == "stream":
+            found.update(part for _, data in client.xrange(key) for item in data.items() for part in item)
+    return found
+
+
+def test_nothing_in_redis_recomputes_the_hashes_only_the_secret_does(client, key_prefix):
+    capture = _capture(client, key_prefix)
+    [hashed] = _captured_users(client, capture, "user-17")
+    assert set(client.scan_iter(f"{key_prefix}*")) == {capture.keys.traffic}  # no salt, no key: the records only
+    assert hashed == user_hash(capture_key(SECRET, "ranking-a"), "user-17")
+    candidates = _every_string_in_redis(client, key_prefix)
+    assert hashed in candidates and len(candidates) > 5
+    for candidate in candidates:  # neither as a secret of today's derivation nor as a salt of the old one
+        assert user_hash(capture_key(candidate, "ranking-a"), "user-17") != hashed
+        assert hashlib.sha256(f"{candidate}\x00user-17".encode()).hexdigest()[:16] != hashed
+    assert user_hash(capture_key(secrets.token_hex(32), "ranking-a"), "user-17") != hashed
+
+
+def test_instances_of_a_pool_hash_a_user_alike_and_pools_apart(client, key_prefix):
+    first = _captured_users(client, _capture(client, key_prefix, index=0), "alice", "bob")
+    second = _captured_users(client, _capture(client, key_prefix, index=1), "alice", "bob")
+    other_pool = _captured_users(client, _capture(client, key_prefix, pool="ranking-b"), "alice", "bob")
+    other_secret = _captured_users(client, _capture(client, key_prefix, pool="ranking-c", secret=secrets.token_hex(32)),
+                                   "alice", "bob")
+    assert first == second and first[0] != first[1]
+    assert not set(first) & set(other_pool) and not set(first) & set(other_secret)
+
+
+def test_the_stacks_capture_secret_is_made_once_per_data_dir_for_its_owner_only(tmp_path):
+    made = capture_secret(tmp_path)
+    assert len(made) == 64 and capture_secret(tmp_path) == made  # kept: the same hashes after a restart
+    assert stat.S_IMODE((tmp_path / "capture-secret").stat().st_mode) == 0o600
+    other = tmp_path / "other"
+    other.mkdir()
+    assert capture_secret(other) != made
 
 
 def test_the_stream_is_bounded_by_count(client, key_prefix):
@@ -142,3 +199,41 @@ def test_a_fleet_captures_what_it_served_and_what_expired_in_its_queue(fleet):
     assert any(r.gap_ms is not None and r.gap_ms >= 40 for r in served)
     raw = json.dumps([data for _, data in fleet.redis.xrange(fleet.keys.traffic)])
     assert "capture-user" not in raw and "expired-user" not in raw
+
+
+def test_every_instance_of_the_pool_hashes_a_user_alike(fleet):
+    """The same user's request sent to each instance's own queue: one hash, the secret's derivation."""
+    for name in fleet.names:
+        fleet.client.app.send_task(RANK_TASK, args=[{"user_id": "shared-user", "deadline_s": time.time() + 30,
+                                                     "seq_len": 32, "short_len": 4, "n_candidates": 8}],
+                                   queue=fleet.keys.rank_queue(name))
+    expected = user_hash(capture_key(fleet.settings.capture_secret, fleet.settings.pool), "shared-user")
+
+    def hashes() -> list[str]:
+        return [r.user for r in (CaptureRecord.from_fields(d) for _, d in fleet.redis.xrange(fleet.keys.traffic))
+                if r.prefix_len == 32]
+
+    assert len(fleet.names) == 2
+    wait_for(lambda: len(hashes()) >= 2, 10.0, what="the request of each instance in the capture")
+    assert hashes() == [expected, expected]
+
+
+def test_an_instance_without_a_capture_secret_captures_nothing_and_says_so(redis_url, tmp_path):
+    pool = Fleet(redis_url, tmp_path, pool="nosecret", size=1)
+    pool.settings = dataclasses.replace(pool.settings, capture_secret="")
+    try:
+        pool.start()
+        [status] = pool.running_statuses()
+        assert "RELAYGR_CAPTURE_SECRET is not set" in status.capture_off
+        assert pool.client.rank("some-user", short_len=4, n_candidates=8, seq_len=32).instance == status.instance
+
+        def ranked_in_telemetry() -> bool:  # published after the request, like a capture's batch would be
+            entries = pool.redis.xrevrange(pool.keys.telemetry("1s", status.instance), count=1)
+            return bool(entries) and Snapshot.from_json(entries[0][1]["d"]).counters.get("rank_requests", 0) >= 1
+
+        wait_for(ranked_in_telemetry, 10.0, what="the request in the instance's telemetry")
+        time.sleep(1.0)  # four capture flush intervals more: a capture would have written by now
+        # Nothing captured, and no salt or key made up in Redis instead.
+        assert list(pool.redis.scan_iter(f"{pool.settings.key_prefix}:*traffic*")) == []
+    finally:
+        pool.stop()

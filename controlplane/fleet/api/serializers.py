@@ -25,6 +25,8 @@ class InstanceStatusSerializer(serializers.Serializer):
     dram_budget_bytes = serializers.IntegerField()
     device_memory_bytes = serializers.IntegerField()
     started_at = serializers.FloatField(allow_null=True)
+    capture_off = serializers.CharField(allow_blank=True, help_text="why this instance records no traffic "
+                                        "(empty while it captures)")
 
 
 class StateCountsSerializer(serializers.Serializer):

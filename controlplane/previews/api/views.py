@@ -52,21 +52,25 @@ class PoolTrafficView(APIView):
         "`rate_qps`, prefix-length percentiles, short-length and candidates medians, `repeat_user_share` "
         "(requests of users seen more than once in the window), `outcomes`; what the instances measured: "
         "`latency_ms` p50/p99, `within_slo_share` (against the live revision's SLO, failures outside it), "
-        "`hit_ratio`. No traffic is `requests: 0`. "
+        "`hit_ratio`. No traffic is `requests: 0`. What Redis held that broke the capture's contract: "
+        "`skipped_records` (records), `dropped_unreadable` (instance → why its dropped count is unreadable). "
+        "`capture_off`: live instances that record no traffic, and why (no capture secret). "
         "`?format=jsonl` streams the window in the benchmark's trace format (user ids are the capture's "
-        "salted hashes), replayable by `relay_engine.bench --trace` and `relay_engine.sim run --trace`.",
+        "keyed hashes), replayable by `relay_engine.bench --trace` and `relay_engine.sim run --trace`; "
+        "each download is audited (`traffic.download`).",
     )
     def get(self, request, pool):
         pool_obj = policy_selectors.pool_get(name=pool)
         window_s = _window(request.query_params)
-        window = traffic.read_window(pool=pool_obj.name, window_s=window_s)
         if request.accepted_renderer.format == "jsonl":
-            response = StreamingHttpResponse(traffic.trace_lines(window), content_type="application/x-ndjson")
+            lines = services.traffic_download(pool=pool_obj, window_s=window_s, actor=actor_name(request))
+            response = StreamingHttpResponse(lines, content_type="application/x-ndjson")
             response["Content-Disposition"] = (f'attachment; filename="{pool_obj.name}-traffic-'
                                                f'{traffic.window_label(window_s)}.jsonl"')
             return response
+        window = traffic.read_window(pool=pool_obj.name, window_s=window_s)
         return Response(traffic.summary(window, window_s, traffic.capture_extent(pool=pool_obj.name),
-                                        slo_ms=pool_obj.slo.p99_ms))
+                                        slo_ms=pool_obj.slo.p99_ms, off=traffic.capture_off(pool=pool_obj)))
 
 
 class RevisionPreviewView(APIView):
@@ -79,7 +83,9 @@ class RevisionPreviewView(APIView):
         "and under revision `generation`: same requests, the pool's live instance count, the cost profile "
         "of its device. 202 with a queued preview; poll `url`. The same specs and window again reuse the "
         "existing preview (200 when it is done, 202 otherwise; same id). 409 when the window holds no "
-        "captured traffic.",
+        "captured traffic. 429 (with `Retry-After`) when the pool or the caller already has as many previews "
+        "queued or running as `RELAYGR_PREVIEW_MAX_PER_POOL` / `RELAYGR_PREVIEW_MAX_PER_USER` allow; the "
+        "message lists them. A started preview is audited (`preview.start`).",
     )
     def post(self, request, pool, generation):
         pool_obj = policy_selectors.pool_get(name=pool)

@@ -48,6 +48,8 @@
       set("generation", String(status.applied_generation || "–"), status.up_to_date ? "good" : "bad");
       set("heartbeat", fmt.age(status.heartbeat_age_s));
       set("device", status.device || "–");
+      const capture = status.config_state === "UNKNOWN" ? "–" : (status.capture_off ? `off: ${status.capture_off}` : "on");
+      set("capture", capture, status.capture_off ? "bad" : null);
       root.querySelector('[data-role="error"]').textContent = status.error || "";
     }
     const t = m.totals;
