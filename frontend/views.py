@@ -24,6 +24,7 @@ from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.api.serializers import AuditQuerySerializer
 from controlplane.policies.models import AuditEntry, Pool
 from controlplane.telemetry.selectors import TOP_DEFAULT, TOP_MAX, WINDOWS
+from relay_engine.core import wire
 
 from .assets import PLOTLY_VERSION
 from .policy_fields import FIELD_GROUPS
@@ -110,8 +111,10 @@ class InstanceView(TimeWindowMixin, PoolPageView):
     tab = "live"
 
     def get(self, request, *args, **kwargs):
-        if kwargs["instance"].rsplit(".", 1)[0] != kwargs["pool"]:
-            raise Http404(f"{kwargs['instance']} is not an instance of pool {kwargs['pool']}")
+        try:
+            wire.instance_index(kwargs["instance"], kwargs["pool"])
+        except wire.WireError:
+            raise Http404(f"{kwargs['instance']} is not an instance of pool {kwargs['pool']}") from None
         return super().get(request, *args, **kwargs)
 
     def get_context_data(self, **kwargs):

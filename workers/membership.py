@@ -16,20 +16,19 @@ from typing import Any
 
 import redis
 
+from relay_engine.core import wire
 from relay_engine.core.wire import (
     HEARTBEAT_TIMEOUT_S,
     STATUS_TTL_S,
     InstanceStatus,
     PoolKeys,
-    live_since,
-    live_until,
 )
 
 
 def live_members(client: redis.Redis, keys: PoolKeys, *, now: float | None = None) -> list[str]:
-    """Instances of the pool that are live by the wire's rule, sorted by name."""
-    now = time.time() if now is None else now
-    return sorted(client.zrangebyscore(keys.members, live_since(now), live_until(now)))
+    """Instances of the pool that are live by the wire's rule, lowest index first (``wire.live_members``:
+    a member whose name breaks the contract is never routed to)."""
+    return wire.live_members(client, keys, now=time.time() if now is None else now)[0]
 
 
 class StatusBoard:

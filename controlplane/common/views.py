@@ -6,6 +6,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
+from relay_engine.core import wire
+
 from .errors import NotFound
 from .urls import INSTANCE_NAME_PATTERN, POOL_NAME_PATTERN
 
@@ -38,6 +40,9 @@ def actor_name(request) -> str:
 
 def instance_of(pool: str, instance: str) -> str:
     """``instance`` when it is named as one of ``pool``'s (``<pool>.<index>``), else a 404."""
-    if instance.rsplit(".", 1)[0] != pool:
-        raise NotFound(f"{instance!r} is not an instance of pool {pool!r} (names are {pool}.<index>).")
+    try:
+        wire.instance_index(instance, pool)
+    except wire.WireError:
+        raise NotFound(f"{instance!r} is not an instance of pool {pool!r} (names are {pool}.<index>, "
+                       f"index 0–{wire.MAX_INSTANCE_INDEX}).") from None
     return instance

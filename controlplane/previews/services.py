@@ -37,7 +37,7 @@ from controlplane.policies.models import AuditEntry, Pool
 from controlplane.policies.services import audit_record
 from relay_engine.core.config import slo_of
 from relay_engine.core.lifetime import die_with_parent
-from relay_engine.core.wire import InstanceStatus, PoolKeys, WireError, live_since, live_until
+from relay_engine.core.wire import InstanceStatus, PoolKeys, WireError, live_members
 
 from . import traffic
 from .models import Preview
@@ -172,7 +172,7 @@ def pool_fleet(*, pool: Pool) -> tuple[int, str, str]:
     now = time.time()
     try:
         client = get_redis()
-        names = client.zrangebyscore(keys.members, live_since(now), live_until(now))
+        names, _ = live_members(client, keys, now=now)
         raws = client.mget([keys.status(name) for name in names]) if names else []
     except redis.RedisError as exc:
         raise redis_unreachable(exc) from exc

@@ -29,7 +29,7 @@ from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import AuditEntry, Pool
 from controlplane.policies.services import audit_record, desired_push, desired_set
 from relay_engine.core.config import slo_of
-from relay_engine.core.wire import ACK, NACK, DesiredRevision, PoolKeys, live_since
+from relay_engine.core.wire import ACK, NACK, DesiredRevision, PoolKeys, live_members
 
 from . import bake, selectors
 from .evaluation import DEFAULT_MIN_REQUESTS, GroupFigures, decide
@@ -41,17 +41,16 @@ EVALUATOR = "rollout-evaluator"  # ``decided_by`` of the periodic task's decisio
 MAX_SERIES_POINTS = 600  # chart points kept per rollout (older ones thinned out by half)
 
 
-def _instance_index(name: str) -> int:
-    return int(name.rsplit(".", 1)[1])
-
-
 def live_instances(*, pool: Pool, now: float | None = None) -> list[str]:
-    """The pool's live instances, lowest index first (the order canaries are chosen in)."""
+    """The pool's live instances, lowest index first (the order canaries are chosen in); a member whose
+    name is not ``<pool>.<index>`` is left out and logged, never made a canary."""
     try:
-        names = get_redis().zrangebyscore(PoolKeys(pool.name).members, live_since(now or time.time()), "+inf")
+        names, malformed = live_members(get_redis(), PoolKeys(pool.name), now=now or time.time())
     except redis.RedisError as exc:
         raise redis_unreachable(exc) from exc
-    return sorted(names, key=_instance_index)
+    if malformed:
+        logger.warning("pool %s: members with malformed names left out: %s", pool.name, ", ".join(malformed))
+    return names
 
 
 def canary_count(canary_instances: int | float, live: int) -> int:

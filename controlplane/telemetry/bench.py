@@ -185,13 +185,13 @@ def _client_routing(client, writer: Writer, instances: int) -> None:
     """What a client (``workers.client``) pays at this pool size: the membership read it makes every
     half second (the same ZRANGEBYSCORE), and a route, for a user first seen and for one seen before."""
     from relay_engine.core.router import AffinityRouter
-    from relay_engine.core.wire import instance_name, live_since
+    from relay_engine.core.wire import instance_name, live_members
 
     writer.statuses([instance_name(writer.keys.pool, i) for i in range(instances)], time.time())  # heartbeats
     reads = []
     for _ in range(50):
         t0 = time.perf_counter()
-        members = client.zrangebyscore(writer.keys.members, live_since(time.time()), "+inf")
+        members, _ = live_members(client, writer.keys, now=time.time())
         reads.append((time.perf_counter() - t0) * 1000)
     router = AffinityRouter(members)
     users = [f"user-{i}" for i in range(2000)]

@@ -117,8 +117,36 @@ def key_prefix() -> str:
     return os.environ.get(KEY_PREFIX_ENV, DEFAULT_KEY_PREFIX)
 
 
+MAX_INSTANCE_INDEX = 1023  # indices an instance may claim (workers.instance --index, scaled replicas)
+
+
 def instance_name(pool: str, index: int) -> str:
     return f"{pool}.{index}"
+
+
+def instance_index(name: object, pool: str) -> int:
+    """The index of an instance of ``pool`` from its name (``<pool>.<index>``); WireError for anything
+    else — a member set is written by the workers, and Redis is untrusted."""
+    if not isinstance(name, str) or not name.startswith(f"{pool}."):
+        raise WireError(f"member {repr(name)[:60]} is not an instance of pool {pool!r} (<pool>.<index>)")
+    index = name[len(pool) + 1:]
+    if not (index.isascii() and index.isdigit() and len(index) <= 4) or int(index) > MAX_INSTANCE_INDEX \
+            or index != str(int(index)):
+        raise WireError(f"member {name[:60]!r}: the index must be an integer in [0, {MAX_INSTANCE_INDEX}]")
+    return int(index)
+
+
+def live_members(client: Any, keys: PoolKeys, *, now: float) -> tuple[list[str], list[str]]:
+    """The pool's live instances by the liveness rule, lowest index first, and the members whose names
+    break the contract (reported, never served). ``client``: a Redis client (this module imports none)."""
+    names = client.zrangebyscore(keys.members, live_since(now), live_until(now))
+    good, bad = [], []
+    for name in names:
+        try:
+            good.append((instance_index(name, keys.pool), name))
+        except WireError:
+            bad.append(str(name)[:80])
+    return [name for _, name in sorted(good)], bad
 
 
 # The control plane's own Celery queues, by what consumes them: the canary bake's evaluation (the

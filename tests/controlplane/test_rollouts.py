@@ -447,3 +447,16 @@ def test_the_decision_says_which_slo_it_was_judged_on(operator, fleet):
     decided = services.rollout_evaluate(rollout=Rollout.objects.get())
     assert decided.state == "promoted" and "judged on the stable revision's SLO, 50 ms" in decided.reason
     assert decided.figures["slo_ms"] == 50.0
+
+
+def test_members_with_malformed_names_are_never_made_canaries(operator, fleet, redis_client, key_prefix):
+    """The members set is written by workers, so by anyone who can write Redis: a name without an index
+    made the canary publish a 500. They are left out; the real instances are chosen as before."""
+    keys = PoolKeys(POOL, prefix=key_prefix)
+    now = time.time()
+    redis_client.zadd(keys.members, {name: now for name in (POOL, f"{POOL}.x", "other.3", f"{POOL}.99999",
+                                                            f"{POOL}.01", f"{POOL}.-1", f"{POOL}.²", f"{POOL}.1.2")})
+    response = _start(operator)
+    assert response.status_code == 201, response.content
+    assert response.json()["canary"] == [f"{POOL}.0"]
+    assert operator.get(f"{BASE}/status/").status_code == 200
