@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 
 from controlplane.accounts.models import ApiToken
 from controlplane.policies.models import AuditEntry
+from relay_engine.core.lifetime import die_with_parent
 from relay_engine.core.wire import DesiredRevision, PoolKeys
 from tests.controlplane.fixtures import PROD_ENV
 from tests.workers.fleet import wait_for
@@ -93,7 +94,7 @@ def test_relaygr_sync_loop_outlives_an_unavailable_database_and_delivers_once_it
     out, err = tmp_path / "sync.out", tmp_path / "sync.err"
     with out.open("w") as stdout, err.open("w") as stderr:
         sync = subprocess.Popen([sys.executable, "manage.py", "relaygr_sync", "--interval", "0.2"], cwd=REPO,
-                                env=env, stdout=stdout, stderr=stderr)
+                                env=env, stdout=stdout, stderr=stderr, preexec_fn=die_with_parent())
     try:
         wait_for(lambda: len([line for line in _lines(err) if "sync failed" in line]) >= 3, 60,
                  what="the loop to report failed passes")

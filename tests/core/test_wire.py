@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from relay_engine.core.wire import MAX_INSTANCE_INDEX, PoolKeys, WireError, instance_index, instance_name, live_members
+from relay_engine.core.wire import (
+    MAX_INSTANCE_INDEX,
+    PoolKeys,
+    WireError,
+    instance_index,
+    instance_name,
+    live_members,
+)
 
 
 @pytest.mark.parametrize("index", [0, 7, MAX_INSTANCE_INDEX])

@@ -21,6 +21,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from relay_engine.core.lifetime import die_with_parent
 from relay_engine.core.wire import CONTROLPLANE_QUEUES, instance_name
 from workers.app import redis_client
 from workers.client import RelayClient, RelayError
@@ -107,6 +108,7 @@ class Stack:
              "--access-logfile", "-"],
             # Its own process group, so ``kill_server`` takes gunicorn's worker down with the master.
             cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, process_group=0,
+            preexec_fn=die_with_parent(),  # a killed test run leaves no server behind
         )
         deadline = time.monotonic() + 60
         while True:
@@ -130,7 +132,7 @@ class Stack:
             log = (self.workdir / f"controlplane-{queue}.log").open("a")
             self.controlplane_workers[queue] = subprocess.Popen(
                 controlplane_worker_argv(sys.executable, self.workdir, queue, self.key_prefix), cwd=REPO,
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, process_group=0)
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, process_group=0, preexec_fn=die_with_parent())
 
     def stop_controlplane_worker(self, sig: int = signal.SIGTERM) -> None:
         for worker in self.controlplane_workers.values():
@@ -199,7 +201,7 @@ class Stack:
         log = (self.workdir / "loadfleet.log").open("a")
         self.load_fleet = subprocess.Popen(
             [sys.executable, "-m", "workers.loadfleet", "--instances", str(LARGE_POOL_SIZE), "--rank-per-s", "5"],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=die_with_parent())
         line = self.load_fleet.stdout.readline()
         if "live" not in line:
             raise RuntimeError(f"the load fleet did not start ({line!r}); see {self.workdir}/loadfleet.log")

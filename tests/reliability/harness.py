@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relay_engine.core.lifetime import die_with_parent
 from relay_engine.lab.traffic import TraceSpec, generate_trace
 from tests.frontend.stack import POOL, REPO, Stack
 from tests.workers.fleet import wait_for
@@ -192,7 +193,8 @@ class FaultStack(Stack):
     def start_sync(self) -> None:
         log = (self.workdir / "sync.log").open("a")
         self.sync = subprocess.Popen([sys.executable, "manage.py", "relaygr_sync", "--interval", str(SYNC_INTERVAL_S)],
-                                     cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                                     cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     preexec_fn=die_with_parent())
 
     # --- workers ------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from relay_engine.core.lifetime import die_with_parent
 from workers.embedded_redis import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +108,7 @@ def stack(tmp_path_factory):
         [sys.executable, "-m", "workers.stack", "--instances", "2", "--model", "small", "--rate", "15",
          "--port", str(free_port()), "--data-dir", str(data_dir), "--status-file", str(status_file)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=die_with_parent(),
     )
     try:
         wait_for(lambda: status_file.exists() or process.poll() is not None, 300, "the stack to start")
