@@ -34,7 +34,7 @@ import threading
 
 import redis
 
-from relay_engine.core.config import PolicyError, parse_policy
+from relay_engine.core.config import PolicyError, parse_policy, sha256_of
 from relay_engine.core.engine import PolicyApplyError, RelayEngine
 from relay_engine.core.wire import ACK, NACK, PENDING, DesiredRevision, InstanceStatus, PoolKeys, WireError
 from workers.membership import StatusBoard
@@ -116,9 +116,15 @@ class Reconciler:
 
     @staticmethod
     def _validated(revision: DesiredRevision):
+        """The policy of a record whose sha256 is that of its spec: of the spec as stored (the control
+        plane hashes what it stores, defaults filled in as the schema *then* had them), or of the policy
+        it parses to here. The first keeps a revision stored before a field with a default was added
+        valid after the upgrade (parsing adds the new default, which the stored hash never covered); a
+        spec altered anywhere matches neither."""
         spec = parse_policy(revision.spec)
-        if spec.sha256() != revision.sha256:
-            raise DigestMismatch(f"sha256: the revision says {revision.sha256}, its spec hashes to {spec.sha256()}")
+        if revision.sha256 not in (sha256_of(revision.spec), spec.sha256()):
+            raise DigestMismatch(f"sha256: the revision says {revision.sha256}, its spec hashes to "
+                                 f"{sha256_of(revision.spec)} as stored and to {spec.sha256()} as parsed")
         return spec
 
     def _refuse(self, current: InstanceStatus, generation: int, digest: str, error: str) -> InstanceStatus:

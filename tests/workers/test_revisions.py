@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from relay_engine.core.config import parse_policy
+from relay_engine.core.config import parse_policy, sha256_of
 from relay_engine.core.wire import DesiredRevision
 from tests.workers.fleet import wait_for
 
@@ -70,6 +70,27 @@ def test_revision_whose_spec_does_not_match_its_sha256_is_nacked(fleet):
     fleet.redis.publish(fleet.keys.poke_channel, str(revision.generation))
     wait_for(lambda: nacked(fleet, revision.generation), CONVERGE_S)
     assert all(s.error.startswith("sha256") for s in fleet.running_statuses())
+
+
+def test_a_revision_stored_before_a_field_with_a_default_existed_is_acked_after_the_upgrade(fleet):
+    """The control plane stores a spec with the schema's defaults filled in and hashes what it stores.
+    A field added later (here: one the stored spec lacks, as an older schema would have stored it) is
+    filled in by the upgraded worker's parse: the stored hash still holds, so no instance NACKs the
+    pool's current revision after an upgrade, and a spec changed anywhere still does not pass."""
+    stored = parse_policy({"cache": {"hbm_budget_mb": 303.0}}).to_dict()
+    del stored["trigger"]["preinfer_compute_share"]  # "not yet in the schema" when it was stored
+    del stored["cache"]["dram_ttl_ms"]
+    revision = fleet.desired_revision(stored, sha256=sha256_of(stored))
+    fleet.redis.set(fleet.keys.desired, revision.to_json())
+    fleet.redis.publish(fleet.keys.poke_channel, str(revision.generation))
+    wait_for(lambda: acked(fleet, revision.generation), CONVERGE_S, what="ACK of a revision stored by an older schema")
+    assert all(s.hbm_budget_bytes == 303 * 2**20 and s.applied_sha256 == sha256_of(stored)
+               for s in fleet.running_statuses())
+    tampered = fleet.desired_revision({**stored, "cache": {**stored["cache"], "hbm_budget_mb": 304.0}},
+                                      sha256=sha256_of(stored))
+    fleet.redis.set(fleet.keys.desired, tampered.to_json())
+    fleet.redis.publish(fleet.keys.poke_channel, str(tampered.generation))
+    wait_for(lambda: nacked(fleet, tampered.generation), CONVERGE_S)
 
 
 def test_next_good_revision_after_a_nack_is_acked(fleet):
