@@ -142,6 +142,8 @@ def live_members(client: Any, keys: PoolKeys, *, now: float) -> tuple[list[str],
     names = client.zrangebyscore(keys.members, live_since(now), live_until(now))
     good, bad = [], []
     for name in names:
+        if isinstance(name, bytes):  # a client that does not decode replies
+            name = name.decode("utf-8", errors="replace")
         try:
             good.append((instance_index(name, keys.pool), name))
         except WireError:

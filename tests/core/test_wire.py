@@ -41,3 +41,8 @@ def test_live_members_are_ordered_by_index_and_malformed_names_are_reported():
     names, bad = live_members(client, PoolKeys("main", prefix="t"), now=101.0)
     assert names == ["main.2", "main.10"]  # 3 is stale, 4 is beyond any clock skew
     assert bad == ["main.x"]
+
+
+def test_live_members_of_a_client_that_does_not_decode_are_names():
+    names, bad = live_members(_Members({b"main.1": 100.0, b"main.\xff": 100.0}), PoolKeys("main", prefix="t"), now=100.0)
+    assert names == ["main.1"] and len(bad) == 1
