@@ -249,9 +249,13 @@ def prepare_trace(args: argparse.Namespace, scale: TimeScale) -> Path:
     return path
 
 
-def wait_for(what: str, ready, children: list[Child], timeout_s: float = READY_TIMEOUT_S) -> None:
+def wait_for(what: str, ready, children: list[Child], stopped, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Until ``ready()``; RuntimeError when a child exits, the time is up, or ``stopped()`` (Ctrl-C while
+    starting stops at once, not after the wait)."""
     deadline = time.monotonic() + timeout_s
     while not ready():
+        if stopped():
+            raise RuntimeError(f"stopped while waiting for {what}")
         for child in children:
             if child.process is not None and child.process.poll() is not None and not child.restart:
                 raise RuntimeError(f"{child.name} exited with {child.process.returncode} while waiting for {what}; "
@@ -331,11 +335,11 @@ def run(args: argparse.Namespace) -> int:
         ]
         for child in children:
             child.start(env)
-        wait_for(f"the web server on {url}", lambda: http_ok(url + "/api/v1/pools/"), children)
+        wait_for(f"the web server on {url}", lambda: http_ok(url + "/api/v1/pools/"), children, lambda: stopping)
         client = redis.Redis.from_url(redis_url)
         keys = wire.PoolKeys(args.pool)
         wait_for(f"{args.instances} worker instance(s)",
-                 lambda: len(live_members(client, keys)) >= args.instances, children)
+                 lambda: len(live_members(client, keys)) >= args.instances, children, lambda: stopping)
         if not args.no_traffic:
             replay = Child("replay", [py, "-m", "workers.replay", "--trace", str(trace), "--speed", "1",
                                       "--deadline-ms", repr(scale.deadline_ms), "--pool", args.pool, "--no-progress"],
