@@ -155,6 +155,7 @@ class TimeScale:
     k: float
     how: str  # a sentence for the banner and the pool's description
     profile: Path | None = None  # this machine's cost model of the pool's model, for previews
+    latency_model: dict | None = None  # trigger.latency_model: a full rank's time here, by prefix length
 
     @property
     def slo_ms(self) -> float:
@@ -188,7 +189,7 @@ def measure_time_scale(args: argparse.Namespace, data_dir: Path, env: dict[str, 
     key = {"torch": torch.__version__, "threads": threads, "model": args.model, "cpu": _cpu_name()}
     try:
         known = json.loads(path.read_text())
-        fresh = known.get("key") == key and profile.is_file()
+        fresh = known.get("key") == key and "latency_model" in known and profile.is_file()
     except (OSError, ValueError, AttributeError):
         known, fresh = None, False
     if not fresh:
@@ -203,11 +204,12 @@ def measure_time_scale(args: argparse.Namespace, data_dir: Path, env: dict[str, 
             raise RuntimeError(f"measuring the time scale failed:\n{done.stderr.strip()[-2000:]}")
         known = {**json.loads(path.read_text()), "key": key}
         path.write_text(json.dumps(known, indent=1) + "\n")
+    latency_model = known.get("latency_model")
     if args.time_scale is not None:
-        return TimeScale(args.time_scale, "given (--time-scale)", profile)
+        return TimeScale(args.time_scale, "given (--time-scale)", profile, latency_model)
     how = (f"this CPU ({threads} torch thread(s) per instance) runs a full rank of 2,048 tokens in "
            f"{known['rank_full_ms_2048']:.0f} ms, the reference in {known['rank_full_ms_2048_reference']:.0f} ms")
-    return TimeScale(round(float(known["time_scale"]), 1), how, profile)  # K to a tenth: round figures
+    return TimeScale(round(float(known["time_scale"]), 1), how, profile, latency_model)  # K to a tenth
 
 
 def _cpu_name() -> str:
@@ -320,7 +322,8 @@ def run(args: argparse.Namespace) -> int:
         if scale.profile is not None:
             env["RELAYGR_PROFILE_DIR"] = str(scale.profile.parent)  # what the pool's previews replay with
         demo = json.loads(manage(env, "relaygr_demo", "--pool", args.pool, "--instances", str(args.instances),
-                                 "--slo-ms", repr(scale.slo_ms), "--time-note", scale.describe()))
+                                 "--slo-ms", repr(scale.slo_ms), "--time-note", scale.describe(),
+                                 *(("--latency-model", json.dumps(scale.latency_model)) if scale.latency_model else ())))
         manage(env, "relaygr_sync")
         trace = prepare_trace(args, scale)
         py = sys.executable

@@ -15,7 +15,9 @@ torch thread each on a CPU), and fits the cost model (``relay_engine.lab.profile
   of compute to time budget as the device the product is for, and says so.
 - **The cost model** of the pool's own model is written to ``--profile-out``: what the what-if
   previews of that pool replay with (not the reference profile, which would predict an
-  accelerator's times for a CPU pool).
+  accelerator's times for a CPU pool); and its full-inference latency model (``latency_model``),
+  which the stack gives the demo pool's trigger: without one, a rank that joined a prefill in flight
+  waits for it up to its deadline; with this machine's, it recomputes while a recompute still fits.
 
 Both are measured standalone (one request alone on the compute); queueing is the simulator's.
 """
@@ -91,6 +93,9 @@ def calibrate(*, threads: int, model: HSTUModel | None, repeats: int, profile_ou
         "reference_note": reference.note,
         "profile": str(profile_out),
         "profile_fit_max_relative_error": cost.fit_errors(),
+        # The trigger's full-inference latency model on this machine (trigger.latency_model): how long a
+        # recompute takes here, so a rank waiting on a prefill in flight gives up while one still fits.
+        "latency_model": asdict(cost.full_inference_model(SHORT, CANDIDATES)),
         "rank_full_ms_2048": round(cost.op_ms("rank_full", 2048, SHORT, CANDIDATES), 2),
         "rank_full_ms_2048_reference": round(reference.op_ms("rank_full", 2048, SHORT, CANDIDATES), 2),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -134,6 +134,8 @@ def test_the_demo_pool_runs_on_the_stacks_time_scale_and_says_so(stack):
     assert f"×{k:g} of the reference accelerator's" in pool["description"]
     calibrated = api.call("GET", f"/api/v1/pools/main/revisions/{pool['desired_generation']}/")
     assert calibrated["author"] == "cli:relaygr_demo" and "time scale" in calibrated["comment"]
+    # and a rank that joined a prefill in flight gives up while a recompute on this CPU still fits
+    assert calibrated["spec"]["trigger"]["latency_model"] == calibration["latency_model"]
 
 
 def test_raising_the_threshold_stops_pre_inference_and_a_rollback_restores_it(stack):

@@ -36,8 +36,9 @@ class Command(BaseCommand):
         parser.add_argument("--password", default="", help="default: a new random password each run")
         parser.add_argument("--slo-ms", type=float, help="the demo pool's ranking SLO (trigger.ranking_p99_slo_ms)")
         parser.add_argument("--time-note", default="", help="why the pool's times are what they are (its description)")
+        parser.add_argument("--latency-model", type=json.loads, help="trigger.latency_model on this machine (JSON)")
 
-    def handle(self, *args, pool, instances, user, password, slo_ms, time_note, **options):
+    def handle(self, *args, pool, instances, user, password, slo_ms, time_note, latency_model, **options):
         if not 1 <= instances <= 1024:
             raise CommandError(f"--instances must be in [1, 1024], got {instances}")
         password = password or secrets.token_urlsafe(9)
@@ -54,19 +55,20 @@ class Command(BaseCommand):
             note = f"demo pool started by make run; {time_note}" if time_note else "demo pool started by make run"
             services.pool_create(name=pool, description=note[:500], expected_instances=instances, actor=ACTOR)
         if slo_ms is not None:
-            self._calibrate(Pool.objects.get(name=pool), slo_ms, time_note)
+            self._calibrate(Pool.objects.get(name=pool), slo_ms, time_note, latency_model)
         token = accounts.token_create(user=account, actor=ACTOR, name="make run")
         self.stdout.write(json.dumps({"user": user, "password": password, "token": token.key, "pool": pool}))
 
-    def _calibrate(self, pool: Pool, slo_ms: float, note: str) -> None:
+    def _calibrate(self, pool: Pool, slo_ms: float, note: str, latency_model: dict | None) -> None:
         desired = selectors.revision_desired(pool=pool)
         latest = selectors.revision_list(pool=pool).first()
         if desired.author != ACTOR or latest.generation != desired.generation:
             return  # someone else's revision (or one being prepared): theirs to change
         spec = to_plain(parse_policy(desired.spec))
-        if spec["trigger"]["ranking_p99_slo_ms"] == slo_ms:
+        calibrated = {"ranking_p99_slo_ms": slo_ms, **({"latency_model": latency_model} if latency_model else {})}
+        if all(spec["trigger"].get(key) == value for key, value in calibrated.items()):
             return
-        spec["trigger"]["ranking_p99_slo_ms"] = slo_ms
+        spec["trigger"].update(calibrated)
         try:
             revision = services.revision_create(pool=pool, spec=spec, parent_generation=desired.generation,
                                                 author=ACTOR, comment=f"the stack's time scale: {note}"[:1000])
