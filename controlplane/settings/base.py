@@ -9,6 +9,7 @@ from pathlib import Path
 import dj_database_url
 from kombu import Exchange, Queue
 
+from controlplane.common.cache import redis_cache
 from relay_engine.core import wire
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -159,16 +160,16 @@ RELAYGR_UPLOAD_THROTTLE_RATE = os.environ.get("RELAYGR_UPLOAD_THROTTLE_RATE", "3
 
 # The shared cache: throttle and log-in lock-out counters (and any read-side cache) live in Redis,
 # so limits hold across gunicorn processes and machines. Keys carry the deployment's key prefix, as
-# every key of the fleet does. Short socket timeouts: a Redis outage must not hold requests. Without
-# Redis (a bare development set-up) a per-process memory cache stands in.
+# every key of the fleet does. Values are JSON, never pickles (controlplane/common/cache.py): Redis is
+# untrusted input. Without Redis (a bare development set-up) a per-process memory cache stands in.
 CACHES = {
-    "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": REDIS_URL,
-        "KEY_PREFIX": f"{wire.key_prefix()}:django",
-        "OPTIONS": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0},
-    } if REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "default": redis_cache(REDIS_URL, f"{wire.key_prefix()}:django") if REDIS_URL
+    else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
 }
+# Celery, on both sides of the broker, takes JSON only: tasks, results, events, remote control.
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = CELERY_RESULT_SERIALIZER = CELERY_EVENT_SERIALIZER = "json"
 
 # Brute-force protection of every password log-in (the site's, the browsable API's) and of token
 # authentication (django-axes, its counters in the cache above): after AXES_FAILURE_LIMIT failures
