@@ -46,8 +46,10 @@ def not_found(request, exception=None):
 
 
 def server_error(request):
-    return JsonResponse({"detail": "Internal error; the request id in X-Request-ID identifies it in the logs."},
-                        status=500)
+    """What a 500 shows (with DEBUG off, as everywhere but ``--debug`` on loopback): no settings, no stack."""
+    request_id = getattr(request, "request_id", None)
+    return JsonResponse({"detail": f"Internal error; the request id {request_id} identifies it in the logs.",
+                         "request_id": request_id}, status=500)
 
 
 handler404 = not_found
