@@ -40,6 +40,7 @@ MIDDLEWARE = [
     "controlplane.common.middleware.RequestIdMiddleware",
     "controlplane.common.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -56,7 +57,7 @@ WSGI_APPLICATION = "controlplane.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        "DIRS": [BASE_DIR / "controlplane" / "templates"],  # the API docs' pages (api_docs/)
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -108,6 +109,25 @@ WHITENOISE_USE_FINDERS = True
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+# Content-Security-Policy on every response (django-csp): scripts, styles,
+# fonts, images and connections from this origin only, no inline script anywhere, no plugins, no
+# framing. The pages keep their scripts in static files and plotly.js is served from here.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "worker-src": ["'none'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
 }
 
 LOGIN_URL = "/login/"
@@ -205,7 +225,7 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 100,
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
-        "rest_framework.renderers.BrowsableAPIRenderer",
+        "controlplane.common.renderers.BrowsableAPIWithoutFilterForms",
     ],
     "DEFAULT_PARSER_CLASSES": ["controlplane.common.parsers.BoundedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
