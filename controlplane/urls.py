@@ -1,11 +1,13 @@
 """URL map: the REST API under /api/v1/, its OpenAPI schema and docs, Prometheus at /metrics."""
 
+from csp.decorators import csp_update
 from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.http import JsonResponse
 from django.urls import include, path, register_converter
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
+from controlplane.common.renderers import INLINE_STYLES, REDOC
 from controlplane.common.urls import GenerationConverter, InstanceNameConverter, PoolNameConverter
 from controlplane.telemetry.api.views import PrometheusMetricsView
 
@@ -26,15 +28,18 @@ api_v1 = [
 # ``registration/logged_out.html``, a template only django.contrib.admin ships: a 500 here). Logging
 # out lands on the site's login page instead.
 api_auth = ([
-    path("login/", auth_views.LoginView.as_view(template_name="rest_framework/login.html"), name="login"),
+    path("login/", csp_update(INLINE_STYLES)(auth_views.LoginView.as_view(template_name="rest_framework/login.html")),
+         name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page=settings.LOGIN_URL), name="logout"),
 ], "rest_framework")
 
 urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema", template_name="api_docs/swagger_ui.html"),
+         name="swagger-ui"),
+    path("api/redoc/", csp_update(REDOC)(
+        SpectacularRedocView.as_view(url_name="schema", template_name="api_docs/redoc.html")), name="redoc"),
     path("api/auth/", include(api_auth)),
     path("metrics", PrometheusMetricsView.as_view(), name="prometheus-metrics"),
     path("", include("frontend.urls")),
@@ -46,8 +51,10 @@ def not_found(request, exception=None):
 
 
 def server_error(request):
-    return JsonResponse({"detail": "Internal error; the request id in X-Request-ID identifies it in the logs."},
-                        status=500)
+    """What a 500 shows (with DEBUG off, as everywhere but ``--debug`` on loopback): no settings, no stack."""
+    request_id = getattr(request, "request_id", None)
+    return JsonResponse({"detail": f"Internal error; the request id {request_id} identifies it in the logs.",
+                         "request_id": request_id}, status=500)
 
 
 handler404 = not_found

@@ -6,9 +6,11 @@ browsers may cache it for a year and a plotly upgrade is a new URL.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import importlib.resources
+import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -32,6 +34,20 @@ def plotly_bundle() -> Bundle:
     raw = (importlib.resources.files("plotly") / "package_data" / "plotly.min.js").read_bytes()
     return Bundle(raw=raw, gzipped=gzip.compress(raw, compresslevel=6, mtime=0),
                   etag=f'"plotly-{PLOTLY_VERSION}-{hashlib.sha256(raw).hexdigest()[:16]}"')
+
+
+@cache
+def plotly_style_sources() -> list[str]:
+    """Content-Security-Policy sources for the ``<style>`` elements plotly.js writes itself, by hash, so
+    that chart pages need no 'unsafe-inline': the empty one it fills through the CSSOM (its modebar and
+    hover rules), and each stylesheet whose text the bundle carries verbatim (maplibre's)."""
+    texts = [""] + _BUNDLED_STYLE.findall(plotly_bundle().raw.decode())
+    return [f"'sha256-{base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()}'"
+            for text in dict.fromkeys(texts)]
+
+
+# createElement("style"); <var>.id="…", <var>.textContent='<css>' in the minified bundle.
+_BUNDLED_STYLE = re.compile(r"""createElement\("style"\);[^;]{0,200}?\.textContent='([^'\\]*)'""")
 
 
 @require_GET

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+from csp.decorators import csp_update
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -26,7 +27,7 @@ from controlplane.policies.models import AuditEntry, Pool
 from controlplane.telemetry.selectors import TOP_DEFAULT, TOP_MAX, WINDOWS
 from relay_engine.core import wire
 
-from .assets import PLOTLY_VERSION
+from .assets import PLOTLY_VERSION, plotly_style_sources
 from .policy_fields import FIELD_GROUPS
 
 DEFAULT_WINDOW = "1h"
@@ -84,7 +85,16 @@ class TimeWindowMixin:
         return context
 
 
-class OverviewView(TimeWindowMixin, PageView):
+class ChartsMixin:
+    """Pages that draw plotly.js charts: the stylesheets plotly.js writes itself are allowed, by hash, on
+    top of the site's Content-Security-Policy (no inline style otherwise)."""
+
+    def dispatch(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        view = csp_update({"style-src": plotly_style_sources()})(super().dispatch)
+        return view(request, *args, **kwargs)
+
+
+class OverviewView(ChartsMixin, TimeWindowMixin, PageView):
     template_name = "frontend/overview.html"
     tab = "overview"
 
@@ -94,7 +104,7 @@ class OverviewView(TimeWindowMixin, PageView):
         return context
 
 
-class LiveView(TimeWindowMixin, PoolPageView):
+class LiveView(ChartsMixin, TimeWindowMixin, PoolPageView):
     template_name = "frontend/live.html"
     tab = "live"
 
@@ -104,7 +114,7 @@ class LiveView(TimeWindowMixin, PoolPageView):
         return context
 
 
-class InstanceView(TimeWindowMixin, PoolPageView):
+class InstanceView(ChartsMixin, TimeWindowMixin, PoolPageView):
     """One instance's own page (the drill-down from the live view): its figures and its status."""
 
     template_name = "frontend/instance.html"

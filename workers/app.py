@@ -55,9 +55,13 @@ BACKEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 
 def make_app(settings: Settings) -> Celery:
     app = Celery("relaygr", broker=settings.redis_url, backend=settings.redis_url, set_as_current=False)
     app.conf.update(
+        # JSON only, for everything read back from Redis (tasks, results, events, remote control):
+        # a pickle planted there must never be loaded.
         task_serializer="json",
         result_serializer="json",
+        event_serializer="json",
         accept_content=["json"],
+        result_accept_content=["json"],
         task_acks_late=False,
         worker_prefetch_multiplier=1,
         task_track_started=False,

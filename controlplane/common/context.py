@@ -17,3 +17,12 @@ def set_request_id(request_id: str) -> contextvars.Token:
 
 def reset_request_id(token: contextvars.Token) -> None:
     _request_id.reset(token)
+
+
+class RequestIdFilter:
+    """Logging filter: every record carries the id of the request it was logged in (``-`` outside one),
+    so the id a 500 names leads to its traceback in the log."""
+
+    def filter(self, record) -> bool:
+        record.request_id = current_request_id() or "-"
+        return True

@@ -10,6 +10,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
+from controlplane.common.cache import redis_cache
 from relay_engine.core import fields, wire
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -40,6 +41,7 @@ MIDDLEWARE = [
     "controlplane.common.middleware.RequestIdMiddleware",
     "controlplane.common.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -56,7 +58,7 @@ WSGI_APPLICATION = "controlplane.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        "DIRS": [BASE_DIR / "controlplane" / "templates"],  # the API docs' pages (api_docs/)
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -108,6 +110,25 @@ WHITENOISE_USE_FINDERS = True
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+# Content-Security-Policy on every response (django-csp): scripts, styles,
+# fonts, images and connections from this origin only, no inline script anywhere, no plugins, no
+# framing. The pages keep their scripts in static files and plotly.js is served from here.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "worker-src": ["'none'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
 }
 
 LOGIN_URL = "/login/"
@@ -175,16 +196,16 @@ RELAYGR_UPLOAD_THROTTLE_RATE = os.environ.get("RELAYGR_UPLOAD_THROTTLE_RATE", "3
 
 # The shared cache: throttle and log-in lock-out counters (and any read-side cache) live in Redis,
 # so limits hold across gunicorn processes and machines. Keys carry the deployment's key prefix, as
-# every key of the fleet does. Short socket timeouts: a Redis outage must not hold requests. Without
-# Redis (a bare development set-up) a per-process memory cache stands in.
+# every key of the fleet does. Values are JSON, never pickles (controlplane/common/cache.py): Redis is
+# untrusted input. Without Redis (a bare development set-up) a per-process memory cache stands in.
 CACHES = {
-    "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": REDIS_URL,
-        "KEY_PREFIX": f"{wire.key_prefix()}:django",
-        "OPTIONS": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0},
-    } if REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "default": redis_cache(REDIS_URL, f"{wire.key_prefix()}:django") if REDIS_URL
+    else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
 }
+# Celery, on both sides of the broker, takes JSON only: tasks, results, events, remote control.
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = CELERY_RESULT_SERIALIZER = CELERY_EVENT_SERIALIZER = "json"
 
 # Brute-force protection of every password log-in (the site's, the browsable API's) and of token
 # authentication (django-axes, its counters in the cache above): after AXES_FAILURE_LIMIT failures
@@ -220,7 +241,7 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 100,
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
-        "rest_framework.renderers.BrowsableAPIRenderer",
+        "controlplane.common.renderers.BrowsableAPIWithoutFilterForms",
     ],
     "DEFAULT_PARSER_CLASSES": ["controlplane.common.parsers.BoundedJSONParser"],
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "controlplane.common.negotiation.FormatWinsNegotiation",
@@ -251,6 +272,8 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"request_id": {"()": "controlplane.common.context.RequestIdFilter"}},
+    "formatters": {"request_id": {"format": "%(asctime)s %(levelname)s %(name)s [request %(request_id)s] %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["request_id"], "formatter": "request_id"}},
     "root": {"handlers": ["console"], "level": "INFO"},
 }

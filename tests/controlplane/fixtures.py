@@ -15,6 +15,8 @@ from rest_framework.test import APIClient
 
 from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
+from controlplane.common.cache import redis_cache as shared_cache
+from controlplane.common.throttling import SharedRateThrottle
 from controlplane.policies import services as policy_services
 from controlplane.telemetry.cache import telemetry_cache
 from tests.controlplane.fleet_helpers import FakeWorker
@@ -47,12 +49,30 @@ def _clear_local() -> None:
 
 @pytest.fixture
 def redis_cache(settings, redis_url, key_prefix):
-    """Django's cache on the test Redis (Django's own Redis backend, as deployed), under this test's
+    """The shared cache as deployed (controlplane.common.cache) on the test Redis, under this test's
     own key prefix: throttle and lock-out counters shared with any other process using that prefix."""
-    settings.CACHES = {"default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_url,
-        "KEY_PREFIX": f"{key_prefix}:django", "OPTIONS": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}}}
+    settings.CACHES = {"default": shared_cache(redis_url, f"{key_prefix}:django")}
     return f"{key_prefix}:django"
+
+
+class FrozenClock:
+    def __init__(self, now_s: float):
+        self.now_s = now_s
+
+    def now(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+@pytest.fixture
+def throttle_clock(monkeypatch) -> FrozenClock:
+    """The throttles' own clock, standing still (at the start of a window of every period) until a
+    test moves it: what a test counts never depends on where the wall clock's windows fall."""
+    clock = FrozenClock(86_400.0 * 20_000)
+    monkeypatch.setattr(SharedRateThrottle, "timer", staticmethod(clock.now))
+    return clock
 
 
 @pytest.fixture

@@ -69,8 +69,22 @@ def browser(chromium):
             launched.close()
 
 
+# Every Content-Security-Policy violation on a page, as the page's own event reports it.
+_REPORT_CSP_VIOLATIONS = """document.addEventListener("securitypolicyviolation", (event) => window.reportCspViolation(
+    `${event.effectiveDirective} blocked ${event.blockedURI || "inline"} at ${event.sourceFile}:${event.lineNumber}`));"""
+
+
+def watch_csp(context, violations: list[str]) -> None:
+    """Record in ``violations`` every CSP violation of the context's pages: their securitypolicyviolation
+    events and the browser's console messages about a refusal."""
+    context.expose_binding("reportCspViolation", lambda source, text: violations.append(f"{source['page'].url}: {text}"))
+    context.add_init_script(_REPORT_CSP_VIOLATIONS)
+    context.on("console", lambda message: violations.append(f"console: {message.text}")
+               if "Content Security Policy" in message.text else None)
+
+
 class Session:
-    """A logged-in browser context for one user, and every URL its pages requested."""
+    """A logged-in browser context for one user, every URL its pages requested and every CSP violation."""
 
     def __init__(self, browser, stack: Stack, username: str):
         self.stack = stack
@@ -78,7 +92,9 @@ class Session:
         self.context.set_default_timeout(15_000)
         self.requested: list[str] = []
         self.page_errors: list[str] = []
+        self.csp_violations: list[str] = []
         self.context.on("request", lambda request: self.requested.append(request.url))
+        watch_csp(self.context, self.csp_violations)
         self.page = self.new_page()
         login(self.page, username)
 
@@ -108,11 +124,13 @@ def operator_session(browser, stack) -> Iterator[Session]:
 
 @pytest.fixture
 def sre(operator_session):
-    """The operator's page; a script error on it fails the test."""
+    """The operator's page; a script error or a Content-Security-Policy violation on it fails the test."""
     operator_session.page_errors.clear()
+    operator_session.csp_violations.clear()
     yield operator_session.page
     operator_session.page.goto("about:blank")  # stop its polling: the machine is small
     assert operator_session.page_errors == []
+    assert operator_session.csp_violations == []
 
 
 @pytest.fixture

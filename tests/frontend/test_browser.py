@@ -24,7 +24,7 @@ from relay_engine.core.config import ModelFingerprint, parse_policy
 from relay_engine.core.editing_io import write_editing_npz
 from tests.models import random_lowrank
 
-from .conftest import Session, login
+from .conftest import Session, login, watch_csp
 from .stack import LARGE_POOL, LARGE_POOL_SIZE, POOL
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
@@ -342,7 +342,8 @@ def test_charts_reconnect_after_the_server_restarts(sre, stack, screenshot):
         stack.start_server()
     restarted = time.time() * 1000
     sre.locator('#connection[data-state="live"]').wait_for(timeout=15_000)
-    sre.wait_for_function(f"Number(document.getElementById('live').dataset.updatedAt) > {restarted}")
+    # Predicates as functions: a bare expression is run through eval, which the pages' CSP refuses.
+    sre.wait_for_function(f"() => Number(document.getElementById('live').dataset.updatedAt) > {restarted}")
     assert sre.locator('[data-chart="latency"]').get_attribute("data-state") == "ready"
 
 
@@ -524,7 +525,7 @@ def test_a_large_pool_shows_its_worst_instances_not_every_instance(sre, large_po
     hot = {name for name in large_pool if int(name.rsplit(".", 1)[1]) % 8 == 1}
     sre.goto(f"/pools/{LARGE_POOL}/?window=5m")
     sre.locator('[data-chart="instance_p99"][data-has-data="true"] .main-svg').first.wait_for(timeout=30_000)
-    sre.wait_for_function("document.querySelectorAll('[data-role=\"worst-list\"] li[data-instance]').length === 8")
+    sre.wait_for_function("() => document.querySelectorAll('[data-role=\"worst-list\"] li[data-instance]').length === 8")
     sre.wait_for_function(f"""() => {{
         const names = [...document.querySelectorAll('[data-role="worst-list"] li[data-instance]')]
             .slice(0, 4).map((li) => li.dataset.instance).sort();
@@ -539,7 +540,7 @@ def test_a_large_pool_shows_its_worst_instances_not_every_instance(sre, large_po
     assert set(worst_listed(sre)[:4]) == hot
     sre.fill('[data-role="worst-controls"] input[name="top"]', "3")
     sre.dispatch_event('[data-role="worst-controls"] input[name="top"]', "change")
-    sre.wait_for_function("document.querySelectorAll('[data-role=\"worst-list\"] li[data-instance]').length === 3")
+    sre.wait_for_function("() => document.querySelectorAll('[data-role=\"worst-list\"] li[data-instance]').length === 3")
     assert set(worst_listed(sre)) < hot
     screenshot(sre, "15-large-pool-worst-by-hbm")
 
@@ -603,6 +604,58 @@ def test_a_heartbeat_that_is_no_time_shows_on_its_row_and_the_rest_of_the_fleet_
         assert sre.locator('[data-figure="capture"]').inner_text() == "on"  # the stack's workers have a secret
     finally:
         stack.redis.zrem(keys.members, f"{POOL}.7")
+
+
+# Every page, and what shows it has finished drawing.
+TOUR = {
+    "/": '[data-chart="p99"] .js-plotly-plot',
+    LIVE: '[data-chart="latency"] .js-plotly-plot',
+    f"/pools/{POOL}/instances/{POOL}.0/": ".js-plotly-plot",
+    CONFIG: 'input[data-path="trigger.max_preinfer_inflight"]',
+    FLEET: '[data-role="instances"] tbody tr[data-instance]',
+    "/audit/": '[data-role="filters"]',
+    "/api/docs/": ".swagger-ui .opblock",
+    "/api/redoc/": "[data-section-id]",
+    "/api/v1/pools/": ".response-info",
+    "/api/auth/login/": "form input[name=password]",
+}
+CHARTS = ("/", LIVE, f"/pools/{POOL}/instances/{POOL}.0/")
+# ReDoc's sidebar always shows Redocly's logo from their CDN (no option turns it off): the policy blocks
+# that one outside request, and it is the only violation any page may report.
+REDOC_LOGO_BLOCKED = "img-src blocked https://cdn.redoc.ly/redoc/logo-mini.svg"
+
+
+def test_every_page_has_a_content_security_policy_and_breaks_none_of_it(browser, stack):
+    session = Session(browser, stack, "sre")
+    anonymous = browser.new_context(base_url=stack.base_url)
+    anonymous_violations: list[str] = []
+    watch_csp(anonymous, anonymous_violations)
+    try:
+        login_page = anonymous.new_page()
+        assert "script-src 'self'" in login_page.goto("/login/").headers["content-security-policy"]
+        login_page.locator("input[name=password]").wait_for()
+        assert anonymous_violations == []
+        page = session.page
+        for path, drawn in TOUR.items():
+            session.csp_violations.clear()
+            policy = page.goto(path).headers.get("content-security-policy", "")
+            directives = dict(d.strip().split(" ", 1) for d in policy.split(";") if d.strip())
+            assert directives.get("script-src") == "'self'", (path, policy)  # no inline script, no outside origin
+            assert directives["default-src"] == "'self'" and directives["object-src"] == "'none'", (path, policy)
+            page.locator(drawn).first.wait_for()
+            if path in CHARTS:  # plotly.js's own rules (its modebar, hover labels) are in force
+                assert page.evaluate("document.getElementById('plotly.js-style-global').sheet.cssRules.length") > 0
+            page.evaluate("0")  # a round trip: every violation reported so far has arrived
+            if path == "/api/redoc/":
+                events = [v for v in session.csp_violations if not v.startswith("console:")]
+                assert [v.split(": ", 1)[1].split(" at ")[0] for v in events] == [REDOC_LOGO_BLOCKED], events
+                assert all("cdn.redoc.ly" in v for v in session.csp_violations), session.csp_violations
+            else:
+                assert session.csp_violations == [], path
+        assert session.page_errors == []
+    finally:
+        anonymous.close()
+        session.close()
 
 
 def test_the_pages_loaded_nothing_from_outside(operator_session, stack):

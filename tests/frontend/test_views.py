@@ -85,6 +85,19 @@ def test_pages_reference_nothing_outside_the_server(pool, operator, path):
     assert not re.search(r"(?i)\bcdn\b", html)
 
 
+@pytest.mark.parametrize("path", [*PAGES, "/login/", "/api/docs/", "/api/redoc/", "/api/v1/pools/"])
+def test_every_page_forbids_inline_and_outside_scripts(pool, operator, path):
+    policy = operator.get(path, HTTP_ACCEPT="text/html")["Content-Security-Policy"]
+    directives = dict(d.strip().split(" ", 1) for d in policy.split(";"))
+    assert directives["script-src"] == "'self'" and directives["default-src"] == "'self'"
+    assert all("http" not in sources and "*" not in sources for sources in directives.values()), policy
+
+
+def test_a_page_without_charts_allows_no_inline_style(pool, operator):
+    policy = operator.get(f"/pools/{POOL}/config/")["Content-Security-Policy"]
+    assert "style-src 'self';" in f"{policy};"
+
+
 def test_plotly_is_served_from_the_installed_package_with_long_caching(pool, operator):
     bundle = (importlib.resources.files("plotly") / "package_data" / "plotly.min.js").read_bytes()
     page = operator.get(f"/pools/{POOL}/").content.decode()

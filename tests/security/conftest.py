@@ -11,6 +11,7 @@ from tests.controlplane.fixtures import (  # noqa: F401 - fixtures are found by 
     redis_cache,
     redis_client,
     redis_on,
+    throttle_clock,
     viewer,
     worker_factory,
 )

@@ -1,6 +1,7 @@
-"""Brute force against the log-ins and tokens: failures count per address and per user name, in the
-shared Redis cache (Django's Redis backend, the test Redis under this test's own key prefix), so a
-limit reached through one process holds in another; past it even the right password gets 429."""
+"""Brute force against the log-ins and tokens, and writes past the throttle: failures count per address
+and per user name, writes per user, in the shared Redis cache (the test Redis under this test's own key
+prefix), so a limit reached through one process holds in another; past it even the right password gets
+429. Racing writes pass the throttle exactly its limit times, and what Redis holds is data, never code."""
 
 from __future__ import annotations
 
@@ -8,15 +9,20 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from django.db import connection, connections
 from django.test import Client
 from rest_framework.test import APIClient
 
 from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
 from tests.reliability.figures import FIGURES
+from tests.security.payloads import pickle_that_creates
 
 pytestmark = pytest.mark.integration
 
@@ -87,6 +93,7 @@ def test_bad_tokens_lock_out_their_address_but_not_the_users_tokens_elsewhere(lo
 _OTHER_PROCESS = """
 import json, django
 django.setup()
+from django.db import connection, connections
 from django.test import Client
 response = Client(REMOTE_ADDR="10.3.3.3").post("/login/", {"username": "sre", "password": %r})
 print(json.dumps({"status": response.status_code}))
@@ -110,6 +117,98 @@ def test_write_throttle_counts_in_redis_for_every_process(settings, redis_cache,
     codes = [operator.post(f"/api/v1/pools/{pool.name}/revisions/{1}/publish/").status_code for _ in range(5)]
     assert 429 not in codes[:3] and codes[3:] == [429, 429]
     assert list(redis_client.scan_iter(f"{redis_cache}:*throttle_write*"))  # the count lives in Redis
+
+
+PUBLISH = "/api/v1/pools/ranking-a/revisions/1/publish/"
+
+
+def operator_token(username: str = "racer") -> str:
+    user = account_services.user_create(username=username, role=Role.OPERATOR, actor="fixture")
+    return account_services.token_create(user=user, actor="fixture").key
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_writes_of_one_user_pass_the_throttle_exactly_limit_times(settings, redis_cache, redis_on,
+                                                                         throttle_clock, pool):
+    # DRF's throttle read the history, appended and wrote it back: 200 racing writes all passed 120/min.
+    limit, racers, each = 12, 8, 5
+    settings.RELAYGR_WRITE_THROTTLE_RATE = f"{limit}/min"
+    token = operator_token()
+    barrier = threading.Barrier(racers)
+
+    def writer() -> list[int]:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+        try:
+            barrier.wait(30)
+            return [client.post(PUBLISH).status_code for _ in range(each)]
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(racers) as threads:
+        codes = [code for future in [threads.submit(writer) for _ in range(racers)] for code in future.result(120)]
+    FIGURES.concurrent_writes(connection.vendor, "writes racing the throttle", Counter(codes))
+    assert Counter(codes) == {200: limit, 429: racers * each - limit}
+
+
+def test_a_write_refused_as_invalid_counts_against_the_limit(settings, redis_cache, redis_on, throttle_clock,
+                                                             operator, pool):
+    settings.RELAYGR_WRITE_THROTTLE_RATE = "3/min"
+    invalid = [operator.post("/api/v1/pools/ranking-a/revisions/", {"parent_generation": 1, "spec": {"x": 1}},
+                             format="json").status_code for _ in range(3)]
+    assert invalid == [400, 400, 400]
+    assert operator.post(PUBLISH).status_code == 429
+
+
+def test_retry_after_names_the_first_second_a_write_passes_again(settings, redis_cache, redis_on, throttle_clock,
+                                                                 operator, pool):
+    settings.RELAYGR_WRITE_THROTTLE_RATE = "3/min"
+    assert [operator.post(PUBLISH).status_code for _ in range(3)] == [200, 200, 200]
+    refused = operator.post(PUBLISH)
+    assert refused.status_code == 429
+    retry_after_s = int(refused["Retry-After"])
+    assert 0 < retry_after_s <= 120
+    throttle_clock.advance(retry_after_s - 1)
+    assert operator.post(PUBLISH).status_code == 429
+    throttle_clock.advance(1)
+    assert operator.post(PUBLISH).status_code == 200
+
+
+def plant(redis_client, pattern: str, value: bytes) -> None:
+    """What an attacker who can write to Redis does: overwrite every entry matching ``pattern``."""
+    keys = list(redis_client.scan_iter(pattern))
+    assert keys, f"nothing stored under {pattern}"
+    for key in keys:
+        redis_client.set(key, value, keepttl=True)
+    FIGURES.hostile("values planted in the shared cache", len(keys))
+
+
+def test_a_pickle_planted_in_a_users_write_throttle_is_never_run(settings, redis_cache, redis_on, throttle_clock,
+                                                                 operator, pool, redis_client, tmp_path):
+    marker = tmp_path / "unpickled"
+    assert operator.post(PUBLISH).status_code == 200  # the user's count now exists
+    plant(redis_client, f"{redis_cache}:*throttle_write*", pickle_that_creates(marker))
+    assert operator.post(PUBLISH).status_code == 200  # counted afresh over the planted value
+    plant(redis_client, f"{redis_cache}:*throttle_write*", pickle_that_creates(marker))
+    throttle_clock.advance(60)  # the planted count is the previous window's now: read back, not run
+    assert operator.post(PUBLISH).status_code == 200
+    assert not marker.exists()
+
+
+def test_a_pickle_planted_in_a_log_in_failure_count_is_never_run(lockouts, sre, redis_client, tmp_path):
+    marker = tmp_path / "unpickled"
+    assert log_in("/login/", "sre", "wrong").status_code == 200  # the address's and the user's counts exist
+    plant(redis_client, f"{lockouts}:*axes-*", pickle_that_creates(marker))
+    assert log_in("/login/", "sre", PASSWORD).status_code == 302
+    assert not marker.exists()
+
+
+def test_a_failure_count_overwritten_with_garbage_counts_afresh_and_still_locks_out(lockouts, sre, redis_client):
+    guess("/login/", "sre", 1)
+    plant(redis_client, f"{lockouts}:*axes-*", b"\x80not json")
+    assert guess("/login/", "sre", LIMIT - 1) == [200] * (LIMIT - 1)
+    assert log_in("/login/", "sre", "wrong").status_code == 429  # the LIMIT-th failure since the garbage
+    assert log_in("/login/", "sre", PASSWORD).status_code == 429
 
 
 def test_with_the_cache_unreachable_log_ins_and_writes_still_work(settings, sre, operator, pool):

@@ -2,8 +2,9 @@
 
 Started as ``make run`` starts it (smaller: the small model, a fast trace). Through the REST API
 the at-risk threshold is raised above every request's length: every instance ACKs and pre-infer
-admissions stop while ranking goes on; a rollback brings them back. Then SIGINT stops everything:
-no process the stack started is left.
+admissions stop while ranking goes on; a rollback brings them back. A server error shows no debug page
+(no settings, no traceback: the plain JSON error and its request id), and ``--debug`` is refused on an
+address beyond loopback. Then SIGINT stops everything: no process the stack started is left.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -165,6 +168,39 @@ def test_raising_the_threshold_stops_pre_inference_and_a_rollback_restores_it(st
     back = wait_for(lambda: (d := deltas_over(api, 4))["relaygr_preinfer_admitted_total"] > 0 and d, 60,
                     "pre-inferences to resume")
     assert back["relaygr_rank_ok_total"] > 0
+
+
+def get(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], str]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+def test_a_server_error_shows_no_settings_and_no_traceback(stack):
+    _, api, data_dir = stack
+    # A real fault: the sessions table gone, so loading a visitor's session fails inside Django.
+    database = sqlite3.connect(data_dir / "relaygr.sqlite3", timeout=30)
+    try:
+        database.execute("ALTER TABLE django_session RENAME TO django_session_hidden")
+        status, headers, body = get(f"{api.url}/login/", {"Cookie": f"sessionid={'a' * 32}"})
+    finally:
+        database.execute("ALTER TABLE django_session_hidden RENAME TO django_session")
+        database.close()
+    assert status == 500
+    for leak in ("Traceback", "SECRET_KEY", "settings", "django_session", "OperationalError", str(ROOT)):
+        assert leak not in body, f"the 500 shows {leak!r}"
+    assert json.loads(body) == {"detail": f"Internal error; the request id {headers['X-Request-ID']} identifies it "
+                                          "in the logs.", "request_id": headers["X-Request-ID"]}
+    assert f"[request {headers['X-Request-ID']}]" in (data_dir / "logs" / "web.log").read_text()
+
+
+def test_debug_pages_are_refused_beyond_loopback():
+    done = subprocess.run([sys.executable, "-m", "workers.stack", "--debug", "--host", "0.0.0.0"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--debug" in done.stderr and "loopback --host" in done.stderr and "got --host 0.0.0.0" in done.stderr
 
 
 def test_ctrl_c_stops_every_process_the_stack_started(stack):

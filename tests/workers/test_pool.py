@@ -11,6 +11,7 @@ import pytest
 
 from relay_engine.core.telemetry import Snapshot
 from relay_engine.core.wire import is_live
+from tests.security.payloads import CreatesFileWhenUnpickled
 from tests.workers.fleet import wait_for
 from workers.app import PRE_INFER_TASK, RANK_TASK
 from workers.client import PendingRank, RankDeadlineExceeded, RankError
@@ -123,6 +124,28 @@ def test_worker_keeps_serving_after_bad_input(fleet):
                                        instance=name).wait()
         assert reply.instance == name
         assert fleet.procs[name].poll() is None
+
+
+def test_a_pickled_task_is_refused_unread_and_the_instance_serves_on(fleet, tmp_path):
+    # Whoever can write to Redis can queue a message: one in pickle would run code when loaded.
+    marker = tmp_path / "unpickled"
+    refusals = {name: refused_pickles(fleet, name) for name in fleet.names}
+    for name in fleet.names:
+        for queue in (fleet.keys.rank_queue(name), fleet.keys.preinfer_queue(name)):
+            fleet.client.app.send_task(RANK_TASK, args=[CreatesFileWhenUnpickled(marker)], queue=queue,
+                                       serializer="pickle")
+    for name in fleet.names:
+        wait_for(lambda name=name: refused_pickles(fleet, name) == refusals[name] + 2, 30.0,
+                 what=f"{name} to refuse both pickles")
+        reply = fleet.client.send_rank({"user_id": "after-a-pickle", "deadline_s": time.time() + 5, **SMALL},
+                                       instance=name).wait()
+        assert reply.instance == name and fleet.procs[name].poll() is None
+    assert not marker.exists()
+
+
+def refused_pickles(fleet, name: str) -> int:
+    return (fleet.logdir / f"{name}.log").read_text().count(
+        "Received invalid task message: Refusing to deserialize untrusted content of type pickle")
 
 
 def test_ranking_does_not_wait_behind_a_pre_infer_backlog(fleet):

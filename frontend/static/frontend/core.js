@@ -148,6 +148,8 @@ const RelayGR = (() => {
       if (value === null || value === undefined || value === false) continue;
       if (key === "class") node.className = value;
       else if (key === "dataset") Object.assign(node.dataset, value);
+      // Through the CSSOM: the Content-Security-Policy refuses style attributes, not style properties.
+      else if (key === "style") node.style.cssText = value;
       else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
       else node.setAttribute(key, value === true ? "" : value);
     }
