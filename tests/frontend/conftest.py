@@ -44,13 +44,7 @@ def stack(chromium, redis_url, tmp_path_factory) -> Iterator[Stack]:
     """Control plane + two small-model workers + steady traffic, for every test of the module."""
     running = Stack(redis_url, tmp_path_factory.mktemp("frontend-stack"))
     try:
-        running.spawn_workers()  # they load torch while the control plane sets up
-        running.set_up()
-        running.start_server()
-        running.start_controlplane_worker()
-        running.wait_for_workers()
-        running.traffic.start()
-        yield running
+        yield running.start()
     finally:
         running.stop()
 

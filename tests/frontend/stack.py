@@ -206,6 +206,17 @@ class Stack:
         if "live" not in line:
             raise RuntimeError(f"the load fleet did not start ({line!r}); see {self.workdir}/loadfleet.log")
 
+    def start(self) -> Stack:
+        """Everything, in the order that overlaps the slow parts: workers load torch while the control
+        plane sets up; then the server, the control plane's workers, and traffic once workers are live."""
+        self.spawn_workers()
+        self.set_up()
+        self.start_server()
+        self.start_controlplane_worker()
+        self.wait_for_workers()
+        self.traffic.start()
+        return self
+
     def stop(self) -> None:
         if self.load_fleet is not None:
             self.load_fleet.terminate()

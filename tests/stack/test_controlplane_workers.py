@@ -30,13 +30,7 @@ def stack(redis_url, tmp_path_factory):
     running = Stack(redis_url, tmp_path_factory.mktemp("controlplane-workers"),
                     env={"RELAYGR_PREVIEW_MAX_PER_USER": str(PREVIEWS)})
     try:
-        running.spawn_workers()
-        running.set_up()
-        running.start_server()
-        running.start_controlplane_worker()
-        running.wait_for_workers()
-        running.traffic.start()
-        yield running
+        yield running.start()
     finally:
         running.stop()
 

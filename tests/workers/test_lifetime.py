@@ -42,35 +42,28 @@ def _parent_printing_its_childs_pid(body: str) -> tuple[subprocess.Popen, int]:
     return parent, int(line)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_child_started_with_die_with_parent_dies_when_its_parent_is_killed():
-    parent, child = _parent_printing_its_childs_pid("""
+CHILDREN = {
+    "a child started with die_with_parent": """
         import subprocess
         from relay_engine.core.lifetime import die_with_parent
         child_pid = subprocess.Popen(["sleep", "600"], preexec_fn=die_with_parent()).pid
-    """)
-    try:
-        assert not _gone(child)
-        parent.kill()
-        parent.wait(10)
-        assert _wait_gone(child), f"child {child} outlived its SIGKILLed parent"
-    finally:
-        parent.kill()
-        if not _gone(child):
-            os.kill(child, signal.SIGKILL)
+    """,
+    "the embedded redis-server": """
+        from workers.embedded_redis import EmbeddedRedis
+        child_pid = EmbeddedRedis(WORKDIR).start().process.pid
+    """,
+}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_the_embedded_redis_dies_when_its_owner_is_killed(tmp_path):
-    parent, child = _parent_printing_its_childs_pid(f"""
-        from workers.embedded_redis import EmbeddedRedis
-        child_pid = EmbeddedRedis({str(tmp_path)!r}).start().process.pid
-    """)
+@pytest.mark.parametrize("which", list(CHILDREN))
+def test_a_child_dies_when_its_parent_is_killed(which, tmp_path):
+    parent, child = _parent_printing_its_childs_pid(f"WORKDIR = {str(tmp_path)!r}\n" + textwrap.dedent(CHILDREN[which]))
     try:
         assert not _gone(child)
         parent.kill()
         parent.wait(10)
-        assert _wait_gone(child), f"redis-server {child} outlived its SIGKILLed owner"
+        assert _wait_gone(child), f"{which} ({child}) outlived its SIGKILLed parent"
     finally:
         parent.kill()
         if not _gone(child):
