@@ -20,7 +20,7 @@ from django.utils import timezone
 from controlplane.common.context import current_request_id
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.redis import get_redis, redis_unreachable
-from controlplane.rollouts.selectors import rollout_baking
+from controlplane.rollouts.selectors import rollout_baking, rollout_latest
 from relay_engine.core.config import default_policy, validate_policy
 from relay_engine.core.wire import DesiredRevision, PoolKeys, pools_key, revoked_ranges
 
@@ -220,8 +220,15 @@ def _pushed(result: PublishResult) -> PublishResult:
 
 
 # Sets the desired revision unless Redis already holds a newer generation (a slower concurrent
-# publish must not overwrite a faster one), registers the pool and pokes it; all in one step.
+# publish must not overwrite a faster one) or a newer rollout state than the writer read (the rollout
+# fence: KEYS[4], the writer's token ARGV[5], 0 for a pool that never had a rollout), registers the pool
+# and pokes it; all in one step.
 _PUSH_SCRIPT = """
+local token = tonumber(ARGV[5]) or 0
+if token > 0 then
+  local fence = tonumber(redis.call('GET', KEYS[4]) or '0') or 0
+  if fence > token then return 0 end
+end
 local current = redis.call('GET', KEYS[1])
 if current and ARGV[4] == '0' then
   local ok, decoded = pcall(cjson.decode, current)
@@ -229,6 +236,7 @@ if current and ARGV[4] == '0' then
     return 0
   end
 end
+if token > 0 then redis.call('SET', KEYS[4], ARGV[5]) end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[3])
 redis.call('PUBLISH', KEYS[3], ARGV[2])
@@ -241,9 +249,17 @@ def desired_push(*, pool: Pool, force: bool = False) -> bool:
 
     ``force`` overwrites whatever Redis holds (the database is the source of truth); without it a
     newer generation already in Redis is kept. Raises Unavailable when Redis cannot be reached.
+
+    The record is built from the pool as the database holds it now, the pool's latest rollout read
+    first: a writer that read the pool before a canary was rolled back (the sync loop's pass over
+    every pool, say) would drop the revocation and leave the canary on the aborted generation. The
+    push compare-and-sets the pool's rollout fence (``Rollout.fence_token``), as the overrides do, so
+    a record built before a newer rollout state is refused even in the moment between the two reads.
     """
+    latest = rollout_latest(pool=pool)  # before the pool's row: a row read after it is never older
+    pool = Pool.objects.get(pk=pool.pk)
     revision = selectors.revision_desired(pool=pool)
-    baking = rollout_baking(pool=pool)
+    baking = latest if latest is not None and latest.state == latest.State.BAKING else None
     message = DesiredRevision(
         generation=revision.generation, sha256=revision.sha256, spec=revision.spec,
         published_at=(pool.desired_at or revision.created_at).timestamp(), published_by=pool.desired_by,
@@ -255,8 +271,9 @@ def desired_push(*, pool: Pool, force: bool = False) -> bool:
     client = get_redis()
     try:
         written = client.eval(
-            _PUSH_SCRIPT, 3, keys.desired, pools_key(), keys.poke_channel,
+            _PUSH_SCRIPT, 4, keys.desired, pools_key(), keys.poke_channel, keys.rollout_fence,
             message.to_json(), str(revision.generation), pool.name, "1" if force else "0",
+            str(latest.fence_token if latest is not None else 0),
         )
     except redis.RedisError as exc:
         raise redis_unreachable(exc) from exc

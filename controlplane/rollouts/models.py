@@ -50,6 +50,14 @@ class Rollout(models.Model):
     def __str__(self) -> str:
         return f"{self.pool.name}@{self.generation} canary ({self.state})"
 
+    @property
+    def fence_token(self) -> int:
+        """Grows with every state a pool's rollouts go through (the rollout fence in Redis,
+        ``PoolKeys.rollout_fence``): a later rollout's (one bakes at a time, so start times order them)
+        and a decided one's above its bake's. Microseconds × 2 stay below 2^53, a Lua number's exact
+        range; start times, unlike ids, keep growing across a database restored or rebuilt."""
+        return int(self.started_at.timestamp() * 1_000_000) * 2 + (self.state != self.State.BAKING)
+
     def busy(self) -> Conflict:
         """The 409 for anything published on the pool while this rollout bakes."""
         name = self.pool.name

@@ -123,13 +123,6 @@ return 1
 """
 
 
-def fence_token(rollout: Rollout) -> int:
-    """Grows with every state a pool's rollouts go through: a later rollout's (one bakes at a time, so
-    start times order them) and a decided one's above its bake's. Microseconds × 2 stay below 2^53, a
-    Lua number's exact range."""
-    return int(rollout.started_at.timestamp() * 1_000_000) * 2 + (rollout.state != Rollout.State.BAKING)
-
-
 def _same_yardstick(canary_spec: dict, stable_spec: dict, generation: int) -> None:
     """Conflict unless the canary keeps the stable revision's SLO: each instance counts a request as
     within the SLO of the revision *it* runs, so a canary with a looser SLO would be judged on its own
@@ -166,7 +159,7 @@ def overrides_push(*, rollout: Rollout) -> bool:
                                   published_by=rollout.started_by).to_json()
     try:
         written = get_redis().eval(_OVERRIDES_SCRIPT, 2 + len(overrides), keys.rollout_fence, keys.poke_channel,
-                                   *overrides, str(fence_token(rollout)), "set" if message else "delete", message,
+                                   *overrides, str(rollout.fence_token), "set" if message else "delete", message,
                                    str(rollout.generation))
     except redis.RedisError as exc:
         raise redis_unreachable(exc) from exc

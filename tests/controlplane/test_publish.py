@@ -172,12 +172,15 @@ def test_sync_repairs_redis_from_the_database(operator, pool, settings, redis_ur
 
 
 def test_a_slower_publish_never_overwrites_a_newer_generation_in_redis(operator, pool, redis_client, key_prefix):
+    """A faster publish wrote a newer generation to Redis than the one this writer holds (it is
+    emulated here by the newer record: the writer builds its record from the database as it is now)."""
     second = _new_revision(operator, 1, {})
     operator.post(f"{BASE}/revisions/{second}/publish/")
-    stale_pool = Pool.objects.get(name=POOL)
-    stale_pool.desired_generation = 1
-    assert services.desired_push(pool=stale_pool) is False
-    assert _desired_in_redis(redis_client, key_prefix).generation == second
+    newer = _desired_in_redis(redis_client, key_prefix)
+    faster = DesiredRevision(second + 5, newer.sha256, newer.spec, newer.published_at)
+    redis_client.set(PoolKeys(POOL, prefix=key_prefix).desired, faster.to_json())
+    assert services.desired_push(pool=Pool.objects.get(name=POOL)) is False
+    assert _desired_in_redis(redis_client, key_prefix).generation == second + 5
 
 
 def test_status_without_redis_is_503(viewer, pool, no_redis):

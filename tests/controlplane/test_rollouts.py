@@ -460,3 +460,19 @@ def test_members_with_malformed_names_are_never_made_canaries(operator, fleet, r
     assert response.status_code == 201, response.content
     assert response.json()["canary"] == [f"{POOL}.0"]
     assert operator.get(f"{BASE}/status/").status_code == 200
+
+
+def test_a_sync_pass_that_read_the_pool_before_an_abort_keeps_the_revocation(operator, fleet, redis_client,
+                                                                               key_prefix):
+    """The sync loop reads every pool, then writes each one's record: a pool read before a canary was
+    aborted lacked the revocation, so the canary (its own record gone) could not step down and NACKed
+    the pool's older generation until the next pass."""
+    assert _start(operator).status_code == 201
+    fleet[0].reconcile()
+    read_by_the_sync = Pool.objects.get(name=POOL)  # no revocation yet
+    assert operator.post(f"{BASE}/rollout/abort/").status_code == 200
+    policy_services.desired_push(pool=read_by_the_sync, force=True)
+    record = DesiredRevision.from_json(redis_client.get(PoolKeys(POOL, prefix=key_prefix).desired))
+    assert record.may_step_down(2)
+    status = fleet[0].reconcile()
+    assert (status.applied_generation, status.config_state) == (1, "ACK")
