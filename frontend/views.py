@@ -20,12 +20,12 @@ from controlplane.accounts.roles import Role, role_of
 from controlplane.common.errors import NotFound
 from controlplane.common.parsers import loads_bounded
 from controlplane.common.throttling import UploadRateThrottle
+from controlplane.common.views import is_instance_of
 from controlplane.policies import checks
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.api.serializers import AuditQuerySerializer
 from controlplane.policies.models import AuditEntry, Pool
 from controlplane.telemetry.selectors import TOP_DEFAULT, TOP_MAX, WINDOWS
-from relay_engine.core import wire
 
 from .assets import PLOTLY_VERSION, plotly_style_sources
 from .policy_fields import FIELD_GROUPS
@@ -121,10 +121,8 @@ class InstanceView(ChartsMixin, TimeWindowMixin, PoolPageView):
     tab = "live"
 
     def get(self, request, *args, **kwargs):
-        try:
-            wire.instance_index(kwargs["instance"], kwargs["pool"])
-        except wire.WireError:
-            raise Http404(f"{kwargs['instance']} is not an instance of pool {kwargs['pool']}") from None
+        if not is_instance_of(kwargs["pool"], kwargs["instance"]):
+            raise Http404(f"{kwargs['instance']} is not an instance of pool {kwargs['pool']}")
         return super().get(request, *args, **kwargs)
 
     def get_context_data(self, **kwargs):

@@ -38,11 +38,18 @@ def actor_name(request) -> str:
 
 
 
-def instance_of(pool: str, instance: str) -> str:
-    """``instance`` when it is named as one of ``pool``'s (``<pool>.<index>``), else a 404."""
+def is_instance_of(pool: str, instance: str) -> bool:
+    """Whether ``instance`` is named as one of ``pool``'s (``<pool>.<index>``, the wire's rule)."""
     try:
         wire.instance_index(instance, pool)
     except wire.WireError:
+        return False
+    return True
+
+
+def instance_of(pool: str, instance: str) -> str:
+    """``instance`` when it is named as one of ``pool``'s (``<pool>.<index>``), else a 404."""
+    if not is_instance_of(pool, instance):
         raise NotFound(f"{instance!r} is not an instance of pool {pool!r} (names are {pool}.<index>, "
-                       f"index 0–{wire.MAX_INSTANCE_INDEX}).") from None
+                       f"index 0–{wire.MAX_INSTANCE_INDEX}).")
     return instance
