@@ -6,12 +6,14 @@ telemetry is real snapshots written by the workers' own ``TelemetryWriter``. The
 from __future__ import annotations
 
 import io
+import json
 import time
 from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
+from hypothesis import given
 
 from controlplane.policies import services as policy_services
 from controlplane.policies.models import AuditEntry, Pool
@@ -20,6 +22,8 @@ from controlplane.rollouts.evaluation import GroupFigures, decide, difference_in
 from controlplane.rollouts.models import Rollout
 from relay_engine.core.wire import DesiredRevision, PoolKeys
 from tests.controlplane.fleet_helpers import snapshot
+from tests.reliability.figures import FIGURES
+from tests.security.test_hostile_numbers import fuzz, mutated
 
 POOL = "ranking-a"
 BASE = f"/api/v1/pools/{POOL}"
@@ -476,3 +480,18 @@ def test_a_sync_pass_that_read_the_pool_before_an_abort_keeps_the_revocation(ope
     assert record.may_step_down(2)
     status = fleet[0].reconcile()
     assert (status.applied_generation, status.config_state) == (1, "ACK")
+
+
+@fuzz(150)
+@given(body=mutated(CANARY))
+def test_hostile_numbers_in_a_canary_body_are_a_400_naming_the_field_never_a_5xx(operator, fleet, settings, body):
+    settings.RELAYGR_WRITE_THROTTLE_RATE = "100000/min"  # each example writes once or twice
+    FIGURES.hostile("canary publish bodies (hypothesis)")
+    response = operator.post(f"{BASE}/revisions/2/publish/", json.dumps(body), content_type="application/json")
+    assert response.status_code in (201, 400, 409), response.content  # 409: more canaries than the pool can give
+    if response.status_code == 201:
+        assert operator.post(f"{BASE}/rollout/abort/").status_code == 200
+    elif response.status_code == 400:  # a field named, or the body refused as JSON (NaN, Infinity)
+        answer = response.json()
+        assert set(answer.get("errors", {})) <= set(CANARY) | {"non_field_errors"}, answer
+        assert answer.get("errors") or "JSON" in answer["detail"], answer
