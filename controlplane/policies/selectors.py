@@ -4,9 +4,23 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import JSONField, Max, OuterRef, QuerySet, Subquery
+from django.db.models import (
+    BooleanField,
+    Exists,
+    ExpressionWrapper,
+    IntegerField,
+    JSONField,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 
 from controlplane.common.errors import NotFound
+from controlplane.rollouts.models import Rollout
 
 from .models import AuditEntry, ConfigRevision, Pool
 
@@ -27,12 +41,26 @@ def pool_get(*, name: str) -> Pool:
     return pool
 
 
+def _revisions(pool: Pool) -> QuerySet[ConfigRevision]:
+    """A pool's revisions, each with its past: ``was_desired`` (the whole pool's desired generation once:
+    the first generation, made desired with the pool, or one the audit trail records a publish of — a
+    promotion and a rollback publish too) and ``rollout_state`` (its latest canary's state, or None)."""
+    published = AuditEntry.objects.filter(pool=pool.name, action=AuditEntry.Action.REVISION_PUBLISH).annotate(
+        published=Cast(KeyTextTransform("desired_generation", "after"), IntegerField()),
+    ).filter(published=OuterRef("generation"))
+    canaries = Rollout.objects.filter(pool=OuterRef("pool"), generation=OuterRef("generation")).order_by("-id")
+    return ConfigRevision.objects.filter(pool=pool).annotate(
+        was_desired=ExpressionWrapper(Q(generation=1) | Exists(published), output_field=BooleanField()),
+        rollout_state=Subquery(canaries.values("state")[:1]),
+    )
+
+
 def revision_list(*, pool: Pool) -> QuerySet[ConfigRevision]:
-    return ConfigRevision.objects.filter(pool=pool).order_by("-generation")
+    return _revisions(pool).order_by("-generation")
 
 
 def revision_get(*, pool: Pool, generation: int) -> ConfigRevision:
-    revision = ConfigRevision.objects.filter(pool=pool, generation=generation).first()
+    revision = _revisions(pool).filter(generation=generation).first()
     if revision is None:
         latest = revision_latest_generation(pool=pool)
         raise NotFound(f"Pool {pool.name!r} has no generation {generation}; generations are 1 to {latest}.")
