@@ -18,10 +18,12 @@ from django.test import Client
 
 from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
+from controlplane.common.redis import get_redis
 from controlplane.policies import services as policy_services
 from relay_engine.core.config import ModelFingerprint, parse_policy, validate_policy
 from relay_engine.core.editing_io import editing_json, write_editing_npz
 from relay_engine.lab.editing.directions import build_editing
+from tests.controlplane.fleet_helpers import FakeWorker
 from tests.models import random_lowrank
 
 POOL = "ranking-a"
@@ -144,6 +146,30 @@ def test_the_check_diffs_a_valid_spec_against_the_live_revision(pool, operator):
     body = _check(operator, {"trigger": {"at_risk_seq_len": 256}}).json()
     assert body["valid"] is True and body["against"] == 1
     assert body["changes"] == [{"path": "trigger.at_risk_seq_len", "op": "changed", "before": 512, "after": 256}]
+
+
+def test_the_check_names_the_sha256_of_the_revision_a_valid_spec_would_be(pool, operator):
+    spec = {"trigger": {"at_risk_seq_len": 256}}
+    assert _check(operator, spec).json()["sha256"] == parse_policy(spec).sha256()
+    assert _check(operator, {"trigger": {"at_risk_seq_len": -1}}).json()["sha256"] is None
+
+
+def test_the_check_refuses_an_edit_for_another_model_than_the_pools_instances_serve(
+        pool, operator, settings, redis_url, key_prefix):
+    """The instances would NACK it; the editor says so before anything is published, naming both models."""
+    settings.REDIS_URL = redis_url
+    worker = FakeWorker(get_redis(), POOL, 0, prefix=key_prefix)
+    worker.status.model_num_layers, worker.status.model_num_heads, worker.status.model_head_dim = 2, 2, 16
+    worker.heartbeat()
+    edit = {"layer": 0, "head": 1, "alpha": 0.5}
+    other = {"fingerprint": {"num_layers": 4, "num_heads": 4, "head_dim": 8}, "edits": [{**edit, "direction": [0.1] * 8}]}
+    body = _check(operator, {"editing": other}).json()
+    assert body["valid"] is False and body["sha256"] is None
+    assert body["errors"] == {"editing.fingerprint": [
+        "targets 4 layers × 4 heads × head_dim 8, but this pool's live instances serve 2 layers × 2 heads × "
+        "head_dim 16 (ranking-a.0): they would refuse it (NACK). Fit the edit on the pool's model."]}
+    served = {"fingerprint": {"num_layers": 2, "num_heads": 2, "head_dim": 16}, "edits": [{**edit, "direction": [0.1] * 16}]}
+    assert _check(operator, {"editing": served}).json()["valid"] is True
 
 
 def test_the_check_needs_a_session_and_a_json_body(pool, operator):

@@ -6,7 +6,6 @@ from rest_framework import serializers
 
 from controlplane.common.fields import StrictCharField, StrictIntegerField, StrictSerializer
 from controlplane.common.urls import POOL_NAME_PATTERN
-
 from controlplane.rollouts.models import Rollout
 
 from ..models import DEVICE_KINDS, MAX_EXPECTED_INSTANCES, AuditEntry, ConfigRevision, Pool
