@@ -94,9 +94,17 @@ def audit_list(
     return entries
 
 
-def publish_events(*, pool: str, since: datetime) -> QuerySet[AuditEntry]:
-    """Publishes (including rollbacks, which publish) of a pool since a time, oldest first."""
+# What the charts mark: the pool's creation (its first generation desired), every publish (a rollback
+# and a canary's promotion publish too) and each canary's start and end.
+TIMELINE_ACTIONS = (
+    AuditEntry.Action.POOL_CREATE, AuditEntry.Action.REVISION_PUBLISH, AuditEntry.Action.ROLLOUT_START,
+    AuditEntry.Action.ROLLOUT_PROMOTE, AuditEntry.Action.ROLLOUT_ROLLBACK, AuditEntry.Action.ROLLOUT_ABORT,
+)
+
+
+def timeline_events(*, pool: str, since: datetime) -> QuerySet[AuditEntry]:
+    """The ``TIMELINE_ACTIONS`` of a pool since a time, oldest first."""
     return (
-        AuditEntry.objects.filter(pool=pool, action=AuditEntry.Action.REVISION_PUBLISH, time__gte=since)
+        AuditEntry.objects.filter(pool=pool, action__in=TIMELINE_ACTIONS, time__gte=since)
         .order_by("time", "id")
     )
