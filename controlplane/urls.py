@@ -34,7 +34,9 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
+    # The frontend's ReDoc page: drf-spectacular's without the fonts it fetches from Google.
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema", template_name="frontend/redoc.html"),
+         name="redoc"),
     path("api/auth/", include(api_auth)),
     path("metrics", PrometheusMetricsView.as_view(), name="prometheus-metrics"),
     path("", include("frontend.urls")),

@@ -20,7 +20,7 @@ import numpy as np
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import AuditEntry, Pool
 from relay_engine.core.config import slo_of
-from relay_engine.core.telemetry import REFUSAL_REASONS
+from relay_engine.core.telemetry import NOT_REFUSALS, REFUSAL_LABELS, REFUSAL_REASONS
 from relay_engine.core.wire import TELEMETRY_TIERS
 
 from .history import (
@@ -52,6 +52,13 @@ def window_grid(window: str, now: float) -> tuple[str, int, float, int]:
     n_points = window_s // step_s
     end = (math.floor(now / step_s) + 1) * step_s
     return tier, step_s, end - n_points * step_s, n_points
+
+
+def refusal_reasons() -> list[dict]:
+    """The pre-infer refusal reasons in the core's order, as the browser names them: ``reason`` (the
+    key of ``preinfer_refused``), ``label``, and ``refusal`` (false for ``already_cached``: no refusal)."""
+    return [{"reason": reason, "label": REFUSAL_LABELS[reason], "refusal": reason not in NOT_REFUSALS}
+            for reason in REFUSAL_REASONS]
 
 
 def _json_rows(series: dict[str, np.ndarray], as_int: bool = False) -> dict[str, list]:

@@ -78,7 +78,7 @@ def test_logout_needs_a_post(operator):
     assert operator.get("/").status_code == 302
 
 
-@pytest.mark.parametrize("path", PAGES)
+@pytest.mark.parametrize("path", [*PAGES, "/api/docs/", "/api/redoc/"])
 def test_pages_reference_nothing_outside_the_server(pool, operator, path):
     html = operator.get(path).content.decode()
     external = re.findall(r"""(?:src|href|action)\s*=\s*["']((?:https?:)?//[^"']+)""", html)
