@@ -4,6 +4,7 @@ the editor's dry-run check, its NumPy upload of editing directions and the audit
 from __future__ import annotations
 
 import gzip
+import html
 import importlib.resources
 import io
 import json
@@ -22,6 +23,7 @@ from controlplane.common.redis import get_redis
 from controlplane.policies import services as policy_services
 from relay_engine.core.config import ModelFingerprint, parse_policy, validate_policy
 from relay_engine.core.editing_io import editing_json, write_editing_npz
+from relay_engine.core.telemetry import REFUSAL_REASONS
 from relay_engine.lab.editing.directions import build_editing
 from tests.controlplane.fleet_helpers import FakeWorker
 from tests.models import random_lowrank
@@ -98,6 +100,35 @@ def test_plotly_is_served_from_the_installed_package_with_long_caching(pool, ope
     zipped = Client().get("/vendor/plotly.min.js", HTTP_ACCEPT_ENCODING="gzip, br")
     assert zipped["Content-Encoding"] == "gzip" and gzip.decompress(zipped.content) == bundle
     assert Client().get("/vendor/plotly.min.js", HTTP_IF_NONE_MATCH=plain["ETag"]).status_code == 304
+
+
+def test_redoc_is_served_from_this_server_without_the_logo_it_would_fetch_from_outside(pool, operator):
+    page = operator.get("/api/redoc/").content.decode()
+    url = re.search(r'<script src="([^"]+)"', page).group(1)
+    assert url == "/vendor/redoc.standalone.js"
+    served = operator.get(url)
+    bundle = (importlib.resources.files("drf_spectacular_sidecar") / "static" / "drf_spectacular_sidecar" / "redoc"
+              / "bundles" / "redoc.standalone.js").read_bytes()
+    assert b"cdn.redoc.ly" in bundle and b"cdn.redoc.ly" not in served.content
+    assert len(served.content) > 0.99 * len(bundle)  # the rest of ReDoc as the package ships it
+    assert operator.get(url, HTTP_IF_NONE_MATCH=served["ETag"]).status_code == 304
+
+
+def _reason_names_in(text: str) -> list[str]:
+    """The reasons a script spells: as a name (``not_at_risk``), or quoted where the name is also an
+    ordinary word (``"disabled"``, not ``button.disabled``)."""
+    return [reason for reason in REFUSAL_REASONS
+            if re.search(rf"\b{reason}\b" if "_" in reason else rf"[\"'`]{reason}[\"'`]", text)]
+
+
+def test_the_scripts_spell_no_refusal_reason_the_page_gets_them_from_the_server(pool, operator):
+    static = importlib.resources.files("frontend") / "static" / "frontend"
+    assert {f.name: _reason_names_in(f.read_text()) for f in static.iterdir() if f.name.endswith(".js")} == \
+        {f.name: [] for f in static.iterdir() if f.name.endswith(".js")}
+    page = operator.get(f"/pools/{POOL}/").content.decode()
+    reasons = json.loads(html.unescape(re.search(r'data-refusal-reasons="([^"]*)"', page).group(1)))
+    assert [r["reason"] for r in reasons] == list(REFUSAL_REASONS)
+    assert [r["reason"] for r in reasons if not r["refusal"]] == ["already_cached"]
 
 
 def test_overview_without_pools_explains_how_to_start(db):

@@ -162,7 +162,8 @@ const Charts = (() => {
       yaxis: { title: { text: yTitle, standoff: 6 }, rangemode: "tozero", gridcolor: "#eef2f7", zeroline: false,
                tickformat: yTickformat, ticksuffix: ySuffix, range: yRange, automargin: true },
       showlegend: legend,
-      legend: { orientation: "h", x: 0, font: { size: 10 } },
+      // Below the tick labels, at the figure's foot: a legend placed on the plot's own scale ran into them.
+      legend: { orientation: "h", x: 0, yref: "container", y: 0, yanchor: "bottom", font: { size: 10 } },
       hovermode: "x unified",
       barmode,
       bargap: 0.05,

@@ -68,11 +68,14 @@
   function drawPreinfer(m, x) {
     const f = m.fleet;
     const refused = f.preinfer_refused_per_s || {};
+    const seen = (r) => (refused[r.reason] || []).some((v) => v);  // a reason with none in the window: no legend entry
     const bar = (y, name, color) => ({ type: "bar", x, y, name, marker: { color } });
     const traces = [bar(f.preinfer_admitted_per_s, "admitted", "#16a34a")];
-    REASONS.filter((r) => !r.refusal && refused[r.reason]).forEach((r) => traces.push(bar(refused[r.reason], r.label, CACHED_COLOR)));
-    REASONS.filter((r) => r.refusal && refused[r.reason]).forEach((r, i) =>
-      traces.push(bar(refused[r.reason], `refused: ${r.label}`, REFUSAL_COLORS[i % REFUSAL_COLORS.length])));
+    REASONS.forEach((r, i) => {
+      if (!seen(r)) return;
+      traces.push(r.refusal ? bar(refused[r.reason], `refused: ${r.label}`, REFUSAL_COLORS[i % REFUSAL_COLORS.length])
+        : bar(refused[r.reason], r.label, CACHED_COLOR));
+    });
     Charts.draw(chart("preinfer"), traces, Charts.layout(m, { yTitle: "signals/s", barmode: "stack" }));
   }
 
