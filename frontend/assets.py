@@ -75,3 +75,10 @@ def plotly_js(request: HttpRequest) -> HttpResponse:
 @require_GET
 def redoc_js(request: HttpRequest) -> HttpResponse:
     return _served(request, redoc_bundle(), "public, no-cache")
+
+
+@require_GET
+def no_icon(request: HttpRequest) -> HttpResponse:
+    """The site has no icon: the pages that name none (the browsable API's) get an empty answer, not a
+    404 their console reports."""
+    return HttpResponse(status=204, headers={"Cache-Control": f"public, max-age={CACHE_SECONDS}"})

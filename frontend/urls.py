@@ -21,4 +21,5 @@ urlpatterns = [
     path("ui/pools/<poolname:pool>/editing-upload/", views.EditingUploadView.as_view(), name="editing-upload"),
     path("vendor/plotly.min.js", assets.plotly_js, name="plotly-js"),
     path("vendor/redoc.standalone.js", assets.redoc_js, name="redoc-js"),
+    path("favicon.ico", assets.no_icon, name="favicon"),
 ]

@@ -456,10 +456,10 @@
           onclick: () => rollback(r.generation) }, `Roll back to ${r.generation}`));
       }
       row.append(
-        el("td", {}, String(r.generation), live ? el("span", { class: "badge", dataset: { health: "healthy" } }, "live") : null,
-          past ? el("div", { class: "small muted", dataset: { role: "past" } }, past.text) : null),
+        el("td", {}, String(r.generation), live ? el("span", { class: "badge", dataset: { health: "healthy" } }, "live") : null),
         el("td", { class: "small" }, fmt.time(r.created_at), el("br"), r.author),
-        el("td", { class: "small" }, r.comment || "—", r.restored_from ? el("div", { class: "muted" }, `restores generation ${r.restored_from}`) : null),
+        el("td", { class: "small" }, r.comment || "—", r.restored_from ? el("div", { class: "muted" }, `restores generation ${r.restored_from}`) : null,
+          past ? el("div", { class: "past", dataset: { role: "past" } }, past.text) : null),
         actions);
       return row;
     }));
@@ -470,7 +470,7 @@
   const CANARY_ENDS = { baking: "baking now", promoted: "promoted", rolled_back: "rolled back", aborted: "aborted" };
   function pastOf(r) {
     if (r.was_desired) return null;
-    if (r.rollout_state) return { key: "canary", text: `canary, ${CANARY_ENDS[r.rollout_state] || r.rollout_state}; never live on the whole pool` };
+    if (r.rollout_state) return { key: "canary", text: `canary, ${CANARY_ENDS[r.rollout_state] || r.rollout_state}: never live on the whole pool` };
     return { key: "what-if", text: "what-if, never published" };
   }
 
@@ -621,7 +621,8 @@
   if (state.can_edit) {
     if (state.latest_generation > state.live.generation) {
       say(el("p", { class: "notice small" }, `Generation ${state.latest_generation} exists but is not published; `
-        + `this form shows the live generation ${state.live.generation}, and publishing creates generation ${state.latest_generation + 1} from it.`));
+        + `this form shows the live generation ${state.live.generation}. Publishing creates generation ${state.latest_generation + 1}, `
+        + `or publishes generation ${state.latest_generation} itself when the form holds its spec.`));
     }
     root.querySelector('[data-role="form"]').addEventListener("input", (event) => {
       if (event.target.dataset.path) scheduleCheck();
