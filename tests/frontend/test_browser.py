@@ -823,7 +823,7 @@ def test_a_heartbeat_that_is_no_time_shows_on_its_row_and_the_rest_of_the_fleet_
 
 
 # Every page, and what shows once its script has drawn it.
-TOUR = {
+EVERY_PAGE = {
     "/": '.pool-card [data-chart="p99"][data-has-data="true"]',
     LIVE: '[data-chart="latency"][data-has-data="true"]',
     f"/pools/{POOL}/instances/{POOL}.0/": '#instance [data-chart="latency"][data-has-data="true"]',
@@ -846,7 +846,7 @@ def test_a_tour_of_every_page_has_no_console_error_and_asks_no_other_host(browse
         page = visitor.page
         nav = [page.locator("nav.mainnav a", has_text=text).get_attribute("href") for text in ("API docs", "API reference")]
         assert nav == ["/api/docs/", "/api/redoc/"]
-        for path, drawn in TOUR.items():
+        for path, drawn in EVERY_PAGE.items():
             page.goto(path)
             page.locator(drawn).first.wait_for()
         outside = [url for url in visitor.requested if not url.startswith((stack.base_url, "data:", "blob:", "about:"))]
