@@ -1,13 +1,13 @@
 """URL map: the REST API under /api/v1/, its OpenAPI schema and docs, Prometheus at /metrics."""
 
-from csp.decorators import csp_update
+from csp.decorators import csp_replace, csp_update
 from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.http import JsonResponse
 from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
-from controlplane.common.renderers import INLINE_STYLES, REDOC
+from controlplane.common.renderers import INLINE_STYLES, REDOC_WORKERS
 from controlplane.common.urls import GenerationConverter, InstanceNameConverter, PoolNameConverter
 from controlplane.telemetry.api.views import PrometheusMetricsView
 
@@ -38,8 +38,8 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema", template_name="api_docs/swagger_ui.html"),
          name="swagger-ui"),
-    path("api/redoc/", csp_update(REDOC)(
-        SpectacularRedocView.as_view(url_name="schema", template_name="api_docs/redoc.html")), name="redoc"),
+    path("api/redoc/", csp_replace(REDOC_WORKERS)(csp_update(INLINE_STYLES)(
+        SpectacularRedocView.as_view(url_name="schema", template_name="frontend/redoc.html"))), name="redoc"),
     path("api/auth/", include(api_auth)),
     path("metrics", PrometheusMetricsView.as_view(), name="prometheus-metrics"),
     path("", include("frontend.urls")),

@@ -20,4 +20,6 @@ urlpatterns = [
     path("ui/pools/<poolname:pool>/check/", views.SpecCheckView.as_view(), name="spec-check"),
     path("ui/pools/<poolname:pool>/editing-upload/", views.EditingUploadView.as_view(), name="editing-upload"),
     path("vendor/plotly.min.js", assets.plotly_js, name="plotly-js"),
+    path("vendor/redoc.standalone.js", assets.redoc_js, name="redoc-js"),
+    path("favicon.ico", assets.no_icon, name="favicon"),
 ]

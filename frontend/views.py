@@ -25,7 +25,7 @@ from controlplane.policies import checks
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.api.serializers import AuditQuerySerializer
 from controlplane.policies.models import AuditEntry, Pool
-from controlplane.telemetry.selectors import TOP_DEFAULT, TOP_MAX, WINDOWS
+from controlplane.telemetry.selectors import TOP_DEFAULT, TOP_MAX, WINDOWS, refusal_reasons
 
 from .assets import PLOTLY_VERSION, plotly_style_sources
 from .policy_fields import FIELD_GROUPS
@@ -52,7 +52,7 @@ class PageView(LoginRequiredMixin, TemplateView):
         context.update(
             pool_names=list(Pool.objects.order_by("name").values_list("name", flat=True)),
             role_label=self.role.label, can_edit=self.role >= Role.OPERATOR, is_admin=self.role >= Role.ADMIN,
-            tab=self.tab, plotly_version=PLOTLY_VERSION,
+            tab=self.tab, plotly_version=PLOTLY_VERSION, refusal_reasons=json.dumps(refusal_reasons()),
         )
         return context
 

@@ -54,6 +54,13 @@ def engine_gauges(engine: RelayEngine) -> dict[str, Any]:
             "device_memory_bytes": device_bytes}
 
 
+def model_dims(engine: RelayEngine) -> dict[str, int]:
+    """The model's fingerprint as the status says it: what the control plane checks an edit against."""
+    fingerprint = engine.model.config.fingerprint()
+    return {"model_num_layers": fingerprint.num_layers, "model_num_heads": fingerprint.num_heads,
+            "model_head_dim": fingerprint.head_dim}
+
+
 def celery_argv(settings: Settings, name: str, loglevel: str) -> list[str]:
     keys = settings.keys
     return [
@@ -82,7 +89,8 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
         log.warning("%s: %s", name, capture_off)
     loops = InstanceLoops(engine, client, keys, InstanceStatus(
         instance=name, pool=settings.pool, device=str(engine.device), pid=os.getpid(),
-        heartbeat_ts=started_at, started_at=started_at, capture_off=capture_off, **engine_gauges(engine),
+        heartbeat_ts=started_at, started_at=started_at, capture_off=capture_off, **model_dims(engine),
+        **engine_gauges(engine),
     ), lambda: engine_gauges(engine), counts, settings.heartbeat_interval_s,
         RevisionStore(settings.revision_path(name)))
     if capture:

@@ -9,8 +9,9 @@ from rest_framework.renderers import BrowsableAPIRenderer
 # log-in page style elements by attribute, ReDoc writes <style> elements at run time (styled-components).
 # Inline styles there, and only there; scripts stay 'self' everywhere.
 INLINE_STYLES = {"style-src": ["'unsafe-inline'"]}
-# ReDoc also runs its search index in a web worker it makes from a blob: URL.
-REDOC = {**INLINE_STYLES, "worker-src": ["blob:"]}
+# ReDoc also runs its search index in a web worker it makes from a blob: URL: worker-src is *replaced*
+# ('none' beside a source is an invalid directive that Chromium reports and ignores).
+REDOC_WORKERS = {"worker-src": ["blob:"]}
 
 
 class BrowsableAPIWithoutFilterForms(BrowsableAPIRenderer):

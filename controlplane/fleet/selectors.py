@@ -21,6 +21,7 @@ from controlplane.common.errors import NotFound
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies.models import Pool
 from controlplane.rollouts.selectors import instance_desired
+from relay_engine.core.config import ModelFingerprint
 from relay_engine.core.wire import (
     ACK,
     HEARTBEAT_MAX_AHEAD_S,
@@ -193,3 +194,14 @@ def instance_status(*, pool: Pool, instance: str, now: float | None = None) -> I
     canaries = instance_desired(pool=pool)
     return _instance_view(pool.name, instance, score, raw,
                           canaries.get(instance, pool.desired_generation), now, canary=instance in canaries)
+
+
+def pool_models(*, pool: Pool, now: float | None = None) -> dict[ModelFingerprint, list[str]]:
+    """The models the pool's live instances say they serve, each with those instances (by name); an
+    instance that says none (an older worker, a stand-in) is left out. Unavailable without Redis."""
+    models: dict[ModelFingerprint, list[str]] = {}
+    for view in pool_status(pool=pool, now=now).instances:
+        fingerprint = view.status.model_fingerprint()
+        if view.live and fingerprint is not None:
+            models.setdefault(fingerprint, []).append(view.instance)
+    return models

@@ -4,9 +4,23 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import JSONField, Max, OuterRef, QuerySet, Subquery
+from django.db.models import (
+    BooleanField,
+    Exists,
+    ExpressionWrapper,
+    IntegerField,
+    JSONField,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 
 from controlplane.common.errors import NotFound
+from controlplane.rollouts.models import Rollout
 
 from .models import AuditEntry, ConfigRevision, Pool
 
@@ -27,12 +41,26 @@ def pool_get(*, name: str) -> Pool:
     return pool
 
 
+def _revisions(pool: Pool) -> QuerySet[ConfigRevision]:
+    """A pool's revisions, each with its past: ``was_desired`` (the whole pool's desired generation once:
+    the first generation, made desired with the pool, or one the audit trail records a publish of — a
+    promotion and a rollback publish too) and ``rollout_state`` (its latest canary's state, or None)."""
+    published = AuditEntry.objects.filter(pool=pool.name, action=AuditEntry.Action.REVISION_PUBLISH).annotate(
+        published=Cast(KeyTextTransform("desired_generation", "after"), IntegerField()),
+    ).filter(published=OuterRef("generation"))
+    canaries = Rollout.objects.filter(pool=OuterRef("pool"), generation=OuterRef("generation")).order_by("-id")
+    return ConfigRevision.objects.filter(pool=pool).annotate(
+        was_desired=ExpressionWrapper(Q(generation=1) | Exists(published), output_field=BooleanField()),
+        rollout_state=Subquery(canaries.values("state")[:1]),
+    )
+
+
 def revision_list(*, pool: Pool) -> QuerySet[ConfigRevision]:
-    return ConfigRevision.objects.filter(pool=pool).order_by("-generation")
+    return _revisions(pool).order_by("-generation")
 
 
 def revision_get(*, pool: Pool, generation: int) -> ConfigRevision:
-    revision = ConfigRevision.objects.filter(pool=pool, generation=generation).first()
+    revision = _revisions(pool).filter(generation=generation).first()
     if revision is None:
         latest = revision_latest_generation(pool=pool)
         raise NotFound(f"Pool {pool.name!r} has no generation {generation}; generations are 1 to {latest}.")
@@ -66,9 +94,17 @@ def audit_list(
     return entries
 
 
-def publish_events(*, pool: str, since: datetime) -> QuerySet[AuditEntry]:
-    """Publishes (including rollbacks, which publish) of a pool since a time, oldest first."""
+# What the charts mark: the pool's creation (its first generation desired), every publish (a rollback
+# and a canary's promotion publish too) and each canary's start and end.
+TIMELINE_ACTIONS = (
+    AuditEntry.Action.POOL_CREATE, AuditEntry.Action.REVISION_PUBLISH, AuditEntry.Action.ROLLOUT_START,
+    AuditEntry.Action.ROLLOUT_PROMOTE, AuditEntry.Action.ROLLOUT_ROLLBACK, AuditEntry.Action.ROLLOUT_ABORT,
+)
+
+
+def timeline_events(*, pool: str, since: datetime) -> QuerySet[AuditEntry]:
+    """The ``TIMELINE_ACTIONS`` of a pool since a time, oldest first."""
     return (
-        AuditEntry.objects.filter(pool=pool, action=AuditEntry.Action.REVISION_PUBLISH, time__gte=since)
+        AuditEntry.objects.filter(pool=pool, action__in=TIMELINE_ACTIONS, time__gte=since)
         .order_by("time", "id")
     )

@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 import numpy as np
 
 from controlplane.policies import selectors as policy_selectors
-from controlplane.policies.models import Pool
+from controlplane.policies.models import AuditEntry, Pool
 from relay_engine.core.config import slo_of
-from relay_engine.core.telemetry import REFUSAL_REASONS
+from relay_engine.core.telemetry import NOT_REFUSALS, REFUSAL_LABELS, REFUSAL_REASONS
 from relay_engine.core.wire import TELEMETRY_TIERS
 
 from .history import (
@@ -52,6 +52,13 @@ def window_grid(window: str, now: float) -> tuple[str, int, float, int]:
     n_points = window_s // step_s
     end = (math.floor(now / step_s) + 1) * step_s
     return tier, step_s, end - n_points * step_s, n_points
+
+
+def refusal_reasons() -> list[dict]:
+    """The pre-infer refusal reasons in the core's order, as the browser names them: ``reason`` (the
+    key of ``preinfer_refused``), ``label``, and ``refusal`` (false for ``already_cached``: no refusal)."""
+    return [{"reason": reason, "label": REFUSAL_LABELS[reason], "refusal": reason not in NOT_REFUSALS}
+            for reason in REFUSAL_REASONS]
 
 
 def _json_rows(series: dict[str, np.ndarray], as_int: bool = False) -> dict[str, list]:
@@ -173,18 +180,50 @@ def _totals(sums: np.ndarray) -> dict[str, float | int | None]:
     }
 
 
+_Action = AuditEntry.Action
+_CANARY_ENDS = {_Action.ROLLOUT_PROMOTE: ("promoted", "promoted"), _Action.ROLLOUT_ROLLBACK: ("rolled_back", "rolled back"),
+                _Action.ROLLOUT_ABORT: ("aborted", "aborted")}
+
+
+def _annotation(entry: AuditEntry) -> dict | None:
+    """One mark of the charts: ``kind``, the ``generation`` it is about, a short ``label`` and the
+    ``detail`` its hover text says; None for an entry that names no generation."""
+    after = entry.after if isinstance(entry.after, dict) else {}
+    actor = entry.actor
+    if entry.action == _Action.POOL_CREATE:
+        generation, kind, label = 1, "created", "gen 1"
+        detail = f"Pool created by {actor}: generation 1 desired"
+    elif entry.action == _Action.REVISION_PUBLISH:
+        generation, restored = after.get("desired_generation"), after.get("restored_from")
+        kind = "rollback" if restored else "publish"
+        label = f"rollback gen {generation}" if restored else f"gen {generation}"
+        detail = (f"Rollback by {actor}: generation {generation} restores generation {restored}" if restored
+                  else f"Generation {generation} published by {actor}")
+    elif entry.action == _Action.ROLLOUT_START:
+        generation, kind, label = after.get("generation"), "canary", f"canary gen {after.get('generation')}"
+        detail = (f"Canary of generation {generation} started by {actor} on {', '.join(map(str, after.get('canary', [])))}"
+                  f" (bake {after.get('bake_s')} s, max burn {after.get('max_burn')})")
+    else:
+        kind, word = _CANARY_ENDS[entry.action]
+        generation, label = after.get("generation"), f"{word} gen {after.get('generation')}"
+        reason = str(after.get("reason", ""))
+        # A decision by hand gives "aborted by sre" as its reason: said already.
+        detail = f"Canary of generation {generation} {word} by {actor}" + (
+            f": {reason}" if reason and not reason.startswith(f"{word} by") else "")
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        return None
+    return {"ts": round(entry.time.timestamp(), 3), "generation": generation, "kind": kind, "actor": actor,
+            "sha256": after.get("sha256"), "label": label, "detail": detail}
+
+
 def _annotations(pool: Pool, start: float) -> list[dict]:
-    since = datetime.fromtimestamp(start, tz=UTC)
-    return [
-        {
-            "ts": round(entry.time.timestamp(), 3),
-            "generation": (entry.after or {}).get("desired_generation"),
-            "kind": "rollback" if (entry.after or {}).get("restored_from") else "publish",
-            "actor": entry.actor,
-            "sha256": (entry.after or {}).get("sha256"),
-        }
-        for entry in policy_selectors.publish_events(pool=pool.name, since=since)
-    ]
+    """The window's marks, oldest first. A promotion publishes its generation: the promotion's mark
+    says it, so that publish gets none of its own."""
+    entries = list(policy_selectors.timeline_events(pool=pool.name, since=datetime.fromtimestamp(start, tz=UTC)))
+    promoted = {(entry.after or {}).get("generation") for entry in entries if entry.action == _Action.ROLLOUT_PROMOTE}
+    marks = [_annotation(entry) for entry in entries]
+    return [mark for mark in marks if mark is not None
+            and not (mark["kind"] == "publish" and mark["generation"] in promoted)]
 
 
 def _frame(pool: Pool, window: str, now: float) -> dict:

@@ -54,6 +54,17 @@ REFUSAL_REASONS: tuple[str, ...] = (
     "cache_budget",
     "disabled",
 )
+# How people read each reason (the dashboards, the previews). An ``already_cached`` prefix is no refusal
+# at all: its KV is resident already, there is nothing to pre-infer and nothing for an operator to act on.
+REFUSAL_LABELS: dict[str, str] = {
+    "not_at_risk": "not at risk",
+    "already_cached": "already cached",
+    "inflight_limit": "in-flight limit",
+    "token_rate_limit": "token rate limit",
+    "cache_budget": "cache budget",
+    "disabled": "pre-infer disabled",
+}
+NOT_REFUSALS: frozenset[str] = frozenset({"already_cached"})
 
 
 def bucket_index(value_ms: float) -> int:

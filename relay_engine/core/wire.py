@@ -58,6 +58,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from relay_engine.core.config import ModelFingerprint
+
 DEFAULT_KEY_PREFIX = "relaygr"
 KEY_PREFIX_ENV = "RELAYGR_KEY_PREFIX"
 
@@ -372,6 +374,15 @@ class InstanceStatus:
     dram_budget_bytes: int = 0
     device_memory_bytes: int = 0
     capture_off: str = ""  # why this instance records no traffic (empty while it captures)
+    # The model it serves, which an edit must target (``ModelConfig.fingerprint``); 0 where it says
+    # none (an older worker, or a stand-in instance without a model).
+    model_num_layers: int = 0
+    model_num_heads: int = 0
+    model_head_dim: int = 0
+
+    def model_fingerprint(self) -> ModelFingerprint | None:
+        dims = (self.model_num_layers, self.model_num_heads, self.model_head_dim)
+        return ModelFingerprint(*dims) if all(d > 0 for d in dims) else None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

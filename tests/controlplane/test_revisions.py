@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from controlplane.policies import services as policy_services
 from controlplane.policies.models import AuditEntry, ConfigRevision, Pool
 from relay_engine.core.config import ModelFingerprint, default_policy, parse_policy
 from tests.models import random_lowrank
@@ -81,6 +82,40 @@ def test_revisions_are_listed_newest_first(operator, pool):
     operator.post(REVISIONS, {"parent_generation": 1, "spec": {}}, format="json")
     listed = operator.get(REVISIONS).json()
     assert [r["generation"] for r in listed["results"]] == [2, 1]
+
+
+def test_a_revision_says_whether_it_ever_was_the_pools_desired_generation(operator, pool, worker_factory):
+    """What the editor offers rollback to: a canary that was not promoted, or a what-if made for a
+    preview, never ran on the whole pool."""
+    policy_services.desired_push(pool=pool)
+    for index in range(2):
+        worker_factory(POOL, index).reconcile()
+    base = f"/api/v1/pools/{POOL}"
+    canary = {"strategy": "canary", "canary_instances": 1, "bake_s": 600, "max_burn": 1.0}
+
+    def create(parent: int, hbm_mb: int) -> int:
+        response = operator.post(REVISIONS, {"parent_generation": parent, "spec": {"cache": {"hbm_budget_mb": hbm_mb}}},
+                                 format="json")
+        assert response.status_code == 201, response.content
+        assert (response.json()["was_desired"], response.json()["rollout_state"]) == (False, None)
+        return response.json()["generation"]
+
+    def publish(generation: int, body: dict | None = None) -> None:
+        response = operator.post(f"{REVISIONS}{generation}/publish/", body, format="json")
+        assert response.status_code in (200, 201), response.content
+
+    publish(create(1, 300))  # 2: published
+    publish(create(2, 400), canary)  # 3: a canary, aborted
+    assert operator.post(f"{base}/rollout/abort/").status_code == 200
+    publish(create(3, 500), canary)  # 4: a canary, promoted
+    assert operator.post(f"{base}/rollout/promote/").status_code == 200
+    create(4, 600)  # 5: never published
+    response = operator.post(f"{base}/rollback/", {"to_generation": 1, "parent_generation": 5}, format="json")
+    assert response.status_code == 201, response.content  # 6: restores 1
+    listed = {r["generation"]: (r["was_desired"], r["rollout_state"]) for r in operator.get(REVISIONS).json()["results"]}
+    assert listed == {6: (True, None), 5: (False, None), 4: (True, "promoted"), 3: (False, "aborted"),
+                      2: (True, None), 1: (True, None)}
+    assert operator.get(f"{REVISIONS}3/").json()["was_desired"] is False
 
 
 def test_diff_names_changed_paths(operator, pool):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from controlplane.policies import services as policy_services
 from controlplane.telemetry.history import BUCKET_OFFSET, COUNTER_COLUMN, InstanceHistory
 from controlplane.telemetry.merge import quantiles
 from controlplane.telemetry.selectors import window_grid
@@ -154,8 +155,28 @@ def test_publishes_appear_as_annotations(operator, pool, redis_on):
     operator.post(f"{BASE}/revisions/2/publish/")
     operator.post(f"{BASE}/rollback/", {"to_generation": 1, "parent_generation": 2}, format="json")
     annotations = operator.get(f"{BASE}/metrics/?window=1h").json()["annotations"]
-    assert [(a["generation"], a["kind"], a["actor"]) for a in annotations] == [
-        (2, "publish", "operator"), (3, "rollback", "operator")]
+    assert [(a["generation"], a["kind"], a["actor"], a["label"]) for a in annotations] == [
+        (1, "created", "fixture", "gen 1"), (2, "publish", "operator", "gen 2"),
+        (3, "rollback", "operator", "rollback gen 3")]
+    assert annotations[2]["detail"] == "Rollback by operator: generation 3 restores generation 1"
+
+
+def test_a_canarys_start_and_end_appear_as_annotations_and_its_promotion_once(operator, pool, worker_factory):
+    policy_services.desired_push(pool=pool)
+    for index in range(2):
+        worker_factory(POOL, index).reconcile()
+    canary = {"strategy": "canary", "canary_instances": 1, "bake_s": 600, "max_burn": 1.0}
+    for generation, end in ((2, "abort"), (3, "promote")):
+        operator.post(f"{BASE}/revisions/", {"parent_generation": generation - 1, "spec": {}}, format="json")
+        assert operator.post(f"{BASE}/revisions/{generation}/publish/", canary, format="json").status_code == 201
+        assert operator.post(f"{BASE}/rollout/{end}/").status_code == 200
+    annotations = operator.get(f"{BASE}/metrics/?window=5m").json()["annotations"]
+    assert [(a["generation"], a["kind"], a["label"]) for a in annotations] == [
+        (1, "created", "gen 1"), (2, "canary", "canary gen 2"), (2, "aborted", "aborted gen 2"),
+        (3, "canary", "canary gen 3"), (3, "promoted", "promoted gen 3")]
+    assert annotations[1]["detail"] == ("Canary of generation 2 started by operator on ranking-a.0 "
+                                        "(bake 600 s, max burn 1.0)")
+    assert annotations[2]["detail"] == "Canary of generation 2 aborted by operator"
 
 
 @pytest.mark.parametrize("window", ["2h", "5M", "1h;drop", "24"])

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import random
 
-from relay_engine.core.telemetry import LATENCY_BUCKETS_MS, LatencyHistogram, Snapshot, quantile_from_counts
+from relay_engine.core import trigger
+from relay_engine.core.telemetry import (
+    LATENCY_BUCKETS_MS,
+    NOT_REFUSALS,
+    REFUSAL_LABELS,
+    REFUSAL_REASONS,
+    LatencyHistogram,
+    Snapshot,
+    quantile_from_counts,
+)
 
 
 def test_buckets_are_log_spaced_and_increasing():
@@ -45,3 +54,10 @@ def test_snapshot_round_trips():
 
 def test_empty_histogram_has_no_quantile():
     assert LatencyHistogram().quantile(0.99) is None
+
+
+def test_every_reason_the_trigger_refuses_for_is_counted_and_named():
+    given = {trigger.NOT_AT_RISK, trigger.ALREADY_CACHED, trigger.INFLIGHT_LIMIT, trigger.TOKEN_RATE_LIMIT,
+             trigger.CACHE_BUDGET, trigger.DISABLED}
+    assert set(REFUSAL_REASONS) == given == set(REFUSAL_LABELS)
+    assert {trigger.ALREADY_CACHED} == NOT_REFUSALS  # the prefix is resident: nothing to pre-infer

@@ -15,7 +15,7 @@ import re
 import signal
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
@@ -25,7 +25,7 @@ from relay_engine.core.editing_io import write_editing_npz
 from tests.models import random_lowrank
 
 from .conftest import Session, login, watch_csp
-from .stack import LARGE_POOL, LARGE_POOL_SIZE, POOL
+from .stack import LARGE_POOL, LARGE_POOL_SIZE, POOL, POOL_NOTE
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 
@@ -85,6 +85,74 @@ def test_live_view_draws_every_chart_with_data(sre, screenshot):
     assert rows.count() == 2
     assert sre.locator("#connection").get_attribute("data-state") == "live"
     screenshot(sre, "02-live-view")
+
+
+def test_the_live_view_says_why_the_times_are_what_they_are_beside_the_slo(sre):
+    sre.goto(LIVE)
+    head = sre.locator(".page-head")
+    note = head.locator('[data-role="pool-description"]')
+    assert note.inner_text() == POOL_NOTE and note.is_visible()
+    assert "muted" not in (note.get_attribute("class") or "")  # plain text, not a footnote
+    assert "50" in head.locator('[data-role="slo"]').inner_text()
+
+
+def drawn_range(page, chart: str) -> dict:
+    """The chart's x range as drawn and its first trace's first point with a value (unix ms)."""
+    return page.evaluate("""(name) => {
+        const plot = document.querySelector(`[data-chart="${name}"] .plot`);
+        const [from, to] = plot._fullLayout.xaxis.range.map((v) => new Date(v).getTime());
+        const {x, y, mode} = plot.data[0];
+        const i = y.findIndex((v) => v !== null);
+        return {from, to, first: i < 0 ? null : new Date(x[i]).getTime(), mode};
+    }""", chart)
+
+
+def test_a_young_pools_first_chart_starts_at_its_first_data_not_the_windows_start(sre, stack):
+    """The pool is minutes old and the default window an hour: its minutes fill the chart, not its right edge."""
+    sre.goto(LIVE)  # the default window, 1 h
+    sre.locator('[data-chart="latency"][data-has-data="true"]').wait_for()
+    _, answer = stack.api("GET", f"/api/v1/pools/{POOL}/metrics/?window=1h&top=0")
+    first_data = next(t for t, n in zip(answer["timestamps"], answer["fleet"]["instances"], strict=True) if n)
+    first_mark = min(a["ts"] for a in answer["annotations"])  # the pool's creation, before any data
+    drawn = drawn_range(sre, "latency")
+    assert drawn["from"] > answer["start"] * 1000 + 60_000, "the chart starts at the window's start"
+    assert drawn["from"] <= min(first_data, first_mark) * 1000 + 1
+    assert drawn["first"] is not None and drawn["from"] <= drawn["first"] <= drawn["to"]
+
+
+def overlapping(a: dict, b: dict) -> bool:
+    return a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"] and \
+        a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"]
+
+
+def test_on_24_hours_a_lone_p99_point_shows_and_the_date_ticks_clear_the_legend(sre, screenshot):
+    sre.goto(f"{LIVE}?window=24h")
+    # The 60 s tier (what 24 h reads) gets an instance's counts once a minute.
+    sre.locator('[data-chart="latency"][data-has-data="true"]').wait_for(timeout=150_000)
+    assert "markers" in drawn_range(sre, "latency")["mode"]  # a few 4-minute points: no line to see
+    assert sre.locator('[data-chart="latency"] .scatterlayer .trace').first.locator(".points path").count() >= 1
+    for chart in TIME_CHARTS:
+        ticks = [box for t in sre.locator(f'[data-chart="{chart}"] .xtick text').all() if (box := t.bounding_box())]
+        legend = sre.locator(f'[data-chart="{chart}"] .legend').bounding_box()
+        assert ticks and legend, chart
+        assert not any(overlapping(tick, legend) for tick in ticks), chart
+    screenshot(sre, "02b-live-view-24h")
+
+
+def test_failures_show_deadline_misses_apart_and_cached_prefixes_are_no_refusal(sre):
+    sre.goto(LIVE)
+    sre.locator('[data-chart="preinfer"][data-has-data="true"]').wait_for()
+    names = lambda chart: sre.evaluate(  # noqa: E731
+        f"document.querySelector('[data-chart=\"{chart}\"] .plot').data.map((t) => t.name)")
+    assert names("throughput") == ["ranking requests/s", "within SLO/s", "past their deadline/s (failed fast)",
+                                   "other errors/s"]
+    # Repeat users send pre-infer signals for prefixes already cached: shown apart, named as the server does.
+    sre.wait_for_function("""() => document.querySelector('[data-chart="preinfer"] .plot').data
+        .some((t) => t.name === "already cached")""")
+    refused = [name for name in names("preinfer") if name.startswith("refused: ")]
+    assert refused and "refused: already cached" not in refused and "refused: not at risk" in refused
+    assert re.fullmatch(r"[\d,]+ already cached \(no refusal\)",
+                        sre.locator('[data-role="preinfer-cached"]').inner_text())
 
 
 def test_time_range_picker_redraws_for_the_chosen_window(sre):
@@ -228,6 +296,73 @@ def test_preview_shows_live_and_proposed_side_by_side_then_publishes_that_revisi
     sre.locator(".ok-box", has_text=f"Published generation {previewed}").wait_for()
     assert pool_state(stack)["desired_generation"] == previewed
     publish_via_api(stack, at_risk_seq_len=int(before))  # the later tests expect the threshold as it was
+
+
+def test_previewing_the_same_change_again_reuses_its_what_if_revision(sre, stack, screenshot):
+    """Each Preview click made a revision; the history filled with what-ifs nobody published."""
+    wait_for_captured_traffic(stack)
+
+    def preview() -> None:
+        sre.goto(CONFIG)  # a new page each time: only the server remembers the first preview
+        field(sre, "trigger.at_risk_seq_len").fill("1536")
+        sre.locator('[data-role="diff"] tr[data-change="trigger.at_risk_seq_len"]').wait_for()
+        sre.select_option('[data-role="preview-window"]', "1m")
+        sre.click('[data-role="preview"]')
+        sre.locator('[data-role="preview-table"]').wait_for(timeout=120_000)
+
+    before = pool_state(stack)["latest_generation"]
+    preview()
+    made = pool_state(stack)["latest_generation"]
+    assert made == before + 1
+    preview()
+    assert pool_state(stack)["latest_generation"] == made
+    row = sre.locator(f'[data-role="history"] tr[data-generation="{made}"]')
+    row.locator('[data-role="past"]').wait_for()
+    assert row.locator('[data-role="past"]').inner_text() == "what-if, never published"
+    assert row.locator('[data-role="rollback"]').count() == 0
+    assert sre.locator('[data-role="publish"]').inner_text() == f"Publish generation {made}"
+    screenshot(sre, "09c-config-preview-reused")
+
+
+SMALL_MODEL = {"num_layers": 2, "num_heads": 2, "head_dim": 16}
+
+
+def test_an_edit_for_another_model_fails_the_check_naming_both_models(sre):
+    """The instances would NACK it; the editor knows the model they serve from their status."""
+    other = {"fingerprint": {**SMALL_MODEL, "num_layers": 4},
+             "edits": [{"layer": 3, "head": 1, "direction": [0.25] * 16, "alpha": 0.5}]}
+    sre.goto(CONFIG)
+    sre.set_input_files('[data-role="editing-file"]', files=[
+        {"name": "other.json", "mimeType": "application/json", "buffer": json.dumps(other).encode()}])
+    error = sre.locator('[data-error-for="editing"]', has_text="live instances serve 2 layers × 2 heads × head_dim 16")
+    error.wait_for()
+    assert "targets 4 layers × 2 heads × head_dim 16" in error.inner_text()
+    assert sre.locator('[data-role="publish"]').is_disabled()
+    sre.click('[data-role="reset"]')
+    sre.locator('[data-role="diff-status"]', has_text="No changes").wait_for()
+
+
+def test_the_edit_in_force_is_removed_with_one_button(sre, stack, screenshot):
+    pool = pool_state(stack)
+    _, live = stack.api("GET", f"/api/v1/pools/{POOL}/revisions/{pool['desired_generation']}/")
+    editing = {"fingerprint": SMALL_MODEL, "edits": [{"layer": 0, "head": 1, "direction": [0.25] * 16, "alpha": 0.5}]}
+    status, edited = stack.api("POST", f"/api/v1/pools/{POOL}/revisions/", {
+        "parent_generation": pool["latest_generation"], "spec": {**live["spec"], "editing": editing}})
+    assert status == 201, edited
+    assert stack.api("POST", f"/api/v1/pools/{POOL}/revisions/{edited['generation']}/publish/")[0] == 200
+    sre.goto(CONFIG)
+    sre.locator('[data-role="editing-biases"]').wait_for()
+    sre.click('[data-role="editing-remove"]')
+    sre.locator('[data-role="diff"] tr[data-change^="editing"]').first.wait_for()
+    assert "No model edits" in sre.locator('[data-role="editing"]').inner_text()
+    assert sre.locator('[data-role="editing-remove"]').is_hidden()
+    screenshot(sre, "10a-config-edit-removed")
+    expected = edited["generation"] + 1
+    sre.click('[data-role="publish"]')
+    sre.locator(".ok-box", has_text=f"Published generation {expected}").wait_for()
+    sre.locator(f'[data-role="convergence"][data-generation="{expected}"][data-converged="true"]').wait_for(
+        timeout=CONVERGE_TIMEOUT_MS)
+    assert stack.api("GET", f"/api/v1/pools/{POOL}/revisions/{expected}/")[1]["spec"]["editing"] is None
 
 
 def test_the_editing_section_can_be_replaced_from_a_json_file(sre, screenshot):
@@ -507,6 +642,88 @@ def test_a_canary_started_from_the_editor_is_marked_on_the_fleet_and_aborted_by_
     assert wait_all_on(stack, stable) == [stable, stable]
 
 
+def test_history_offers_rollback_only_to_generations_that_once_ran_on_the_whole_pool(sre, stack, screenshot):
+    _, page = stack.api("GET", f"/api/v1/pools/{POOL}/revisions/?limit=25")  # the rows the history shows
+    rows = {r["generation"]: r for r in page["results"]}
+    live = pool_state(stack)["desired_generation"]
+    never = [g for g, r in rows.items() if not r["was_desired"]]
+    once = [g for g, r in rows.items() if r["was_desired"] and g != live]
+    rolled_back = [g for g, r in rows.items() if r["rollout_state"] == "rolled_back"]
+    assert rolled_back and once and any(rows[g]["rollout_state"] is None for g in never)
+    sre.goto(CONFIG)
+    history = sre.locator('[data-role="history"]')
+    history.locator(f'tr[data-generation="{min(rows)}"]').wait_for()
+    for generation in never:
+        row = history.locator(f'tr[data-generation="{generation}"]')
+        assert row.locator('[data-role="rollback"]').count() == 0, generation
+        assert row.get_attribute("data-past") == ("canary" if rows[generation]["rollout_state"] else "what-if")
+    assert history.locator(f'tr[data-generation="{rolled_back[0]}"] [data-role="past"]').inner_text() == \
+        "canary, rolled back: never live on the whole pool"
+    for generation in once:
+        assert history.locator(f'tr[data-generation="{generation}"] [data-role="rollback"]').count() == 1, generation
+    screenshot(sre, "16b-config-history")
+
+
+def test_a_decided_rollout_gives_way_to_one_line_after_ten_minutes(browser, stack, screenshot):
+    rollout = stack.api("GET", ROLLOUT)[1]
+    assert (rollout["state"], rollout["decided_by"]) == ("aborted", "sre")  # the canary aborted by hand above
+    later = Session(browser, stack, "sre")
+    try:
+        page = later.page
+        page.goto(LIVE)
+        card = page.locator(f'{CANARY_CARD}[data-state="aborted"]')
+        card.wait_for()
+        assert card.locator('[data-role="reason"]').inner_text() == "aborted by sre"  # once, not twice
+        p99 = page.evaluate("""() => {
+            const plot = document.querySelector('[data-chart="rollout_p99"] .plot');
+            return {lines: plot.layout.shapes.map((s) => s.y0), dtick: plot.layout.yaxis.dtick};
+        }""")
+        assert p99["lines"] == [pool_state(stack)["slo"]["ranking_p99_slo_ms"]] and p99["dtick"] >= 1
+        screenshot(page, "16c-canary-aborted")
+        page.clock.set_fixed_time(datetime.fromisoformat(rollout["decided_at"]) + timedelta(minutes=11))
+        note = page.locator('[data-role="rollout-note"]')
+        note.wait_for()
+        assert page.locator(CANARY_CARD).is_hidden()
+        assert note.inner_text().startswith(f"Last canary: generation {rollout['generation']} aborted by sre, 11 min")
+        assert note.locator("a", has_text="audit log").get_attribute("href") == f"/audit/?pool={POOL}"
+        assert later.page_errors == []
+    finally:
+        later.close()
+
+
+def test_the_marks_labels_neither_overlap_nor_leave_their_chart_at_1400_px(operator_session, screenshot):
+    """An hour of this session's publishes, rollbacks and canaries on every time chart."""
+    page = operator_session.new_page()
+    page.set_viewport_size({"width": 1400, "height": 900})
+    try:
+        page.goto(f"{LIVE}?window=1h")
+        for chart in TIME_CHARTS:
+            page.locator(f'[data-chart="{chart}"][data-has-data="true"] .main-svg').first.wait_for()
+        hover = "\n".join(page.evaluate("""() => document.querySelector('[data-chart="latency"] .plot').layout
+            .annotations.map((a) => a.hovertext || "")"""))
+        for said in ("Pool created", "Canary of generation", "rolled back by rollout-evaluator",
+                     "promoted by rollout-evaluator", "aborted by sre", "Rollback by sre"):
+            assert said in hover, said
+        # Measured in one go: the charts redraw every second.
+        boxes = page.evaluate("""(charts) => Object.fromEntries(charts.map((name) => {
+            const chart = document.querySelector(`[data-chart="${name}"]`);
+            const labels = [...chart.querySelectorAll("g.annotation")]
+                .filter((a) => !a.textContent.startsWith("SLO")).map((a) => a.getBoundingClientRect().toJSON());
+            return [name, {box: chart.getBoundingClientRect().toJSON(), labels}];
+        }))""", list(TIME_CHARTS))
+        for chart, drawn in boxes.items():
+            box, labels = drawn["box"], drawn["labels"]
+            assert len(labels) >= 3, chart
+            for i, label in enumerate(labels):
+                assert box["x"] - 0.5 <= label["x"] and label["x"] + label["width"] <= box["x"] + box["width"] + 0.5, chart
+                assert box["y"] - 0.5 <= label["y"] and label["y"] + label["height"] <= box["y"] + box["height"] + 0.5, chart
+                assert not any(overlapping(label, other) for other in labels[i + 1:]), (chart, label)
+        screenshot(page, "16d-live-view-marks-1400px")
+        assert operator_session.page_errors == []
+    finally:
+        page.close()
+
+
 @pytest.fixture(scope="module")
 def large_pool(stack):
     """The load fleet's pool: 32 stand-in instances; every 8th (0, 8, …) ranks 4x slower, every 8th
@@ -590,14 +807,15 @@ def test_the_fleet_page_of_a_large_pool_counts_every_instance(sre, large_pool, s
 
 
 def test_a_heartbeat_that_is_no_time_shows_on_its_row_and_the_rest_of_the_fleet_page_answers(sre, stack):
-    """Redis is untrusted: a members score of -inf (planted) is that instance's problem, on its row only."""
+    """Redis is untrusted: a members score that is no time (planted: +inf, which the workers' pruning of
+    hour-old members leaves, unlike -inf) is that instance's problem, on its row only."""
     keys = stack.worker_settings.keys
-    stack.redis.zadd(keys.members, {f"{POOL}.7": float("-inf")})
+    stack.redis.zadd(keys.members, {f"{POOL}.7": float("inf")})
     try:
         sre.goto(FLEET)
         odd = sre.locator(f'[data-role="instances"] tr[data-instance="{POOL}.7"][data-live="false"]')
         odd.wait_for()
-        assert "unreadable heartbeat in Redis" in odd.inner_text() and "-inf" in odd.inner_text()
+        assert "unreadable heartbeat in Redis" in odd.inner_text() and "inf" in odd.inner_text()
         assert sre.locator('[data-role="instances"] tr[data-instance][data-live="true"]').count() == 2
         sre.goto(f"/pools/{POOL}/instances/{POOL}.0/")
         sre.locator('[data-figure="live"]', has_text="live").wait_for()
@@ -620,9 +838,6 @@ TOUR = {
     "/api/auth/login/": "form input[name=password]",
 }
 CHARTS = ("/", LIVE, f"/pools/{POOL}/instances/{POOL}.0/")
-# ReDoc's sidebar always shows Redocly's logo from their CDN (no option turns it off): the policy blocks
-# that one outside request, and it is the only violation any page may report.
-REDOC_LOGO_BLOCKED = "img-src blocked https://cdn.redoc.ly/redoc/logo-mini.svg"
 
 
 def test_every_page_has_a_content_security_policy_and_breaks_none_of_it(browser, stack):
@@ -646,16 +861,44 @@ def test_every_page_has_a_content_security_policy_and_breaks_none_of_it(browser,
             if path in CHARTS:  # plotly.js's own rules (its modebar, hover labels) are in force
                 assert page.evaluate("document.getElementById('plotly.js-style-global').sheet.cssRules.length") > 0
             page.evaluate("0")  # a round trip: every violation reported so far has arrived
-            if path == "/api/redoc/":
-                events = [v for v in session.csp_violations if not v.startswith("console:")]
-                assert [v.split(": ", 1)[1].split(" at ")[0] for v in events] == [REDOC_LOGO_BLOCKED], events
-                assert all("cdn.redoc.ly" in v for v in session.csp_violations), session.csp_violations
-            else:
-                assert session.csp_violations == [], path
+            assert session.csp_violations == [], path  # ReDoc's too: it is served without Redocly's logo
         assert session.page_errors == []
     finally:
         anonymous.close()
         session.close()
+
+
+# Every page, and what shows once its script has drawn it.
+EVERY_PAGE = {
+    "/": '.pool-card [data-chart="p99"][data-has-data="true"]',
+    LIVE: '[data-chart="latency"][data-has-data="true"]',
+    f"/pools/{POOL}/instances/{POOL}.0/": '#instance [data-chart="latency"][data-has-data="true"]',
+    CONFIG: '[data-role="history"] tr[data-generation]',
+    FLEET: '[data-role="instances"] tbody tr[data-instance]',
+    "/audit/": "table.audit tbody tr",
+    f"/api/v1/pools/{POOL}/": ".response-info",  # the browsable API
+    "/api/docs/": ".swagger-ui .info .title",
+    "/api/redoc/": 'redoc h1:has-text("RelayGR control plane API")',
+}
+
+
+def test_a_tour_of_every_page_has_no_console_error_and_asks_no_other_host(browser, stack):
+    """The API docs too: ReDoc fetched Google Fonts, which fails on a network with no internet."""
+    visitor = Session(browser, stack, "sre")
+    errors: list[str] = []
+    visitor.page.on("console", lambda message: errors.append(f"{visitor.page.url}: {message.text}")
+                    if message.type == "error" else None)
+    try:
+        page = visitor.page
+        nav = [page.locator("nav.mainnav a", has_text=text).get_attribute("href") for text in ("API docs", "API reference")]
+        assert nav == ["/api/docs/", "/api/redoc/"]
+        for path, drawn in EVERY_PAGE.items():
+            page.goto(path)
+            page.locator(drawn).first.wait_for()
+        outside = [url for url in visitor.requested if not url.startswith((stack.base_url, "data:", "blob:", "about:"))]
+        assert outside == [] and errors == [] and visitor.page_errors == []
+    finally:
+        visitor.close()
 
 
 def test_the_pages_loaded_nothing_from_outside(operator_session, stack):

@@ -4,6 +4,7 @@ the editor's dry-run check, its NumPy upload of editing directions and the audit
 from __future__ import annotations
 
 import gzip
+import html
 import importlib.resources
 import io
 import json
@@ -18,10 +19,13 @@ from django.test import Client
 
 from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
+from controlplane.common.redis import get_redis
 from controlplane.policies import services as policy_services
 from relay_engine.core.config import ModelFingerprint, parse_policy, validate_policy
 from relay_engine.core.editing_io import editing_json, write_editing_npz
+from relay_engine.core.telemetry import REFUSAL_REASONS
 from relay_engine.lab.editing.directions import build_editing
+from tests.controlplane.fleet_helpers import FakeWorker
 from tests.models import random_lowrank
 
 POOL = "ranking-a"
@@ -76,7 +80,7 @@ def test_logout_needs_a_post(operator):
     assert operator.get("/").status_code == 302
 
 
-@pytest.mark.parametrize("path", PAGES)
+@pytest.mark.parametrize("path", [*PAGES, "/api/docs/", "/api/redoc/"])
 def test_pages_reference_nothing_outside_the_server(pool, operator, path):
     html = operator.get(path).content.decode()
     external = re.findall(r"""(?:src|href|action)\s*=\s*["']((?:https?:)?//[^"']+)""", html)
@@ -109,6 +113,35 @@ def test_plotly_is_served_from_the_installed_package_with_long_caching(pool, ope
     zipped = Client().get("/vendor/plotly.min.js", HTTP_ACCEPT_ENCODING="gzip, br")
     assert zipped["Content-Encoding"] == "gzip" and gzip.decompress(zipped.content) == bundle
     assert Client().get("/vendor/plotly.min.js", HTTP_IF_NONE_MATCH=plain["ETag"]).status_code == 304
+
+
+def test_redoc_is_served_from_this_server_without_the_logo_it_would_fetch_from_outside(pool, operator):
+    page = operator.get("/api/redoc/").content.decode()
+    url = re.search(r'<script src="([^"]+)"', page).group(1)
+    assert url == "/vendor/redoc.standalone.js"
+    served = operator.get(url)
+    bundle = (importlib.resources.files("drf_spectacular_sidecar") / "static" / "drf_spectacular_sidecar" / "redoc"
+              / "bundles" / "redoc.standalone.js").read_bytes()
+    assert b"cdn.redoc.ly" in bundle and b"cdn.redoc.ly" not in served.content
+    assert len(served.content) > 0.99 * len(bundle)  # the rest of ReDoc as the package ships it
+    assert operator.get(url, HTTP_IF_NONE_MATCH=served["ETag"]).status_code == 304
+
+
+def _reason_names_in(text: str) -> list[str]:
+    """The reasons a script spells: as a name (``not_at_risk``), or quoted where the name is also an
+    ordinary word (``"disabled"``, not ``button.disabled``)."""
+    return [reason for reason in REFUSAL_REASONS
+            if re.search(rf"\b{reason}\b" if "_" in reason else rf"[\"'`]{reason}[\"'`]", text)]
+
+
+def test_the_scripts_spell_no_refusal_reason_the_page_gets_them_from_the_server(pool, operator):
+    static = importlib.resources.files("frontend") / "static" / "frontend"
+    assert {f.name: _reason_names_in(f.read_text()) for f in static.iterdir() if f.name.endswith(".js")} == \
+        {f.name: [] for f in static.iterdir() if f.name.endswith(".js")}
+    page = operator.get(f"/pools/{POOL}/").content.decode()
+    reasons = json.loads(html.unescape(re.search(r'data-refusal-reasons="([^"]*)"', page).group(1)))
+    assert [r["reason"] for r in reasons] == list(REFUSAL_REASONS)
+    assert [r["reason"] for r in reasons if not r["refusal"]] == ["already_cached"]
 
 
 def test_overview_without_pools_explains_how_to_start(db):
@@ -157,6 +190,30 @@ def test_the_check_diffs_a_valid_spec_against_the_live_revision(pool, operator):
     body = _check(operator, {"trigger": {"at_risk_seq_len": 256}}).json()
     assert body["valid"] is True and body["against"] == 1
     assert body["changes"] == [{"path": "trigger.at_risk_seq_len", "op": "changed", "before": 512, "after": 256}]
+
+
+def test_the_check_names_the_sha256_of_the_revision_a_valid_spec_would_be(pool, operator):
+    spec = {"trigger": {"at_risk_seq_len": 256}}
+    assert _check(operator, spec).json()["sha256"] == parse_policy(spec).sha256()
+    assert _check(operator, {"trigger": {"at_risk_seq_len": -1}}).json()["sha256"] is None
+
+
+def test_the_check_refuses_an_edit_for_another_model_than_the_pools_instances_serve(
+        pool, operator, settings, redis_url, key_prefix):
+    """The instances would NACK it; the editor says so before anything is published, naming both models."""
+    settings.REDIS_URL = redis_url
+    worker = FakeWorker(get_redis(), POOL, 0, prefix=key_prefix)
+    worker.status.model_num_layers, worker.status.model_num_heads, worker.status.model_head_dim = 2, 2, 16
+    worker.heartbeat()
+    edit = {"layer": 0, "head": 1, "alpha": 0.5}
+    other = {"fingerprint": {"num_layers": 4, "num_heads": 4, "head_dim": 8}, "edits": [{**edit, "direction": [0.1] * 8}]}
+    body = _check(operator, {"editing": other}).json()
+    assert body["valid"] is False and body["sha256"] is None
+    assert body["errors"] == {"editing.fingerprint": [
+        "targets 4 layers × 4 heads × head_dim 8, but this pool's live instances serve 2 layers × 2 heads × "
+        "head_dim 16 (ranking-a.0): they would refuse it (NACK). Fit the edit on the pool's model."]}
+    served = {"fingerprint": {"num_layers": 2, "num_heads": 2, "head_dim": 16}, "edits": [{**edit, "direction": [0.1] * 16}]}
+    assert _check(operator, {"editing": served}).json()["valid"] is True
 
 
 def test_the_check_needs_a_session_and_a_json_body(pool, operator):

@@ -98,6 +98,8 @@ RULES: dict[str, dict[str, Rule]] = {
     # No file: the allowed callers get the validation error, the others never reach validation.
     "ui/pools/<poolname:pool>/editing-upload/": {"post": Rule(ANY_ROLE, 400, kind=JSON)},
     "vendor/plotly.min.js": {"get": Rule(PUBLIC, 200, kind=PAGE)},
+    "vendor/redoc.standalone.js": {"get": Rule(PUBLIC, 200, kind=PAGE)},
+    "favicon.ico": {"get": Rule(PUBLIC, 204, kind=PAGE)},
 }
 
 

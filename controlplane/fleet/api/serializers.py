@@ -27,6 +27,10 @@ class InstanceStatusSerializer(serializers.Serializer):
     started_at = serializers.FloatField(allow_null=True)
     capture_off = serializers.CharField(allow_blank=True, help_text="why this instance records no traffic "
                                         "(empty while it captures)")
+    model_num_layers = serializers.IntegerField(help_text="the model it serves, which an edit must target "
+                                                "(0: not said)")
+    model_num_heads = serializers.IntegerField()
+    model_head_dim = serializers.IntegerField()
 
 
 class StateCountsSerializer(serializers.Serializer):

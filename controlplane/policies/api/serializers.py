@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from controlplane.common.fields import StrictCharField, StrictIntegerField, StrictSerializer
 from controlplane.common.urls import POOL_NAME_PATTERN
+from controlplane.rollouts.models import Rollout
 
 from ..models import DEVICE_KINDS, MAX_EXPECTED_INSTANCES, AuditEntry, ConfigRevision, Pool
 
@@ -51,11 +52,18 @@ class PoolSerializer(serializers.ModelSerializer):
 class RevisionSerializer(serializers.ModelSerializer):
     pool = serializers.CharField(source="pool.name")
     spec = SpecField()
+    was_desired = serializers.BooleanField(help_text=(
+        "Whether this generation was once the whole pool's desired generation (the first one, or published: "
+        "a promotion and a rollback publish too). Only such a generation is offered for rollback in the editor; "
+        "one that never was is a what-if (made for a preview) or a canary that did not get promoted."))
+    rollout_state = serializers.ChoiceField(
+        choices=Rollout.State.values, allow_null=True,
+        help_text="The state of this generation's latest canary rollout; null when it was never canaried.")
 
     class Meta:
         model = ConfigRevision
         fields = ["pool", "generation", "parent_generation", "sha256", "spec", "author", "comment",
-                  "restored_from", "created_at"]
+                  "restored_from", "created_at", "was_desired", "rollout_state"]
 
 
 class RevisionCreateInputSerializer(StrictSerializer):

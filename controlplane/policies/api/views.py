@@ -83,6 +83,7 @@ class RevisionListView(GenericAPIView):
         data = RevisionCreateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         revision = services.revision_create(pool=pool_obj, author=actor_name(request), **data.validated_data)
+        revision = selectors.revision_get(pool=pool_obj, generation=revision.generation)  # with its past
         return Response(RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)
 
 

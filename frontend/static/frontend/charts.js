@@ -1,18 +1,27 @@
-/* Figures from the metrics endpoint (GET /api/v1/pools/<pool>/metrics/?window=): time axis, publish
-   annotations on every time chart, the SLO line, loading/empty/error overlays, and the SLO summary
-   the overview and the live view both show. */
+/* Figures from the metrics endpoint (GET /api/v1/pools/<pool>/metrics/?window=): time axis, the
+   marks of the pool's history on every time chart (its creation, publishes, rollbacks, each canary's
+   start and end), the SLO line, loading/empty/error overlays, and the SLO summary the overview and
+   the live view both show. */
 "use strict";
 
 const Charts = (() => {
   const COLORS = ["#2563eb", "#d97706", "#059669", "#7c3aed", "#db2777", "#0891b2", "#65a30d", "#dc2626"];
   const SLO_COLOR = "#dc2626";
+  const FONT_FAMILY = "system-ui, -apple-system, Segoe UI, Roboto, sans-serif";
   const PLOT_CONFIG = {
     displaylogo: false, responsive: true,
     modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines"],
   };
+  // A series with this few points also gets markers: one point alone is no line at all.
+  const FEW_POINTS = 30;
 
   const color = (i) => COLORS[i % COLORS.length];
-  const line = (x, y, name, extra = {}) => ({ type: "scatter", mode: "lines", x, y, name, connectgaps: false, ...extra });
+  const present = (v) => v !== null && v !== undefined;
+  function line(x, y, name, extra = {}) {
+    const few = (y || []).filter(present).length <= FEW_POINTS;
+    return { type: "scatter", mode: few ? "lines+markers" : "lines", marker: { size: 4 }, x, y, name,
+             connectgaps: false, ...extra };
+  }
 
   /* Cache lookups as stacked shares: HBM hit, DRAM hit, joined a reload, miss (s: the pool's series
      or one instance's). */
@@ -28,25 +37,99 @@ const Charts = (() => {
   const times = (m) => m.timestamps.map((t) => new Date(t * 1000));
   const scale = (values, factor) => values.map((v) => (v === null ? null : v * factor));
 
-  /* Every publish (and rollback, which publishes) in the window: a dashed vertical line and a label. */
-  function publishMarks(m) {
-    const shapes = [];
-    const labels = [];
-    for (const a of m.annotations || []) {
-      const x = new Date(a.ts * 1000);
-      const rollback = a.kind === "rollback";
-      shapes.push({
-        type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1,
-        line: { color: rollback ? "#b45309" : "#475569", width: 1.5, dash: "dash" },
-      });
-      labels.push({
-        x, xref: "x", y: 1, yref: "paper", yanchor: "bottom", showarrow: false,
-        text: `${rollback ? "rollback " : ""}gen ${a.generation}`,
-        hovertext: `${rollback ? "Rollback" : "Publish"} of generation ${a.generation} by ${a.actor} at ${x.toLocaleTimeString()}`,
-        font: { size: 10, color: rollback ? "#b45309" : "#334155" }, bgcolor: "rgba(255,255,255,0.85)",
-      });
+  /* When the first point of `values` that holds data starts (unix s), or null: a young pool's charts
+     begin there instead of at the window's start (``xRange``). */
+  function dataStart(m, values) {
+    const i = (values || []).findIndex((v) => present(v) && v !== 0);
+    return i < 0 ? null : m.timestamps[i];
+  }
+
+  /* The x range: the window, or from the pool's first data (or an earlier mark in the window) when the
+     pool is younger than the window, so its first minutes fill the chart instead of its right edge. */
+  function xRange(m) {
+    const first = m.data_start;
+    if (!present(first)) return [m.start, m.end];
+    const marks = (m.annotations || []).map((a) => a.ts).filter((t) => t >= m.start && t <= m.end);
+    const from = Math.min(first, ...marks);
+    return [Math.max(m.start, Math.min(from - m.step_s, m.end - 3 * m.step_s)), m.end];
+  }
+
+  // The marks' colours by kind: publishes slate, a rollback amber, a canary violet, its end by outcome.
+  const MARK_STYLE = {
+    created: { color: "#475569", dash: "dash" }, publish: { color: "#475569", dash: "dash" },
+    rollback: { color: "#b45309", dash: "dash" }, canary: { color: "#7c3aed", dash: "dot" },
+    promoted: { color: "#047857", dash: "dot" }, rolled_back: { color: "#b91c1c", dash: "dot" },
+    aborted: { color: "#b91c1c", dash: "dot" },
+  };
+  const LABEL_FONT_PX = 10;
+  const LABEL_PAD_PX = 6; // the label box's border and padding, both sides
+  const LABEL_GAP_PX = 4;
+  const ROW_PX = 15;
+  const MAX_ROWS = 3;
+  const MERGED_WIDEST = "99 changes";
+
+  let measure = null;
+  function textWidth(text) {
+    if (!measure) measure = document.createElement("canvas").getContext("2d");
+    measure.font = `${LABEL_FONT_PX}px ${FONT_FAMILY}`;
+    return measure.measureText(text).width;
+  }
+
+  const escapeText = (text) => String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  function hoverText(marks) {
+    return marks.map((a) => `${escapeText(a.detail || a.label)} (${new Date(a.ts * 1000).toLocaleTimeString()})`).join("<br>");
+  }
+
+  /* The marks' labels on a plot `widthPx` wide showing `range` (ms): each above its line, inside the
+     chart (anchored left or right at the edges), in the lowest of MAX_ROWS rows where it overlaps no
+     other; one with no free row joins the label to its left, which then reads "N changes" (its hover
+     text lists them all). Every label reserves the width of the widest merged text, so a merge never
+     makes it overlap. Returns the annotations and the top margin they need. */
+  function placeLabels(marks, widthPx, range) {
+    const [x0, x1] = range;
+    const rowEnds = Array(MAX_ROWS).fill(-Infinity);
+    const placed = [];
+    for (const mark of marks) {
+      const t = mark.ts * 1000;
+      if (t < x0 || t > x1) continue;
+      const at = ((t - x0) / (x1 - x0)) * widthPx;
+      const width = Math.max(textWidth(mark.label), textWidth(MERGED_WIDEST)) + LABEL_PAD_PX;
+      let anchor = "center";
+      let left = at - width / 2;
+      if (left < 0) { anchor = "left"; left = at; }
+      if (left + width > widthPx) { anchor = "right"; left = at - width; }
+      const row = rowEnds.findIndex((end) => end + LABEL_GAP_PX <= left);
+      if (row >= 0) {
+        rowEnds[row] = left + width;
+        placed.push({ marks: [mark], row, anchor, x: new Date(t) });
+      } else if (placed.length) {
+        placed[placed.length - 1].marks.push(mark);
+      }
     }
-    return { shapes, labels };
+    const rows = placed.reduce((most, p) => Math.max(most, p.row + 1), 1);
+    const annotations = placed.map((p) => {
+      const [first] = p.marks;
+      const style = MARK_STYLE[first.kind] || MARK_STYLE.publish;
+      return {
+        x: p.x, xref: "x", y: 1, yref: "paper", yanchor: "bottom", xanchor: p.anchor, yshift: p.row * ROW_PX,
+        showarrow: false, text: p.marks.length > 1 ? `${p.marks.length} changes` : first.label,
+        hovertext: hoverText(p.marks),
+        font: { size: LABEL_FONT_PX, color: p.marks.length > 1 ? "#334155" : style.color },
+        bgcolor: "rgba(255,255,255,0.9)", borderpad: 1,
+      };
+    });
+    return { annotations, marginTop: 8 + rows * ROW_PX };
+  }
+
+  /* Every mark in the window: a vertical line in its kind's style (its label comes from placeLabels,
+     once the plot's width is known). */
+  function markLines(m) {
+    return (m.annotations || []).map((a) => {
+      const style = MARK_STYLE[a.kind] || MARK_STYLE.publish;
+      const x = new Date(a.ts * 1000);
+      return { type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1,
+               line: { color: style.color, width: 1.5, dash: style.dash } };
+    });
   }
 
   function sloLine(m) {
@@ -59,25 +142,34 @@ const Charts = (() => {
     };
   }
 
+  // Date ticks on one line, never rotated (rotated ones ran into the legend): the format by tick spacing.
+  const TICK_FORMATS = [
+    { dtickrange: [null, 60000], value: "%H:%M:%S" },
+    { dtickrange: [60000, 86400000], value: "%H:%M" },
+    { dtickrange: [86400000, null], value: "%b %d" },
+  ];
+
   function layout(m, { yTitle = "", yTickformat, ySuffix, withSlo = false, barmode, height, legend = true, yRange } = {}) {
-    const marks = publishMarks(m);
     const slo = withSlo ? sloLine(m) : { shapes: [], labels: [] };
+    const [from, to] = xRange(m);
     return {
       height,
-      margin: { l: 56, r: 12, t: 22, b: 36 },
-      font: { family: "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size: 11, color: "#1e293b" },
+      margin: { l: 56, r: 12, t: 8 + ROW_PX, b: 36 },
+      font: { family: FONT_FAMILY, size: 11, color: "#1e293b" },
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "#ffffff",
-      xaxis: { type: "date", range: [new Date(m.start * 1000), new Date(m.end * 1000)], gridcolor: "#eef2f7",
-               linecolor: "#cbd5e1" },
+      xaxis: { type: "date", range: [new Date(from * 1000), new Date(to * 1000)], gridcolor: "#eef2f7",
+               linecolor: "#cbd5e1", tickangle: 0, nticks: 7, tickformatstops: TICK_FORMATS, automargin: true },
       yaxis: { title: { text: yTitle, standoff: 6 }, rangemode: "tozero", gridcolor: "#eef2f7", zeroline: false,
                tickformat: yTickformat, ticksuffix: ySuffix, range: yRange, automargin: true },
       showlegend: legend,
-      legend: { orientation: "h", y: -0.2, x: 0, font: { size: 10 } },
+      // Below the tick labels, at the figure's foot: a legend placed on the plot's own scale ran into them.
+      legend: { orientation: "h", x: 0, yref: "container", y: 0, yanchor: "bottom", font: { size: 10 } },
       hovermode: "x unified",
       barmode,
       bargap: 0.05,
-      shapes: [...marks.shapes, ...slo.shapes],
-      annotations: [...marks.labels, ...slo.labels],
+      shapes: [...markLines(m), ...slo.shapes],
+      annotations: slo.labels,
+      meta: { marks: (m.annotations || []).slice().sort((a, b) => a.ts - b.ts) },
       uirevision: `${m.pool}-${m.window}`, // keep zoom and hidden traces across refreshes
     };
   }
@@ -86,7 +178,23 @@ const Charts = (() => {
     return traces.some((t) => (t.y || []).some((v) => v !== null && v !== undefined && v !== 0));
   }
 
-  /* Draws (or updates in place) the figure inside a .chart container and marks whether it shows data. */
+  const marksOf = (figureLayout) => (figureLayout.meta && figureLayout.meta.marks) || [];
+
+  /* The layout with the marks' labels placed for a plot `widthPx` wide showing `range` (ms). */
+  function withLabels(figureLayout, widthPx, range) {
+    const marks = marksOf(figureLayout);
+    if (!marks.length) return figureLayout;
+    const labels = placeLabels(marks, widthPx, range);
+    return { ...figureLayout, annotations: [...(figureLayout.annotations || []), ...labels.annotations],
+             margin: { ...figureLayout.margin, t: Math.max(figureLayout.margin.t, labels.marginTop) } };
+  }
+
+  const rangeMs = (range) => range.map((v) => new Date(v).getTime());
+
+  /* Draws (or updates in place) the figure inside a .chart container and marks whether it shows data.
+     The marks' labels are placed for the plot's width and x range as drawn: when either differs from
+     what they were placed for (the first draw's guess of the width, the user's zoom), they are placed
+     again and the figure drawn once more. */
   function draw(container, traces, figureLayout) {
     let plot = container.querySelector(".plot");
     if (!plot) {
@@ -94,9 +202,23 @@ const Charts = (() => {
       plot.className = "plot";
       container.prepend(plot);
     }
-    Plotly.react(plot, traces, figureLayout, PLOT_CONFIG);
+    const before = plot._fullLayout && plot._fullLayout._size;
+    let widthPx = before ? before.w : container.clientWidth - figureLayout.margin.l - figureLayout.margin.r;
+    let range = figureLayout.xaxis && figureLayout.xaxis.range ? rangeMs(figureLayout.xaxis.range) : null;
+    Plotly.react(plot, traces, range ? withLabels(figureLayout, widthPx, range) : figureLayout, PLOT_CONFIG);
+    const drawn = plot._fullLayout;
+    if (range && marksOf(figureLayout).length && drawn && drawn._size && drawn.xaxis.range) {
+      const drawnRange = rangeMs(drawn.xaxis.range);
+      const off = Math.abs(drawn._size.w - widthPx) > 0.5
+        || drawnRange.some((v, i) => Math.abs(v - range[i]) > 1e-4 * (range[1] - range[0]));
+      if (off) {
+        widthPx = drawn._size.w;
+        range = drawnRange;
+        Plotly.react(plot, traces, withLabels(figureLayout, widthPx, range), PLOT_CONFIG);
+      }
+    }
     container.dataset.hasData = String(hasValues(traces));
-    container.dataset.annotations = String(figureLayout.annotations.filter((a) => /gen \d+/.test(a.text)).length);
+    container.dataset.annotations = String(marksOf(figureLayout).length);
   }
 
   /* Overlay text on a chart: null hides it; kind is "loading", "empty" or "error". */
@@ -186,5 +308,6 @@ const Charts = (() => {
     }
   }
 
-  return { color, line, times, scale, layout, draw, lookups, overlay, summary, lastOf, splice, SeriesWindow, HEALTH_TEXT };
+  return { color, line, times, scale, dataStart, layout, draw, lookups, overlay, summary, lastOf, splice, SeriesWindow,
+           HEALTH_TEXT };
 })();

@@ -1,7 +1,9 @@
 /* Config editor: the live revision in a form; every edit is dry-run checked by the schema (errors by
    field path, diff against the live revision); publish creates a revision on top of the generation
    this page loaded (a stale one is refused by the API with 409, never overwritten) and publishes it;
-   history with one-click rollback; convergence of the fleet after either. */
+   history with one-click rollback to any generation that once ran on the whole pool; convergence of the
+   fleet after either. A preview or a publish of the spec of the latest, unpublished revision (a
+   what-if a preview made) uses that revision instead of creating the same spec again. */
 "use strict";
 
 (() => {
@@ -20,7 +22,7 @@
   let busy = false;
   let stale = false; // a publish was refused as stale: only reloading the latest revision helps
   let convergenceTimer = null;
-  let previewed = null; // the revision created to preview the form's spec: { specText, revision }
+  let latest = null; // the pool's newest revision as the history last read it
   let previewing = false;
   let previewSeq = 0;
 
@@ -127,8 +129,7 @@
     if (!publish) return;
     const dirty = lastCheck.changes.length > 0;
     publish.disabled = busy || stale || !lastCheck.valid || !dirty;
-    const spec = lastCheck.valid && dirty ? candidate() : null;
-    const reused = spec && previewedRevision(spec);
+    const reused = lastCheck.valid && dirty ? whatIfTwin(lastCheck.sha256) : null;
     publish.textContent = `Publish generation ${reused ? reused.generation : state.latest_generation + 1}`;
     part("preview").disabled = busy || previewing || stale || !lastCheck.valid || !dirty;
     part("reset").disabled = busy || (!dirty && editingOverride === undefined);
@@ -164,6 +165,8 @@
 
   function renderEditing(editing) {
     const box = part("editing");
+    const remove = part("editing-remove");
+    if (remove) remove.hidden = !editing;
     if (!editing) {
       box.replaceChildren(el("p", { class: "muted small" },
         "No model edits: the model runs unedited. Edits (a bias on chosen attention heads along a consistency "
@@ -326,7 +329,7 @@
     let revision;
     try {
       const spec = candidate();
-      revision = previewedRevision(spec) || await api(`${base}/revisions/`, { method: "POST", body: {
+      revision = whatIfTwin((await checkNow(spec)).sha256) || await api(`${base}/revisions/`, { method: "POST", body: {
         parent_generation: parent, spec, comment: part("comment").value } });
       await api(`${base}/revisions/${revision.generation}/publish/`, { method: "POST", body: canaryBody() });
     } catch (err) {
@@ -438,22 +441,37 @@
       tbody.replaceChildren(el("tr", {}, el("td", { colspan: 4, class: "field-error" }, `History unavailable: ${err.message}`)));
       return;
     }
+    [latest] = page.results;
+    updateButtons();
     tbody.replaceChildren(...page.results.map((r) => {
       const live = r.generation === state.live.generation;
-      const row = el("tr", { dataset: { generation: String(r.generation) }, class: live ? "live" : "" });
+      const past = live ? null : pastOf(r);
+      const row = el("tr", { dataset: { generation: String(r.generation), past: past ? past.key : "" },
+                             class: live ? "live" : (past ? "never-live" : "") });
       const actions = el("td", { class: "nowrap" },
         el("button", { type: "button", class: "link small", onclick: () => toggleDiff(row, r.generation) }, "diff"));
-      if (state.can_edit && !live) {
+      // Only a generation that once ran on the whole pool is one to go back to.
+      if (state.can_edit && !live && r.was_desired) {
         actions.append(" ", el("button", { type: "button", class: "small", dataset: { role: "rollback" },
           onclick: () => rollback(r.generation) }, `Roll back to ${r.generation}`));
       }
       row.append(
         el("td", {}, String(r.generation), live ? el("span", { class: "badge", dataset: { health: "healthy" } }, "live") : null),
         el("td", { class: "small" }, fmt.time(r.created_at), el("br"), r.author),
-        el("td", { class: "small" }, r.comment || "—", r.restored_from ? el("div", { class: "muted" }, `restores generation ${r.restored_from}`) : null),
+        el("td", { class: "small" }, r.comment || "—", r.restored_from ? el("div", { class: "muted" }, `restores generation ${r.restored_from}`) : null,
+          past ? el("div", { class: "past", dataset: { role: "past" } }, past.text) : null),
         actions);
       return row;
     }));
+  }
+
+  /* A revision that never ran on the whole pool: a canary that was not promoted, or a what-if (made for
+     a preview, never published). null for one that did. */
+  const CANARY_ENDS = { baking: "baking now", promoted: "promoted", rolled_back: "rolled back", aborted: "aborted" };
+  function pastOf(r) {
+    if (r.was_desired) return null;
+    if (r.rollout_state) return { key: "canary", text: `canary, ${CANARY_ENDS[r.rollout_state] || r.rollout_state}: never live on the whole pool` };
+    return { key: "what-if", text: "what-if, never published" };
   }
 
   /* --- what-if preview ---------------------------------------------------------------------------- */
@@ -462,22 +480,33 @@
     part("preview-result")?.replaceChildren(...children);
   }
 
-  /* The revision made for an earlier preview of exactly this spec, while it is still the latest:
-     publishing then publishes it instead of creating the same spec again. */
-  function previewedRevision(spec) {
-    return previewed && previewed.specText === JSON.stringify(spec)
-      && previewed.revision.generation === state.latest_generation ? previewed.revision : null;
+  /* The pool's latest revision when it is an unpublished what-if of exactly the spec whose sha256 this
+     is (an earlier preview made it) and still the latest this page knows: a preview or a publish uses it
+     instead of creating the same spec again. */
+  function whatIfTwin(sha256) {
+    return latest && sha256 && latest.generation === state.latest_generation && latest.generation > state.live.generation
+      && !latest.was_desired && latest.rollout_state === null && latest.sha256 === sha256 ? latest : null;
+  }
+
+  /* The check of `spec` as it is now (the form may have changed since the last one answered). */
+  async function checkNow(spec) {
+    const result = await api(`/ui/pools/${encodeURIComponent(pool)}/check/`, { method: "POST", body: { spec } });
+    if (!result.valid) {
+      renderErrors(result.errors);
+      throw new RelayGR.ApiError("The change does not pass the check: see the fields marked.", 400, result);
+    }
+    return result;
   }
 
   /* The revision the form describes (created, not published) for the API's preview of a generation. */
   async function revisionToPreview() {
     const spec = candidate();
-    const existing = previewedRevision(spec);
+    const existing = whatIfTwin((await checkNow(spec)).sha256);
     if (existing) return existing;
     const revision = await api(`${base}/revisions/`, { method: "POST", body: {
       parent_generation: state.latest_generation, spec, comment: part("comment").value || "what-if preview" } });
     state.latest_generation = revision.generation;
-    previewed = { specText: JSON.stringify(spec), revision };
+    latest = revision;
     return revision;
   }
 
@@ -537,7 +566,10 @@
     const sides = { live: r.live, proposed: r.proposed };
     const slo = r.slo_ms || {};
     const budget = r.hbm_budget_bytes || {};
-    const refused = (f) => Object.entries(f.preinfer_refused || {}).sort().map(([k, v]) => `${k.replaceAll("_", " ")} ${fmt.count(v)}`).join(", ") || "none";
+    // Refusals by reason as the server names them; "already cached" apart: it is no refusal.
+    const refused = (f, refusal) => RelayGR.refusalReasons().filter((reason) => reason.refusal === refusal)
+      .filter((reason) => (f.preinfer_refused || {})[reason.reason])
+      .map((reason) => `${reason.label} ${fmt.count(f.preinfer_refused[reason.reason])}`).join(", ") || "none";
     const rows = [
       { label: "P99", key: "p99_ms", better: "lower", show: (v, side) => `${fmt.ms(v)} (SLO ${fmt.ms(slo[side])})` },
       { label: "P50", key: "p50_ms", better: "lower", show: (v) => fmt.ms(v) },
@@ -546,7 +578,8 @@
       { label: "HBM peak / instance", key: "hbm_peak_bytes", better: "lower", show: (v, side) => `${fmt.bytes(v)} of ${fmt.bytes(budget[side])}` },
       { label: "Hit ratio", key: "hit_ratio", better: "higher", share: true, show: (v) => fmt.pct(v) },
       { label: "Pre-infer admitted", key: "preinfer_admitted", show: (v) => fmt.count(v) },
-      { label: "Pre-infer refused", key: "preinfer_refused", show: (v, side) => refused(sides[side]) },
+      { label: "Pre-infer refused", key: "preinfer_refused", show: (v, side) => refused(sides[side], true) },
+      { label: "Pre-infer not needed", key: "preinfer_not_needed", show: (v, side) => refused(sides[side], false) },
     ];
     const table = el("table", { class: "data preview", dataset: { role: "preview-table" } },
       el("thead", {}, el("tr", {}, el("th", {}, "Figure"), el("th", {}, `Live (gen. ${preview.live_generation})`),
@@ -588,13 +621,20 @@
   if (state.can_edit) {
     if (state.latest_generation > state.live.generation) {
       say(el("p", { class: "notice small" }, `Generation ${state.latest_generation} exists but is not published; `
-        + `this form shows the live generation ${state.live.generation}, and publishing creates generation ${state.latest_generation + 1} from it.`));
+        + `this form shows the live generation ${state.live.generation}. Publishing creates generation ${state.latest_generation + 1}, `
+        + `or publishes generation ${state.latest_generation} itself when the form holds its spec.`));
     }
     root.querySelector('[data-role="form"]').addEventListener("input", (event) => {
       if (event.target.dataset.path) scheduleCheck();
     });
     part("editing-file").addEventListener("change", onEditingFile);
     part("editing-npy-apply").addEventListener("click", onNpyApply);
+    part("editing-remove").addEventListener("click", () => {
+      editingOverride = null;  // the spec without an edit: the model runs unedited
+      part("editing-file").value = "";
+      renderEditing(null);
+      check();
+    });
     part("publish").addEventListener("click", publish);
     part("preview").addEventListener("click", runPreview);
     part("reset").addEventListener("click", () => {

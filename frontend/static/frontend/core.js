@@ -160,6 +160,17 @@ const RelayGR = (() => {
     return node;
   }
 
+  /* The pre-infer refusal reasons as the server names them (relay_engine.core.telemetry, rendered into
+     the page): [{reason, label, refusal}] in the server's order; `refusal` is false for one that is no
+     refusal at all (the prefix is already cached). */
+  function refusalReasons() {
+    try {
+      return JSON.parse(document.body.dataset.refusalReasons || "[]");
+    } catch (err) {
+      return [];
+    }
+  }
+
   /* The window picker: buttons with data-window; the choice goes in the URL (?window=). */
   function windowPicker(onChange) {
     const buttons = document.querySelectorAll(".window-picker button[data-window]");
@@ -182,5 +193,5 @@ const RelayGR = (() => {
     }
   });
 
-  return { api, ApiError, Poller, connection, fmt, el, windowPicker };
+  return { api, ApiError, Poller, connection, fmt, el, windowPicker, refusalReasons };
 })();

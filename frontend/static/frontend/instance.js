@@ -14,6 +14,7 @@
   const { line } = Charts;
 
   function draw(m) {
+    m.data_start = Charts.dataStart(m, m.series.hbm_budget_bytes);
     const x = Charts.times(m);
     const s = m.series;
     Charts.draw(chart("latency"), [

@@ -11,10 +11,9 @@
   const chart = (name) => root.querySelector(`[data-chart="${name}"]`);
   const part = (role) => root.querySelector(`[data-role="${role}"]`);
   const CHARTS = ["latency", "throughput", "hbm", "hits", "preinfer", "instance_p99"];
-  const REFUSAL_COLORS = {
-    not_at_risk: "#94a3b8", already_cached: "#0891b2", inflight_limit: "#d97706",
-    token_rate_limit: "#db2777", cache_budget: "#7c3aed", disabled: "#475569",
-  };
+  const REASONS = RelayGR.refusalReasons();
+  const REFUSAL_COLORS = ["#94a3b8", "#d97706", "#db2777", "#7c3aed", "#475569", "#dc2626"];
+  const CACHED_COLOR = "#0891b2";
   const PAGE_SIZE = 25;
   const controls = part("worst-controls");
   const pool_series = new Charts.SeriesWindow();
@@ -35,13 +34,18 @@
     ], Charts.layout(m, { yTitle: "ms", withSlo: true }));
   }
 
+  /* Failed requests in two kinds: past their deadline (the ranking request waited longer than the
+     deadline its sender gave, and was failed fast) and every other failure. */
   function drawThroughput(m, x) {
     const f = m.fleet;
+    const deadline = f.rank_deadline_exceeded_per_s || [];
+    const other = (f.rank_errors_per_s || []).map((v, i) => (v === null ? null : Math.max(0, v - (deadline[i] || 0))));
     Charts.draw(chart("throughput"), [
       line(x, f.rank_per_s, "ranking requests/s", { line: { color: "#334155", width: 1.5 } }),
       line(x, f.rank_within_slo_per_s, "within SLO/s", { line: { color: "#059669", width: 0 }, fill: "tozeroy",
                                                           fillcolor: "rgba(5,150,105,0.25)" }),
-      line(x, f.rank_errors_per_s, "errors/s", { line: { color: "#dc2626", width: 1 } }),
+      line(x, deadline, "past their deadline/s (failed fast)", { line: { color: "#d97706", width: 1.5 } }),
+      line(x, other, "other errors/s", { line: { color: "#dc2626", width: 1 } }),
     ], Charts.layout(m, { yTitle: "requests/s" }));
   }
 
@@ -59,12 +63,19 @@
     Charts.draw(chart("hbm"), traces, layout);
   }
 
+  /* Admitted, then already cached (no work was needed: no refusal), then each refusal by reason, named
+     as the server names them. */
   function drawPreinfer(m, x) {
     const f = m.fleet;
-    const traces = [{ type: "bar", x, y: f.preinfer_admitted_per_s, name: "admitted", marker: { color: "#16a34a" } }];
-    for (const [reason, values] of Object.entries(f.preinfer_refused_per_s || {})) {
-      traces.push({ type: "bar", x, y: values, name: `refused: ${reason}`, marker: { color: REFUSAL_COLORS[reason] || "#64748b" } });
-    }
+    const refused = f.preinfer_refused_per_s || {};
+    const seen = (r) => (refused[r.reason] || []).some((v) => v);  // a reason with none in the window: no legend entry
+    const bar = (y, name, color) => ({ type: "bar", x, y, name, marker: { color } });
+    const traces = [bar(f.preinfer_admitted_per_s, "admitted", "#16a34a")];
+    REASONS.forEach((r, i) => {
+      if (!seen(r)) return;
+      traces.push(r.refusal ? bar(refused[r.reason], `refused: ${r.label}`, REFUSAL_COLORS[i % REFUSAL_COLORS.length])
+        : bar(refused[r.reason], r.label, CACHED_COLOR));
+    });
     Charts.draw(chart("preinfer"), traces, Charts.layout(m, { yTitle: "signals/s", barmode: "stack" }));
   }
 
@@ -88,8 +99,10 @@
         s.burn === null ? null : (s.burn > 1 ? "bad" : "good"));
     set("goodput", s.goodput === null ? "–" : `${fmt.rate(s.goodput)} of ${fmt.rate(s.throughput)}`);
     set("hbm_hit", fmt.pct(t.hbm_hit_ratio));
-    const refused = Object.values(t.preinfer_refused || {}).reduce((a, b) => a + b, 0);
-    set("preinfer", `${fmt.count(t.preinfer_admitted)} / ${fmt.count(refused)}`);
+    const counts = t.preinfer_refused || {};
+    const sum = (refusal) => REASONS.filter((r) => r.refusal === refusal).reduce((a, r) => a + (counts[r.reason] || 0), 0);
+    set("preinfer", `${fmt.count(t.preinfer_admitted)} / ${fmt.count(sum(true))}`);
+    part("preinfer-cached").textContent = `${fmt.count(sum(false))} already cached (no refusal)`;
   }
 
   function renderWorst(m) {
@@ -131,6 +144,7 @@
   }
 
   function render(m, page) {
+    m.data_start = Charts.dataStart(m, m.fleet.instances);
     const x = Charts.times(m);
     const empty = (m.fleet.totals.rank_requests || 0) === 0 && !m.fleet.instances.some((v) => v);
     part("empty").hidden = !empty;

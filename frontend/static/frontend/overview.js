@@ -24,6 +24,7 @@
     figure("burn").textContent = s.burn === null ? "–" : (Number.isFinite(s.burn) ? `${s.burn.toFixed(2)}×` : "∞");
     figure("burn").dataset.state = s.burn === null ? "" : (s.burn > 1 ? "bad" : "good");
 
+    m.data_start = Charts.dataStart(m, m.fleet.instances);
     const container = card.querySelector('[data-chart="p99"]');
     const x = Charts.times(m);
     Charts.draw(container, [
