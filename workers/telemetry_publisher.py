@@ -5,6 +5,10 @@ that tier (1 s, 10 s, 60 s), appended with ``XADD … MAXLEN = kept count`` (exa
 append per second its cost is nil, and the bound is then exact). Each stream also gets a TTL of
 its window, so the streams of an instance that is gone for good disappear with their data.
 
+Every 30 s (and at once when its first forwards are there) it also appends its cumulative forward
+times (``forward_times.ForwardTimesRecord``) to a stream of their own: what previews fit the pool's
+cost model from.
+
 The same write adds the instance's counts since its previous write of that tier to the pool's
 rollup hash of the period (``telemetry.rollup_contribution``, one atomic script call), so pool views
 read one hash per point however many instances report; and it stamps the instance in the pool's
@@ -29,7 +33,15 @@ from relay_engine.core.telemetry import (
     Snapshot,
     rollup_contribution,
 )
-from relay_engine.core.wire import TELEMETRY_RETENTION_S, TELEMETRY_TIERS, PoolKeys, rollup_period
+from relay_engine.core.forward_times import ForwardTimesRecord
+from relay_engine.core.wire import (
+    FORWARD_TIMES_EVERY_S,
+    FORWARD_TIMES_KEPT,
+    TELEMETRY_RETENTION_S,
+    TELEMETRY_TIERS,
+    PoolKeys,
+    rollup_period,
+)
 from workers.membership import StatusBoard
 
 # KEYS[1]: a rollup hash; ARGV[1]: its TTL (s); then field, value pairs. One call adds them all
@@ -110,10 +122,14 @@ class TelemetryPublisher:
         self.counts = counts
         self.started_at = started_at
         self._last_period: dict[str, int] = {}
+        self._last_forwards: int | None = None
+        self._forwards_published = False
         self.writer = TelemetryWriter(client, keys)
 
     def snapshot(self, now: float) -> Snapshot:
-        stats = self.engine.stats()
+        return self._snapshot(now, self.engine.stats())
+
+    def _snapshot(self, now: float, stats) -> Snapshot:
         counters, refusals = self.counts.added_to(stats.counters, stats.refusals)
         return Snapshot(
             instance=self.engine.name, ts=now, started_at=self.started_at, counters=counters,
@@ -131,8 +147,27 @@ class TelemetryPublisher:
                if self._last_period.get(tier) != int(now // every_s)]
         if not due:
             return []
-        snapshot = self.snapshot(now)
+        stats = self.engine.stats()
+        snapshot = self._snapshot(now, stats)
         self.writer.write(snapshot, due)
         for tier in due:
             self._last_period[tier] = int(now // TELEMETRY_TIERS[tier][0])
+        # Every FORWARD_TIMES_EVERY_S, and at once when the first forwards are there (a new instance's
+        # times are not half a minute late).
+        times = stats.forward_times
+        if times is not None and (self._last_forwards != int(now // FORWARD_TIMES_EVERY_S) or
+                                  (not self._forwards_published and times.count)):
+            self._write_forward_times(now, stats)
         return due
+
+    def _write_forward_times(self, now: float, stats) -> None:
+        record = ForwardTimesRecord(instance=self.engine.name, ts=now, started_at=self.started_at,
+                                    device=stats.device, model_version=stats.model_version,
+                                    clock=stats.forward_clock, times=stats.forward_times)
+        key = self.keys.forward_times(self.engine.name)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(key, {"d": record.to_json()}, maxlen=FORWARD_TIMES_KEPT, approximate=False)
+        pipe.expire(key, FORWARD_TIMES_EVERY_S * FORWARD_TIMES_KEPT)
+        pipe.execute()
+        self._last_forwards = int(now // FORWARD_TIMES_EVERY_S)
+        self._forwards_published = stats.forward_times.count > 0

@@ -5,7 +5,8 @@ A preview runs on the control plane's Celery queue ``<prefix>.controlplane.previ
 a worker process of its own (never the bake's): it exports the captured window to a trace file and
 runs ``python -m relay_engine.sim preview`` as a subprocess (the control plane never imports the
 lab), live spec vs proposed spec, same requests, the pool's live instance count and the cost
-profile of its device. Previews queued or running at once are bounded per pool and per user
+model of its own forwards over the last 15 minutes at least (``telemetry.forwards``; the simulator
+fits it, the offline profile of its device where they are too few). Previews queued or running at once are bounded per pool and per user
 (``RELAYGR_PREVIEW_MAX_PER_POOL``, ``RELAYGR_PREVIEW_MAX_PER_USER``): one more is a 429 naming the
 limit and what holds it. Starting a preview and downloading captured traffic are audited.
 """
@@ -35,6 +36,7 @@ from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import AuditEntry, Pool
 from controlplane.policies.services import audit_record
+from controlplane.telemetry.forwards import DEFAULT_WINDOW_S, MAX_WINDOW_S, pool_forward_times
 from relay_engine.core.config import slo_of
 from relay_engine.core.lifetime import die_with_parent
 from relay_engine.core.wire import InstanceStatus, PoolKeys, WireError, live_members
@@ -192,7 +194,7 @@ def pool_fleet(*, pool: Pool) -> tuple[int, str, str]:
 def _sim_command(paths: dict[str, Path], instances: int, device_kind: str) -> list[str]:
     command = [sys.executable, "-m", "relay_engine.sim", "preview", "--trace", str(paths["trace"]),
                "--live", str(paths["live"]), "--proposed", str(paths["proposed"]), "--instances", str(instances),
-               "--device-kind", device_kind, "--out", str(paths["out"])]
+               "--device-kind", device_kind, "--forward-times", str(paths["forwards"]), "--out", str(paths["out"])]
     if settings.RELAYGR_PREVIEW_MAX_REQUESTS:
         command += ["--max-requests", str(settings.RELAYGR_PREVIEW_MAX_REQUESTS)]
     return command
@@ -247,8 +249,14 @@ def _simulate(preview: Preview) -> dict:
     live = policy_selectors.revision_get(pool=pool, generation=preview.live_generation)
     proposed = policy_selectors.revision_get(pool=pool, generation=preview.generation)
     instances, device_kind, instances_note = pool_fleet(pool=pool)
+    try:  # the pool's own forward times: the simulator fits its cost model from them
+        forward_times = pool_forward_times(get_redis(), pool=pool.name,
+                                           window_s=min(MAX_WINDOW_S, max(DEFAULT_WINDOW_S, preview.window_s)))
+    except redis.RedisError as exc:
+        raise redis_unreachable(exc) from exc
     with tempfile.TemporaryDirectory(prefix="relaygr-preview-") as tmp:
-        paths = {name: Path(tmp) / f"{name}.json" for name in ("live", "proposed", "out")}
+        paths = {name: Path(tmp) / f"{name}.json" for name in ("live", "proposed", "out", "forwards")}
+        paths["forwards"].write_text(json.dumps(forward_times), encoding="utf-8")
         paths["trace"] = Path(tmp) / "trace.jsonl"
         paths["trace"].write_text("".join(lines), encoding="utf-8")
         paths["live"].write_text(json.dumps(live.spec), encoding="utf-8")

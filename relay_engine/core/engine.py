@@ -34,6 +34,7 @@ import torch
 from relay_engine.core import devices
 from relay_engine.core.config import PolicySpec, default_policy
 from relay_engine.core.expander import MemoryAwareExpander, SingleFlight
+from relay_engine.core.forward_times import ForwardTimes, TimedForwards, clock_for
 from relay_engine.core.kvcache import CacheKey, HBMCache
 from relay_engine.core.lane import Lane, PreInferLane
 from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
@@ -132,6 +133,8 @@ class EngineStats:
     dram_peak_bytes: int
     dram_entries: int
     device_allocated_bytes: int | None = None
+    forward_times: ForwardTimes | None = None  # cumulative; None when the engine runs a cost model
+    forward_clock: str = "none"
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,14 @@ class RelayEngine:
         if self.model.device != self.device:
             raise ValueError(f"model is on {self.model.device}, engine on {self.device}")
         self.clock, self.wall_clock = clock, wall_clock
-        self.forwards: Forwards = forwards if forwards is not None else self.model
+        # The real model's passes are timed into ``forward_times`` (what the pool's cost model is fitted
+        # from); a cost model's, on a virtual clock, are not.
+        self.forward_times = ForwardTimes()
+        self.forward_clock = "none"
+        if forwards is None:
+            timer, self.forward_clock = clock_for(self.device)
+            forwards = TimedForwards(self.model, self.forward_times, timer)
+        self.forwards: Forwards = forwards
         self._wait = waiter
         policy = policy or default_policy()
         self._lane: Lane = preinfer_lane if preinfer_lane is not None else \
@@ -555,4 +565,6 @@ class RelayEngine:
             dram_peak_bytes=self.dram.counters.peak_bytes,
             dram_entries=len(self.dram),
             device_allocated_bytes=devices.device_allocated_bytes(self.device),
+            forward_times=self.forward_times.copy() if self.forward_clock != "none" else None,
+            forward_clock=self.forward_clock,
         )

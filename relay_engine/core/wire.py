@@ -75,6 +75,11 @@ REPLY_TTL_S = 60  # an answer nobody waits for any more disappears with its list
 # 10 s for 2 h, 60 s for 25 h: a 24 h chart of 8 instances merges ~12k small snapshots.
 TELEMETRY_TIERS: dict[str, tuple[int, int]] = {"1s": (1, 600), "10s": (10, 720), "60s": (60, 1500)}
 
+# Each instance's forward times (``forward_times.ForwardTimesRecord``): a cumulative record every 30 s
+# into a stream of its own kept for an hour (a few hundred bytes an entry, never in the 1 s tier).
+FORWARD_TIMES_EVERY_S = 30
+FORWARD_TIMES_KEPT = 120
+
 # The longest any telemetry stays (the coarsest tier's span): how far back ``reporting`` is kept.
 TELEMETRY_RETENTION_S = max(every_s * kept for every_s, kept in TELEMETRY_TIERS.values())
 
@@ -202,6 +207,10 @@ class PoolKeys:
 
     def telemetry(self, tier: str, instance: str) -> str:
         return f"{self.base}:telemetry:{tier}:{instance}"
+
+    def forward_times(self, instance: str) -> str:
+        """The instance's stream of cumulative forward-time records (``forward_times.ForwardTimesRecord``)."""
+        return f"{self.base}:forwards:{instance}"
 
     def rollup(self, tier: str, period_start: int) -> str:
         """The pool's rollup hash of one period of ``tier`` (``period_start`` from ``rollup_period``)."""

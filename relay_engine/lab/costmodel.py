@@ -193,14 +193,19 @@ def fit(points: Iterable[ProfilePoint], **meta) -> CostModel:
         mine = [p for p in points if p.op == op]
         if not mine:
             raise CostModelError(f"no measured points for {op}")
-        x = np.array([_features(op, p.n, p.s, p.c) for p in mine], dtype=np.float64)
-        y = np.array([p.ms for p in mine], dtype=np.float64)
-        scale = x.max(axis=0)  # columns of comparable size, so lstsq is well conditioned
-        scale[scale == 0] = 1.0
-        w = 1.0 / y  # relative error
-        coef = _nonnegative_lstsq(x / scale * w[:, None], y * w) / scale
-        coefficients[op] = tuple(float(a) for a in coef)
+        coefficients[op] = fit_op(op, mine)
     return CostModel(coefficients, points=points, **meta)
+
+
+def fit_op(op: str, points: Sequence[ProfilePoint]) -> tuple[float, ...]:
+    """One operation's coefficients from its points (relative error, coefficients ≥ 0)."""
+    x = np.array([_features(op, p.n, p.s, p.c) for p in points], dtype=np.float64)
+    y = np.array([p.ms for p in points], dtype=np.float64)
+    scale = x.max(axis=0)  # columns of comparable size, so lstsq is well conditioned
+    scale[scale == 0] = 1.0
+    w = 1.0 / y  # relative error
+    coef = _nonnegative_lstsq(x / scale * w[:, None], y * w) / scale
+    return tuple(float(a) for a in coef)
 
 
 # --- measuring -----------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
+from relay_engine.core.forward_times import ForwardTimesRecord, length_bucket
 from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, Snapshot
 from relay_engine.core.wire import STATUS_TTL_S, TELEMETRY_TIERS
-from tests.workers.fleet import wait_for
+from tests.workers.fleet import Fleet, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -92,3 +93,46 @@ def test_the_pool_rollup_adds_up_every_instances_counts(fleet):
         own += end.counters["rank_requests"] - base.counters["rank_requests"]
     assert sum(int(r.get("rank_requests", 0)) for r in rolled) == own
     assert fleet.redis.zcard(fleet.keys.reporting) == len(fleet.names)
+
+
+@pytest.fixture
+def fresh_fleet(redis_url, tmp_path):
+    """Instances that have run no forward yet (the module's fleet has)."""
+    pool = Fleet(redis_url, tmp_path, size=2)
+    try:
+        yield pool.start()
+    finally:
+        pool.stop()
+
+
+def test_each_instance_publishes_its_forward_times_with_their_shapes(fresh_fleet):
+    """The real model's forwards, timed on the instance: a cold user's full rank at its length, at once
+    (an instance's first forwards are not held for the 30 s period), in a bounded stream of their own."""
+    fleet = fresh_fleet
+    ranked = {}
+    for i in range(6):
+        user = f"forwards-{i}"
+        ranked[user] = fleet.client.rank(user, seq_len=96, short_len=3, n_candidates=5)
+
+    def records():
+        out = {}
+        for name in fleet.names:
+            entries = fleet.redis.xrevrange(fleet.keys.forward_times(name), count=1)
+            if entries:
+                out[name] = ForwardTimesRecord.from_json(entries[0][1]["d"])
+        return out
+
+    def full_ranks():
+        got = records()
+        return got if sum(m.count for r in got.values() for m in r.times.means()
+                          if (m.op, m.bucket) == ("rank_full", length_bucket(96))) >= 6 else None
+
+    got = wait_for(full_ranks, 5.0, interval_s=0.1, what="forward-time records of the six full ranks")
+    for name, record in got.items():
+        assert record.instance == name and record.clock == "thread_cpu" and record.device == "cpu"
+        assert record.started_at == fleet.status(name).started_at
+        for mean in record.times.means():
+            if (mean.op, mean.bucket) == ("rank_full", length_bucket(96)):
+                assert (round(mean.n), round(mean.s), round(mean.c)) == (96, 3, 5) and mean.mean_ms > 0
+        ttl = fleet.redis.ttl(fleet.keys.forward_times(name))
+        assert 0 < ttl <= 3600

@@ -5,6 +5,7 @@ from rest_framework import serializers
 from controlplane.common.fields import QueryIntegerField, QueryNumberField
 from controlplane.common.urls import INSTANCE_NAME_PATTERN
 
+from ..forwards import DEFAULT_WINDOW_S, MAX_WINDOW_S
 from ..selectors import RANKINGS, TABLE_COLUMNS, TABLE_DEFAULT_SORT, TOP_DEFAULT, TOP_MAX, WINDOWS
 
 _INSTANCE_RE = re.compile(f"^{INSTANCE_NAME_PATTERN}$")
@@ -61,3 +62,9 @@ class InstanceTableQuerySerializer(serializers.Serializer):
     )
     limit = QueryIntegerField(lo=1, hi=500, required=False, default=25)
     offset = QueryIntegerField(lo=0, hi=100_000, required=False, default=0)
+
+
+class ForwardTimesQuerySerializer(serializers.Serializer):
+    window_s = QueryIntegerField(lo=30, hi=MAX_WINDOW_S, required=False, default=DEFAULT_WINDOW_S, help_text=(
+        f"The window, seconds back from now ({DEFAULT_WINDOW_S} by default; at most {MAX_WINDOW_S}, what the "
+        "instances' streams keep)."))

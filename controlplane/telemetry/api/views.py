@@ -7,8 +7,14 @@ from rest_framework.views import APIView
 from controlplane.common.views import INSTANCE_PARAM, POOL_PARAM, error_responses, instance_of
 from controlplane.policies import selectors as policy_selectors
 
-from .. import prometheus, selectors
-from .serializers import InstanceTableQuerySerializer, MetricsQuerySerializer, PoolMetricsQuerySerializer
+from .. import forwards, prometheus, selectors
+from ..history import redis_reads
+from .serializers import (
+    ForwardTimesQuerySerializer,
+    InstanceTableQuerySerializer,
+    MetricsQuerySerializer,
+    PoolMetricsQuerySerializer,
+)
 
 
 class PoolMetricsView(APIView):
@@ -62,6 +68,32 @@ class InstanceMetricsView(APIView):
         pool_obj = policy_selectors.pool_get(name=pool)
         return Response(selectors.instance_metrics(pool=pool_obj, instance=instance_of(pool, instance),
                                                    **query.validated_data))
+
+
+class PoolForwardTimesView(APIView):
+    @extend_schema(
+        operation_id="pool_forward_times", parameters=[POOL_PARAM, ForwardTimesQuerySerializer],
+        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description=(
+            "How long the pool's own forward passes took over the last `window_s` seconds, by operation "
+            "(`prefill`, `rank` against a cached prefix, `rank_full`) and prefix length (quarter-octave "
+            "buckets): `summary` rows (forwards, mean tokens, short-term tokens and candidates, mean ms, "
+            "coefficient of variation) and `ops`, the mergeable sums (count, sum_ms, sum_sq_ms, sum_n, "
+            "sum_s, sum_c per bucket) that `python -m relay_engine.sim fit --forward-times` fits the pool's "
+            "cost model from, as previews do. On a CPU each time is the thread's CPU time (`clock`: "
+            "`thread_cpu`), on an accelerator the call's wall time. `instances`: those counted (the model "
+            "most of them run, `model_version`); `other_models`, `unreadable`: those left out and why.")),
+            **error_responses(400, 401, 403, 404, 503)},
+    )
+    def get(self, request, pool):
+        query = ForwardTimesQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        pool_obj = policy_selectors.pool_get(name=pool)
+        return Response(_forward_times(pool=pool_obj.name, window_s=query.validated_data["window_s"]))
+
+
+@redis_reads
+def _forward_times(client, *, pool: str, window_s: int) -> dict:
+    return forwards.pool_forward_times(client, pool=pool, window_s=window_s)
 
 
 class PrometheusTextRenderer(BaseRenderer):

@@ -4,7 +4,9 @@
     python -m relay_engine.sim project [--profile FILE] [--instances 2] [--cap-sweep] [--out FILE]
     python -m relay_engine.sim validate --out v.json [--profile FILE] [--quick]
     python -m relay_engine.sim preview --trace FILE --live SPEC --proposed SPEC --instances N
-        [--device-kind cpu|cuda|npu] [--profile FILE] [--max-requests 15000] [--validation FILE] --out FILE
+        [--device-kind cpu|cuda|npu] [--profile FILE] [--forward-times FILE] [--max-requests 15000]
+        [--validation FILE] --out FILE
+    python -m relay_engine.sim fit --forward-times FILE [--profile FILE] [--out cost.json]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from relay_engine.core.config import PolicyError, parse_policy
+from relay_engine.core.forward_times import ForwardTimesError
 from relay_engine.core.trace import TraceError, TraceQuery, read_trace
 from relay_engine.lab.bench import report
 from relay_engine.lab.bench.calibration import regime_for
@@ -29,6 +32,7 @@ from relay_engine.lab.bench.run import SimMeasure, measure_sweeps, summarize
 from relay_engine.lab.bench.settings import REFERENCE_PROFILE, BenchSettings, quick_settings
 from relay_engine.lab.bench.workload import paired_windows, trace_qps
 from relay_engine.lab.costmodel import CostModel, CostModelError, time_scale_against
+from relay_engine.lab.livefit import COMPARE_LENGTHS, fit_live, read_pool_forwards, window_words
 from relay_engine.lab.sim.fleet import FleetSpec
 from relay_engine.lab.sim.preview import (
     DEFAULT_MAX_REQUESTS,
@@ -182,16 +186,51 @@ def cmd_preview(args: argparse.Namespace) -> int:
     else:
         profile, profile_note = profile_for(args.device_kind)
     cost = CostModel.load(profile)
+    pools_own = not Path(profile).samefile(REFERENCE_PROFILE)
+    live_fit = None
+    if args.forward_times:
+        times, meta = read_pool_forwards(args.forward_times)
+        live_fit = fit_live(times, cost)
+        if live_fit.live_ops:
+            cost = live_fit.cost
+            pools_own = True
+            profile_note = (f"fitted from this pool's own forwards over {window_words(meta)} "
+                            f"({live_fit.sentence()}; the rest: {profile_note})")
+        else:
+            profile_note = f"{profile_note}: no forwards of this pool's own in {window_words(meta)} yet"
     model_error, model_error_note = model_error_of(Path(args.validation))
     result = run_preview(queries, live, proposed, instances=args.instances, cost=cost,
                          rank_threads=args.rank_threads, max_requests=args.max_requests, jobs=args.jobs)
     result.update({"model_error": model_error, "model_error_note": model_error_note,
                    "profile": {"path": str(profile), "device": cost.device, "note": profile_note,
                                # whether the times are this pool's devices' own, or a stand-in's
-                               "pools_own": not Path(profile).samefile(REFERENCE_PROFILE)}})
+                               "pools_own": pools_own,
+                               "live_fit": None if live_fit is None else live_fit.to_dict()}})
     report.write_json(Path(args.out), result)
     print(f"previewed {result['requests']} requests on {args.instances} instances in {result['sim_wall_s']} s "
           f"({profile_note}); wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    """The pool's cost model from its own forwards, beside the offline profile."""
+    times, meta = read_pool_forwards(args.forward_times)
+    profile = args.profile or profile_for(meta.get("device_kind") or "cpu")[0]
+    base = CostModel.load(profile)
+    live = fit_live(times, base)
+    print(f"{times.count} forwards over {window_words(meta)}; offline profile {profile}")
+    print(f"{'op':<10} {'how':<8} {'forwards':>8} {'buckets':>7} {'fit err':>8} {'cv':>6}  "
+          + "  ".join(f"{n:>6}" for n in COMPARE_LENGTHS) + "   (fitted ÷ profile at n tokens)")
+    for op, f in live.ops.items():
+        err = "–" if f.max_error is None else f"{100 * f.max_error:.1f} %"
+        cv = "–" if f.cv is None else f"{f.cv:.2f}"
+        print(f"{op:<10} {f.how:<8} {f.forwards:>8} {f.buckets:>7} {err:>8} {cv:>6}  "
+              + "  ".join(f"{f.vs_profile[n]:>6.3f}" for n in COMPARE_LENGTHS))
+    if args.out:
+        live.cost.save(args.out)
+        report.write_json(Path(args.out).with_suffix(".fit.json"),
+                          {"meta": meta, "profile": str(profile), "ops": live.to_dict()})
+        print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 
@@ -242,13 +281,21 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--jobs", type=int, choices=(1, 2), default=2, help="2: both specs in parallel processes")
     pre.add_argument("--validation", default=str(DEFAULT_VALIDATION),
                      help="the simulator's validation output (sim validate --out), for model_error")
+    pre.add_argument("--forward-times", type=Path,
+                     help="the pool's own forward times (the control plane's …/forwards/ answer): fit the cost "
+                          "model from them, the profile where they are too few")
     pre.add_argument("--out", required=True)
+    fitp = sub.add_parser("fit", help="the pool's cost model from its own forward times, beside the profile")
+    fitp.add_argument("--forward-times", type=Path, required=True,
+                      help="GET /api/v1/pools/<pool>/forwards/ saved as a file")
+    fitp.add_argument("--profile", type=Path, help="the offline profile (default: by the pool's device kind)")
+    fitp.add_argument("--out", help="write the fitted cost model here (and its report beside it)")
     args = parser.parse_args(argv)
     if args.command == "preview" and args.max_requests < 100:
         parser.error(f"--max-requests must be at least 100, got {args.max_requests}")
-    if not 1 <= args.instances <= 256:
+    if args.command != "fit" and not 1 <= args.instances <= 256:
         parser.error(f"--instances must be between 1 and 256, got {args.instances}")
-    if args.rank_threads < 1:
+    if args.command != "fit" and args.rank_threads < 1:
         parser.error(f"--rank-threads must be ≥ 1, got {args.rank_threads}")
     if args.command == "run":
         unknown = [m for m in args.modes.split(",") if m not in MODES_BY_NAME]
@@ -256,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES_BY_NAME)}")
     try:
         return {"run": cmd_run, "project": cmd_project, "validate": cmd_validate,
-                "preview": cmd_preview}[args.command](args)
-    except (TraceError, OSError, CostModelError, SpecFileError, json.JSONDecodeError) as exc:
+                "preview": cmd_preview, "fit": cmd_fit}[args.command](args)
+    except (TraceError, OSError, CostModelError, SpecFileError, json.JSONDecodeError, ForwardTimesError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

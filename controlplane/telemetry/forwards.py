@@ -1,0 +1,100 @@
+"""A pool's forward times over a window: what its own devices measure, for previews and operators.
+
+Each instance appends a cumulative ``ForwardTimesRecord`` every ``wire.FORWARD_TIMES_EVERY_S`` to a
+stream of its own. Its forwards over a window are its newest record less the last one before the
+window began (or, when its run began inside the window, the newest alone); the pool's are the sum
+over its instances of the model most of them run. Redis is untrusted: an entry that breaks the
+contract is reported by instance and left out, never a 500.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import redis
+
+from relay_engine.core.forward_times import (
+    OPS,
+    ForwardTimes,
+    ForwardTimesError,
+    ForwardTimesRecord,
+    bucket_bounds,
+    merged,
+)
+from relay_engine.core.wire import FORWARD_TIMES_EVERY_S, FORWARD_TIMES_KEPT, PoolKeys, live_members
+
+from .history import reporting_instances
+
+# The windows a fit may use: at most what the streams keep.
+MAX_WINDOW_S = FORWARD_TIMES_EVERY_S * FORWARD_TIMES_KEPT
+DEFAULT_WINDOW_S = 900
+
+
+def _record(entries: list) -> ForwardTimesRecord | None | str:
+    """The first entry of an XRANGE answer decoded; None when there is none; the reason when it breaks
+    the contract."""
+    if not entries:
+        return None
+    try:
+        return ForwardTimesRecord.from_json(entries[0][1]["d"])
+    except (ForwardTimesError, KeyError, TypeError) as exc:
+        return str(exc)[:200]
+
+
+def pool_forward_times(client: redis.Redis, *, pool: str, window_s: int = DEFAULT_WINDOW_S,
+                       now: float | None = None) -> dict:
+    """The pool's forwards over the last ``window_s`` seconds: merged buckets (``ops``, the wire form of
+    ``ForwardTimes``) of the instances that run the model most of them run, and what they were
+    measured on; ``unreadable`` names each instance whose record could not be read and why."""
+    now = time.time() if now is None else now
+    window_s = max(FORWARD_TIMES_EVERY_S, min(int(window_s), MAX_WINDOW_S))
+    keys = PoolKeys(pool)
+    start = now - window_s
+    names = sorted(set(reporting_instances(client, keys, start)) | set(live_members(client, keys, now=now)[0]))
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.xrevrange(keys.forward_times(name), max="+", min="-", count=1)
+        pipe.xrevrange(keys.forward_times(name), max=str(int(start * 1000) - 1), min="-", count=1)
+    answers = pipe.execute() if names else []
+    windows: dict[str, tuple[ForwardTimesRecord, ForwardTimes]] = {}
+    unreadable: dict[str, str] = {}
+    for i, name in enumerate(names):
+        newest, before = _record(answers[2 * i]), _record(answers[2 * i + 1])
+        if isinstance(newest, str) or isinstance(before, str):
+            unreadable[name] = newest if isinstance(newest, str) else before
+            continue
+        if newest is None or newest.ts < start:
+            continue  # nothing of this instance in the window
+        same_run = before is not None and before.started_at == newest.started_at
+        windows[name] = (newest, newest.times.minus(before.times) if same_run else newest.times)
+    # One model's forwards only: a pool part-way through a model change fits the one most instances run.
+    versions = Counter(record.model_version for record, _ in windows.values())
+    model_version = versions.most_common(1)[0][0] if versions else None
+    kept = {name: pair for name, pair in windows.items() if pair[0].model_version == model_version}
+    times = merged(window for _, window in kept.values())
+    devices = Counter(record.device.split(":")[0] for record, _ in kept.values())
+    clocks = sorted({record.clock for record, _ in kept.values()})
+    return {
+        "pool": pool, "window_s": window_s, "to": now, "instances": sorted(kept),
+        "model_version": model_version, "device_kind": devices.most_common(1)[0][0] if devices else None,
+        "clock": clocks[0] if len(clocks) == 1 else (clocks or None),
+        "other_models": sorted(set(windows) - set(kept)), "unreadable": unreadable,
+        "forwards": times.count, "ops": times.to_dict(),
+        "summary": summary(times),
+    }
+
+
+def summary(times: ForwardTimes) -> list[dict]:
+    """A row per (op, bucket): what an operator reads (forwards, prefix lengths, mean and CV)."""
+    rows = []
+    for mean in times.means():
+        lo, hi = bucket_bounds(mean.bucket)
+        rows.append({"op": mean.op, "tokens_from": lo, "tokens_to": hi, "forwards": mean.count,
+                     "mean_tokens": round(mean.n, 1), "mean_short": round(mean.s, 1),
+                     "mean_candidates": round(mean.c, 1), "mean_ms": round(mean.mean_ms, 4),
+                     "cv": round(mean.cv, 3), "mean_wall_ms": round(mean.mean_wall_ms, 4)})
+    return rows
+
+
+__all__ = ["DEFAULT_WINDOW_S", "MAX_WINDOW_S", "OPS", "pool_forward_times", "summary"]

@@ -1,0 +1,259 @@
+"""How long the instance's own forward passes take, by operation and shape: what the control plane fits
+the pool's cost model from (the what-if previews replay with it instead of an offline profile).
+
+Every forward the engine runs on the real model (``TimedForwards``) adds one sample to the bucket of
+its operation and prefix length: a count, the sum and the sum of squares of its time (the mean and the
+dispersion), and the sums of its shape (prefix tokens n, short-term tokens s, candidates c: the
+bucket's mean shape, where the fit evaluates its terms), and the sum of its wall time. Buckets are quarter-octaves of n (×1.19
+each), narrow enough that the n² term at the mean n is within 1.5 % of its mean.
+
+The time is the forward's own: on a CPU the calling thread's CPU time (``time.thread_time``), which
+leaves out the time the thread waited for a core (the simulator models that sharing itself, so
+counting it here would count it twice); on an accelerator, the wall time of the call. The wall time
+is kept beside it: wall − CPU is what the thread lost to the other threads and processes of its host.
+
+The sums are cumulative since the instance started (``started_at``), like the telemetry snapshots:
+a reader takes the difference of two records of one run to get a window. Records travel as JSON
+(``ForwardTimes.to_dict``) and are checked field by field when read (``from_dict``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from .model import EditTensors, History, PrefixKV
+
+OPS = ("prefill", "rank", "rank_full")
+# A bucket's sums, in this order (its wire form is this list).
+SUMS = ("count", "sum_ms", "sum_sq_ms", "sum_n", "sum_s", "sum_c", "sum_wall_ms")
+BUCKETS_PER_OCTAVE = 4
+MAX_BUCKET = BUCKETS_PER_OCTAVE * 20  # prefixes up to 2^20 tokens; longer ones share the last bucket
+FORMAT = "relaygr-forward-times/1"
+_MAX_SUM = 2.0**53
+
+
+class ForwardTimesError(ValueError):
+    """A forward-times record that breaks the contract; the message names the field."""
+
+
+def length_bucket(n: int) -> int:
+    """The bucket of a prefix of n tokens: floor(4·log2 n) (0 for n ≤ 1)."""
+    if n <= 1:
+        return 0
+    return min(MAX_BUCKET, int(math.floor(BUCKETS_PER_OCTAVE * math.log2(n))))
+
+
+def bucket_bounds(bucket: int) -> tuple[int, int]:
+    """The prefix lengths [lo, hi) a bucket holds."""
+    return (math.ceil(2 ** (bucket / BUCKETS_PER_OCTAVE)) if bucket else 0,
+            math.ceil(2 ** ((bucket + 1) / BUCKETS_PER_OCTAVE)))
+
+
+@dataclass(frozen=True)
+class BucketMean:
+    """One bucket's figures: its forwards, their mean shape, mean time and coefficient of variation."""
+
+    op: str
+    bucket: int
+    count: int
+    n: float
+    s: float
+    c: float
+    mean_ms: float
+    cv: float  # standard deviation ÷ mean (0 for a single sample)
+    mean_wall_ms: float  # the call's wall time: mean_ms and the time the thread waited for a core
+
+
+@dataclass
+class ForwardTimes:
+    """Cumulative sums by (op, bucket); thread-safe to record into."""
+
+    sums: dict[str, dict[int, list[float]]] = field(default_factory=lambda: {op: {} for op in OPS})
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def record(self, op: str, n: int, s: int, c: int, ms: float, wall_ms: float | None = None) -> None:
+        wall_ms = ms if wall_ms is None else wall_ms
+        if not (math.isfinite(ms) and math.isfinite(wall_ms)) or ms < 0 or wall_ms < 0:
+            return
+        b = length_bucket(n)
+        with self._lock:
+            row = self.sums[op].get(b)
+            if row is None:
+                row = self.sums[op][b] = [0.0] * len(SUMS)
+            row[0] += 1
+            row[1] += ms
+            row[2] += ms * ms
+            row[3] += n
+            row[4] += s
+            row[5] += c
+            row[6] += wall_ms
+
+    @property
+    def count(self) -> int:
+        return int(sum(row[0] for per_op in self.sums.values() for row in per_op.values()))
+
+    def copy(self) -> ForwardTimes:
+        with self._lock:
+            return ForwardTimes({op: {b: list(row) for b, row in per_op.items()} for op, per_op in self.sums.items()})
+
+    def merge(self, other: ForwardTimes) -> None:
+        for op, per_op in other.sums.items():
+            for b, row in per_op.items():
+                mine = self.sums[op].setdefault(b, [0.0] * len(SUMS))
+                for i, value in enumerate(row):
+                    mine[i] += value
+
+    def minus(self, earlier: ForwardTimes) -> ForwardTimes:
+        """This record less an earlier one of the same run (a bucket that went down counts whole)."""
+        out = ForwardTimes()
+        for op, per_op in self.sums.items():
+            for b, row in per_op.items():
+                before = earlier.sums.get(op, {}).get(b)
+                diff = row if before is None or before[0] > row[0] else [x - y for x, y in zip(row, before, strict=True)]
+                if diff[0] > 0:
+                    out.sums[op][b] = [max(0.0, x) for x in diff]
+        return out
+
+    def means(self, min_count: int = 1) -> list[BucketMean]:
+        """Every bucket with at least ``min_count`` forwards, by op then length."""
+        out = []
+        for op in OPS:
+            for b in sorted(self.sums[op]):
+                count, total, squares, sn, ss, sc, wall = self.sums[op][b]
+                if count < min_count or count <= 0:
+                    continue
+                mean = total / count
+                variance = max(0.0, squares / count - mean * mean) * count / max(1.0, count - 1)
+                out.append(BucketMean(op, b, int(count), sn / count, ss / count, sc / count, mean,
+                                      math.sqrt(variance) / mean if mean > 0 and count > 1 else 0.0,
+                                      wall / count))
+        return out
+
+    # --- the wire form ---------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {op: {str(b): [round(v, 6) for v in row] for b, row in sorted(per_op.items())}
+                for op, per_op in self.sums.items() if per_op}
+
+    @classmethod
+    def from_dict(cls, data: object, where: str = "forwards") -> ForwardTimes:
+        if not isinstance(data, Mapping):
+            raise ForwardTimesError(f"{where} must be an object, got {type(data).__name__}")
+        out = cls()
+        for op, per_op in data.items():
+            if op not in OPS:
+                raise ForwardTimesError(f"{where} has an unknown operation {str(op)[:40]!r} (known: {', '.join(OPS)})")
+            if not isinstance(per_op, Mapping):
+                raise ForwardTimesError(f"{where}.{op} must be an object")
+            for key, row in per_op.items():
+                if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) <= MAX_BUCKET):
+                    raise ForwardTimesError(f"{where}.{op} bucket {str(key)[:40]!r} must be an integer in [0, {MAX_BUCKET}]")
+                if not isinstance(row, list) or len(row) != len(SUMS):
+                    raise ForwardTimesError(f"{where}.{op}.{key} must be a list of {len(SUMS)} numbers ({', '.join(SUMS)})")
+                for name, value in zip(SUMS, row, strict=True):
+                    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= _MAX_SUM:
+                        raise ForwardTimesError(f"{where}.{op}.{key}.{name} must be a number in [0, 2**53], "
+                                                f"got {str(value)[:40]!r}")
+                out.sums[op][int(key)] = [float(v) for v in row]
+        return out
+
+
+def merged(records: Iterable[ForwardTimes]) -> ForwardTimes:
+    out = ForwardTimes()
+    for record in records:
+        out.merge(record)
+    return out
+
+
+def clock_for(device: torch.device) -> tuple[Callable[[], float], str]:
+    """The clock a forward on ``device`` is timed with, and its name (what a record says it measured)."""
+    if device.type == "cpu":
+        return time.thread_time, "thread_cpu"
+    return time.perf_counter, "wall"
+
+
+class TimedForwards:
+    """``engine.Forwards`` around the real model: each pass timed into ``times``."""
+
+    def __init__(self, inner, times: ForwardTimes, clock: Callable[[], float]):
+        self.inner = inner
+        self.times = times
+        self.clock = clock
+
+    def _timed(self, op: str, n: int, s: int, c: int, call: Callable[[], object]):
+        started, wall = self.clock(), time.perf_counter()
+        result = call()
+        self.times.record(op, n, s, c, (self.clock() - started) * 1000, (time.perf_counter() - wall) * 1000)
+        return result
+
+    def prefill(self, prefix: History, edit: EditTensors | None = None, *,
+                between_layers: Callable[[], None] | None = None) -> PrefixKV:
+        return self._timed("prefill", len(prefix), 0, 0,
+                           lambda: self.inner.prefill(prefix, edit, between_layers=between_layers))
+
+    def rank(self, prefix_kv: PrefixKV, short_term: History, candidates: torch.Tensor,
+             query_timestamp: int | None = None, edit: EditTensors | None = None) -> torch.Tensor:
+        return self._timed("rank", prefix_kv.length, len(short_term), int(candidates.numel()),
+                           lambda: self.inner.rank(prefix_kv, short_term, candidates, query_timestamp, edit))
+
+    def rank_full(self, prefix: History, short_term: History, candidates: torch.Tensor,
+                  query_timestamp: int | None = None, edit: EditTensors | None = None) -> torch.Tensor:
+        return self._timed("rank_full", len(prefix), len(short_term), int(candidates.numel()),
+                           lambda: self.inner.rank_full(prefix, short_term, candidates, query_timestamp, edit))
+
+    def rank_full_keeping_prefix(self, prefix: History, short_term: History, candidates: torch.Tensor,
+                                 query_timestamp: int | None = None,
+                                 edit: EditTensors | None = None) -> tuple[torch.Tensor, PrefixKV]:
+        return self._timed("rank_full", len(prefix), len(short_term), int(candidates.numel()),
+                           lambda: self.inner.rank_full_keeping_prefix(prefix, short_term, candidates,
+                                                                       query_timestamp, edit))
+
+
+@dataclass(frozen=True)
+class ForwardTimesRecord:
+    """What an instance publishes: its cumulative forward times, with what they were measured on."""
+
+    instance: str
+    ts: float  # unix seconds
+    started_at: float  # the instance's run (records of one run subtract)
+    device: str  # "cpu", "cuda:0", …
+    model_version: str
+    clock: str  # "thread_cpu" or "wall" (``clock_for``)
+    times: ForwardTimes
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "instance": self.instance, "ts": self.ts, "started_at": self.started_at,
+                           "device": self.device, "model_version": self.model_version, "clock": self.clock,
+                           "ops": self.times.to_dict()}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> ForwardTimesRecord:
+        """The one decoder of a forwards stream entry (field ``d``); ForwardTimesError names the field."""
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise ForwardTimesError(f"forward-times record is not JSON: {exc}") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ForwardTimesError(f"forward-times record must be an object with format {FORMAT!r}")
+        texts = {}
+        for name in ("instance", "device", "model_version", "clock"):
+            value = data.get(name)
+            if not isinstance(value, str) or not 0 < len(value) <= 128:
+                raise ForwardTimesError(f"forward-times record.{name} must be a text of 1..128 characters")
+            texts[name] = value
+        numbers = {}
+        for name in ("ts", "started_at"):
+            value = data.get(name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1e11:
+                raise ForwardTimesError(f"forward-times record.{name} must be a unix time in seconds")
+            numbers[name] = float(value)
+        return cls(times=ForwardTimes.from_dict(data.get("ops") or {}, "forward-times record.ops"), **texts, **numbers)

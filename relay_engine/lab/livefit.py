@@ -1,0 +1,140 @@
+"""The pool's cost model fitted from its own instances' forward times (``core.forward_times``).
+
+Each bucket with enough forwards gives one point: its mean shape and mean time. An operation with
+points in at least ``MIN_BUCKETS`` length buckets gets its own coefficients (the same terms and the
+same non-negative relative-error fit as an offline profile, ``costmodel.fit``); one with fewer keeps
+the offline profile's terms scaled by the geometric mean of measured ÷ profile over its points
+(the level of this pool's devices, the shape of the profile); one with none keeps the profile's.
+The result says, per operation, which it is, how many forwards it rests on, its largest relative
+error at its points, the dispersion of its forwards (mean coefficient of variation) and how it
+compares with the offline profile at 512–4096 tokens.
+
+    python -m relay_engine.sim fit --forward-times pool-forwards.json [--profile FILE] [--out cost.json]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from relay_engine.core.forward_times import BucketMean, ForwardTimes, ForwardTimesError
+from relay_engine.lab.costmodel import OPS, CostModel, ProfilePoint, fit_op
+
+MIN_FORWARDS = 5  # forwards a bucket needs to count as a point
+MIN_BUCKETS = 3  # points an operation needs to be fitted on its own
+COMPARE_LENGTHS = (512, 1024, 2048, 4096)
+COMPARE_SHAPE = (32, 128)  # short-term tokens, candidates: the profile's default shape
+
+
+@dataclass(frozen=True)
+class OpFit:
+    op: str
+    how: str  # "fitted", "scaled" or "profile"
+    forwards: int
+    buckets: int
+    max_error: float | None  # largest |fit − mean| ÷ mean over its points
+    cv: float | None  # mean coefficient of variation of its buckets, by forwards
+    scale: float | None  # "scaled": measured ÷ profile
+    vs_profile: dict[int, float] = field(default_factory=dict)  # n → fitted ÷ profile at COMPARE_SHAPE
+
+
+@dataclass(frozen=True)
+class LiveFit:
+    cost: CostModel
+    ops: dict[str, OpFit]
+
+    @property
+    def live_ops(self) -> list[str]:
+        return [op for op, f in self.ops.items() if f.how != "profile"]
+
+    @property
+    def forwards(self) -> int:
+        return sum(f.forwards for f in self.ops.values())
+
+    def to_dict(self) -> dict:
+        return {op: {"how": f.how, "forwards": f.forwards, "buckets": f.buckets,
+                     "max_error": None if f.max_error is None else round(f.max_error, 4),
+                     "cv": None if f.cv is None else round(f.cv, 3),
+                     "scale": None if f.scale is None else round(f.scale, 4),
+                     "vs_profile": {str(n): round(r, 4) for n, r in f.vs_profile.items()}}
+                for op, f in self.ops.items()}
+
+    def sentence(self) -> str:
+        if not self.live_ops:
+            return "no forwards of this pool's own in the window"
+        parts = []
+        for op in OPS:
+            f = self.ops[op]
+            if f.how == "fitted":
+                parts.append(f"{op} fitted ({f.forwards} forwards, error ≤ {100 * (f.max_error or 0):.0f} %)")
+            elif f.how == "scaled":
+                parts.append(f"{op} the profile's × {f.scale:.2f} ({f.forwards} forwards)")
+            else:
+                parts.append(f"{op} the profile's (no forwards)")
+        return "; ".join(parts)
+
+
+def _points(means: list[BucketMean]) -> list[ProfilePoint]:
+    # A bucket's mean shape, rounded to whole tokens (what a profile point holds).
+    return [ProfilePoint(m.op, max(1, round(m.n)), round(m.s), round(m.c), m.mean_ms) for m in means
+            if m.mean_ms > 0]
+
+
+def fit_live(times: ForwardTimes, base: CostModel, *, min_forwards: int = MIN_FORWARDS,
+             min_buckets: int = MIN_BUCKETS, note: str = "") -> LiveFit:
+    """The pool's cost model from its forwards, ``base`` (the offline profile) where they are too few."""
+    means = times.means(min_forwards)
+    coefficients: dict[str, tuple[float, ...]] = {}
+    ops: dict[str, OpFit] = {}
+    kept_points: list[ProfilePoint] = []
+    for op in OPS:
+        mine = [m for m in means if m.op == op]
+        points = _points(mine)
+        forwards = sum(m.count for m in mine)
+        cv = sum(m.cv * m.count for m in mine) / forwards if forwards else None
+        scale = None
+        if len(points) >= min_buckets:
+            coefficients[op] = fit_op(op, points)
+            how = "fitted"
+        elif points:
+            scale = math.exp(sum(math.log(p.ms / base.op_ms(op, p.n, p.s, p.c)) for p in points) / len(points))
+            coefficients[op] = tuple(a * scale for a in base.coefficients[op])
+            how = "scaled"
+        else:
+            coefficients[op] = base.coefficients[op]
+            how = "profile"
+        candidate = CostModel({**base.coefficients, op: coefficients[op]})
+        error = max((abs(candidate.op_ms(op, p.n, p.s, p.c) - p.ms) / p.ms for p in points), default=None)
+        s, c = COMPARE_SHAPE
+        vs = {n: candidate.op_ms(op, n, s, c) / base.op_ms(op, n, s, c) for n in COMPARE_LENGTHS}
+        ops[op] = OpFit(op, how, forwards, len(points), error, cv, scale, vs)
+        kept_points += points
+    cost = CostModel(coefficients, device=base.device, threads=base.threads, model=base.model,
+                     points=tuple(kept_points), note=note or "fitted from the pool's own forward times")
+    return LiveFit(cost, ops)
+
+
+def read_pool_forwards(path: str | Path) -> tuple[ForwardTimes, dict]:
+    """A pool's forwards as the control plane writes them (``GET /api/v1/pools/<pool>/forwards/``):
+    the merged buckets, and what they were measured on (window, instances, model, device, clock)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ForwardTimesError(f"{path}: cannot read the pool's forward times ({exc})") from None
+    if not isinstance(data, dict):
+        raise ForwardTimesError(f"{path}: the pool's forward times must be an object")
+    times = ForwardTimes.from_dict(data.get("ops") or {}, f"{path}: ops")
+    meta = {k: data.get(k) for k in ("pool", "window_s", "to", "instances", "model_version", "device_kind", "clock")}
+    return times, meta
+
+
+def window_words(meta: dict) -> str:
+    """"the last 15 min on 2 instances": where the forwards came from."""
+    window_s, instances = meta.get("window_s"), meta.get("instances") or []
+    span = f"the last {window_s / 60:g} min" if isinstance(window_s, (int, float)) else "the window"
+    return f"{span} on {len(instances)} instance{'s' if len(instances) != 1 else ''}"
+
+
+__all__ = ["COMPARE_LENGTHS", "LiveFit", "OpFit", "fit_live", "read_pool_forwards", "window_words"]

@@ -1,0 +1,66 @@
+"""The pool's forward times over a window (``GET …/forwards/``): differences of each instance's
+cumulative records, one model's only, and every unreadable record named instead of a 500."""
+
+from __future__ import annotations
+
+import time
+
+from relay_engine.core.forward_times import ForwardTimes, ForwardTimesRecord
+from relay_engine.core.wire import PoolKeys
+
+POOL = "ranking-a"
+URL = f"/api/v1/pools/{POOL}/forwards/"
+
+
+def times(op: str, n: int, ms: float, count: int) -> ForwardTimes:
+    out = ForwardTimes()
+    for _ in range(count):
+        out.record(op, n, 32, 128, ms)
+    return out
+
+
+def plant(client, instance: str, at: float, started_at: float, recorded: ForwardTimes, model: str = "v1",
+          device: str = "cpu") -> None:
+    record = ForwardTimesRecord(instance, at, started_at, device, model, "thread_cpu", recorded)
+    client.xadd(PoolKeys(POOL).forward_times(instance), {"d": record.to_json()}, id=f"{int(at * 1000)}-0")
+    client.zadd(PoolKeys(POOL).reporting, {instance: at})
+
+
+def test_the_window_is_each_instances_newest_record_less_the_one_before_it(viewer, pool, redis_client):
+    now = time.time()
+    cumulative = times("rank", 1000, 4.0, 10)
+    plant(redis_client, f"{POOL}.0", now - 1200, now - 3000, cumulative)  # before a 15-min window
+    later = cumulative.copy()
+    later.merge(times("rank", 1000, 6.0, 5))
+    later.merge(times("prefill", 2000, 30.0, 3))
+    plant(redis_client, f"{POOL}.0", now - 10, now - 3000, later)
+    plant(redis_client, f"{POOL}.1", now - 5, now - 200, times("rank", 1000, 5.0, 4))  # a run begun in the window
+    plant(redis_client, f"{POOL}.2", now - 5, now - 200, times("rank", 1000, 50.0, 9), model="v0")  # another model
+    redis_client.xadd(PoolKeys(POOL).forward_times(f"{POOL}.3"), {"d": '{"format": "relaygr-forward-times/1", '
+                                                                       '"instance": "x", "ops": {"rank": 7}}'})
+    redis_client.zadd(PoolKeys(POOL).reporting, {f"{POOL}.3": now})
+    answer = viewer.get(URL)
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert body["instances"] == [f"{POOL}.0", f"{POOL}.1"] and body["other_models"] == [f"{POOL}.2"]
+    assert body["model_version"] == "v1" and body["device_kind"] == "cpu" and body["clock"] == "thread_cpu"
+    assert list(body["unreadable"]) == [f"{POOL}.3"] and "forward-times record" in body["unreadable"][f"{POOL}.3"]
+    rows = {row["op"]: row for row in body["summary"]}
+    assert rows["rank"]["forwards"] == 9 and rows["rank"]["mean_ms"] == round((5 * 6.0 + 4 * 5.0) / 9, 4)
+    assert rows["prefill"]["forwards"] == 3 and rows["rank"]["tokens_from"] <= 1000 < rows["rank"]["tokens_to"]
+    assert body["forwards"] == 12 and ForwardTimes.from_dict(body["ops"]).count == 12
+    # A window of 30 s: instance 0's newest record less its last one before the window (the same one).
+    short = viewer.get(URL, {"window_s": 30}).json()
+    assert short["window_s"] == 30 and short["forwards"] == 12
+    assert viewer.get(URL, {"window_s": 8}).status_code == 400
+
+
+def test_a_pool_without_forwards_answers_empty_and_a_bad_window_names_the_field(viewer, pool, redis_on):
+    body = viewer.get(URL).json()
+    assert (body["instances"], body["forwards"], body["summary"], body["model_version"]) == ([], 0, [], None)
+    answer = viewer.get(URL, {"window_s": "1e400"})
+    assert answer.status_code == 400 and "window_s" in answer.json()["errors"]
+
+
+def test_forward_times_need_a_login(clients, pool, redis_on):
+    assert clients["anonymous"].get(URL).status_code == 401

@@ -1,0 +1,116 @@
+"""Forward times: the buckets, their sums and differences, the wire form and the timed real model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relay_engine.core.config import parse_policy
+from relay_engine.core.engine import PreInferRequest, RankRequest, RelayEngine
+from relay_engine.core.forward_times import (
+    MAX_BUCKET,
+    SUMS,
+    ForwardTimes,
+    ForwardTimesError,
+    ForwardTimesRecord,
+    bucket_bounds,
+    length_bucket,
+)
+from relay_engine.core.model import History, ModelConfig
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 127, 128, 129, 511, 512, 4096, 8191, 10**6])
+def test_a_length_lies_in_its_buckets_bounds(n):
+    lo, hi = bucket_bounds(length_bucket(n))
+    assert lo <= n < hi or length_bucket(n) in (0, MAX_BUCKET)
+    assert hi / max(lo, 1) <= 2 ** 0.25 + 0.02 or lo < 8  # quarter octaves (rounding shows at a few tokens)
+
+
+def test_means_and_dispersion_of_a_bucket():
+    times = ForwardTimes()
+    for ms in (10.0, 12.0, 14.0):
+        times.record("prefill", 1000, 0, 0, ms)
+    times.record("rank", 1000, 32, 128, 3.0)
+    times.record("rank", 1000, 32, 128, float("nan"))  # never counted
+    prefill, rank = times.means()
+    assert (prefill.op, prefill.count, prefill.n, prefill.mean_ms) == ("prefill", 3, 1000, 12.0)
+    assert prefill.cv == pytest.approx(2.0 / 12.0)
+    assert (rank.count, rank.s, rank.c, rank.cv) == (1, 32, 128, 0.0)
+    assert times.count == 4
+
+
+def test_a_window_is_the_newer_record_less_the_older():
+    earlier = ForwardTimes()
+    earlier.record("rank_full", 300, 8, 16, 5.0)
+    later = earlier.copy()
+    later.record("rank_full", 300, 8, 16, 7.0)
+    later.record("prefill", 300, 0, 0, 2.0)
+    window = later.minus(earlier)
+    assert [(m.op, m.count, m.mean_ms) for m in window.means()] == [("prefill", 1, 2.0), ("rank_full", 1, 7.0)]
+    # A bucket that went down (another run) counts whole, never negative.
+    assert earlier.minus(later).means()[0].count == 1
+
+
+def test_a_record_round_trips_and_hostile_fields_are_named():
+    times = ForwardTimes()
+    times.record("rank", 2048, 30, 128, 4.25)
+    record = ForwardTimesRecord("ranking-a.0", 1.7e9, 1.7e9 - 5, "cpu", "v1", "thread_cpu", times)
+    back = ForwardTimesRecord.from_json(record.to_json())
+    assert back.times.to_dict() == times.to_dict() and back.instance == "ranking-a.0"
+    good = json.loads(record.to_json())
+    for path, value, named in [
+        (("ops", "rank"), {"x": [1, 1, 1, 1, 1, 1, 1]}, "bucket 'x'"),
+        (("ops", "rank"), {"9999": [1, 1, 1, 1, 1, 1, 1]}, "bucket '9999'"),
+        (("ops", "rank"), {"44": [1, 1]}, "must be a list of 7"),
+        (("ops", "rank"), {"44": [1, -1, 1, 1, 1, 1, 1]}, "sum_ms"),
+        (("ops", "rank"), {"44": [1, 1, 1e400, 1, 1, 1, 1]}, "sum_sq_ms"),
+        (("ops", "rank"), {"44": [True, 1, 1, 1, 1, 1, 1]}, "count"),
+        (("ops",), {"dance": {}}, "unknown operation"),
+        (("ts",), float("inf"), "ts"),
+        (("device",), "", "device"),
+    ]:
+        data = json.loads(json.dumps(good))
+        target = data
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+        with pytest.raises(ForwardTimesError, match=named):
+            ForwardTimesRecord.from_json(json.dumps(data))
+    with pytest.raises(ForwardTimesError, match="not JSON"):
+        ForwardTimesRecord.from_json(b"\x80\x04pickle")
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=7) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+                    max_leaves=20))
+def test_any_ops_value_is_read_or_refused_by_name(value):
+    try:
+        times = ForwardTimes.from_dict(value)
+    except ForwardTimesError as exc:
+        assert str(exc).startswith("forwards")
+    else:
+        for mean in times.means():
+            assert math.isfinite(mean.mean_ms) and mean.count >= 1
+        assert set(SUMS) and times.count >= 0
+
+
+def test_the_real_model_times_every_forward_with_its_shape():
+    engine = RelayEngine(ModelConfig(num_layers=1, num_heads=2, head_dim=8, max_seq_len=512), device="cpu",
+                         policy=parse_policy({"trigger": {"at_risk_seq_len": 100}}))
+    try:
+        assert engine.forward_clock == "thread_cpu"
+        prefix = History(torch.arange(1, 201), torch.zeros(200, dtype=torch.int64))
+        short = History(torch.arange(1, 5), torch.zeros(4, dtype=torch.int64))
+        engine.rank(RankRequest("cold", prefix, short, torch.arange(1, 9)))  # a miss: the full rank
+        assert engine.pre_infer(PreInferRequest("warm", prefix)).admitted
+        engine.rank(RankRequest("warm", prefix, short, torch.arange(1, 9)))  # against the cached prefix
+        got = {(m.op, m.count, round(m.n), round(m.s), round(m.c)) for m in engine.stats().forward_times.means()}
+        assert got == {("rank_full", 1, 200, 4, 8), ("prefill", 1, 200, 0, 0), ("rank", 1, 200, 4, 8)}
+        assert all(m.mean_ms > 0 for m in engine.stats().forward_times.means())
+    finally:
+        engine.close()

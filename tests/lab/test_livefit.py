@@ -1,0 +1,112 @@
+"""The pool's cost model from its own forward times: fitted, scaled or the profile's, and said which."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from relay_engine.core.forward_times import ForwardTimes
+from relay_engine.core.trace import write_trace
+from relay_engine.lab.costmodel import CostModel
+from relay_engine.lab.livefit import COMPARE_LENGTHS, fit_live
+from relay_engine.lab.sim import cli
+from relay_engine.lab.traffic import TraceSpec, generate_trace
+from tests.lab.test_costmodel import true_model
+
+LENGTHS = (150, 300, 600, 1200, 2400, 4800)
+
+
+def recorded(truth: CostModel, ops=("prefill", "rank", "rank_full"), lengths=LENGTHS, per_bucket: int = 20,
+             noise: float = 0.05, seed: int = 0) -> ForwardTimes:
+    """Forwards as an instance would record them: lengths spread inside each bucket, times with noise."""
+    rng = random.Random(seed)
+    times = ForwardTimes()
+    for op in ops:
+        for n0 in lengths:
+            for _ in range(per_bucket):
+                n = int(n0 * rng.uniform(1.0, 1.15))
+                s, c = (0, 0) if op == "prefill" else (rng.randint(20, 40), 128)
+                times.record(op, n, s, c, truth.op_ms(op, n, s, c) * rng.uniform(1 - noise, 1 + noise))
+    return times
+
+
+def test_forwards_over_many_lengths_are_fitted_and_predict_the_devices_times():
+    base = true_model()
+    device = base.scaled(1.3)  # this pool's devices run 30 % slower than the offline profile says
+    live = fit_live(recorded(device), base)
+    assert {f.how for f in live.ops.values()} == {"fitted"}
+    for op in ("prefill", "rank", "rank_full"):
+        for n in COMPARE_LENGTHS:
+            assert live.cost.op_ms(op, n, 32, 128) == pytest.approx(device.op_ms(op, n, 32, 128), rel=0.06)
+        assert live.ops[op].vs_profile[2048] == pytest.approx(1.3, rel=0.06)
+        assert live.ops[op].max_error < 0.05 and 0 < live.ops[op].cv < 0.1  # ±5 % noise and the spread in a bucket
+    assert live.sentence().startswith("prefill fitted (") and live.forwards > 300
+
+
+def test_an_operation_seen_at_few_lengths_is_the_profiles_shape_at_the_devices_level():
+    base = true_model()
+    times = recorded(base.scaled(2.0), ops=("rank",), lengths=(1000,), noise=0.0)
+    times.record("prefill", 1000, 0, 0, 5.0)  # one forward: too few to count (MIN_FORWARDS)
+    live = fit_live(times, base)
+    assert (live.ops["rank"].how, live.ops["prefill"].how, live.ops["rank_full"].how) == ("scaled", "profile", "profile")
+    assert live.ops["rank"].scale == pytest.approx(2.0, rel=0.01)
+    assert live.cost.rank_ms(4000, 32, 128) == pytest.approx(2 * base.rank_ms(4000, 32, 128), rel=0.01)
+    assert live.cost.prefill_ms(4000) == base.prefill_ms(4000)
+    assert live.live_ops == ["rank"]
+    assert "rank_full the profile's (no forwards)" in live.sentence()
+
+
+def test_no_forwards_is_the_profile_and_says_so():
+    live = fit_live(ForwardTimes(), true_model())
+    assert live.live_ops == [] and live.sentence() == "no forwards of this pool's own in the window"
+    assert live.cost.coefficients == true_model().coefficients
+
+
+def pool_file(tmp_path, times: ForwardTimes):
+    path = tmp_path / "forwards.json"
+    path.write_text(json.dumps({"pool": "main", "window_s": 900, "instances": ["main.0", "main.1"],
+                                "model_version": "v", "device_kind": "cpu", "clock": "thread_cpu",
+                                "ops": times.to_dict()}))
+    return path
+
+
+def test_the_fit_command_prints_fitted_against_the_profile(tmp_path, capsys):
+    base_path = tmp_path / "base.json"
+    true_model().save(base_path)
+    out = tmp_path / "fitted.json"
+    path = pool_file(tmp_path, recorded(true_model().scaled(1.3)))
+    assert cli.main(["fit", "--forward-times", str(path), "--profile", str(base_path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "360 forwards over the last 15 min on 2 instances" in printed
+    assert CostModel.load(out).prefill_ms(2048) == pytest.approx(1.3 * true_model().prefill_ms(2048), rel=0.06)
+    report = json.loads(out.with_suffix(".fit.json").read_text())
+    assert report["ops"]["rank"]["how"] == "fitted"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"ops": {"rank": {"44": [1, "x", 1, 1, 1, 1, 1]}}}))
+    assert cli.main(["fit", "--forward-times", str(bad), "--profile", str(base_path)]) == 2
+    assert "ops.rank.44.sum_ms must be a number" in capsys.readouterr().err
+
+
+def test_the_preview_replays_with_the_pools_own_times_and_says_so(tmp_path):
+    base_path = tmp_path / "base.json"
+    base = true_model()
+    base.save(base_path)
+    trace = tmp_path / "trace.jsonl"
+    write_trace(trace, generate_trace(TraceSpec(queries=200, qps=10, seed=1)))
+    spec = tmp_path / "spec.json"
+    spec.write_text("{}")
+    runs = {}
+    for name, extra in (("profile", []), ("own", ["--forward-times", str(pool_file(tmp_path, recorded(base.scaled(3.0))))])):
+        out = tmp_path / f"{name}.json"
+        assert cli.main(["preview", "--trace", str(trace), "--live", str(spec), "--proposed", str(spec),
+                         "--instances", "2", "--profile", str(base_path), "--jobs", "1", "--max-requests", "200",
+                         "--out", str(out), *extra]) == 0
+        runs[name] = json.loads(out.read_text())
+    own = runs["own"]["profile"]
+    assert own["pools_own"] is True and own["note"].startswith("fitted from this pool's own forwards over the last 15 min")
+    assert own["live_fit"]["rank_full"]["how"] == "fitted"
+    assert runs["profile"]["profile"]["live_fit"] is None
+    # Three times slower forwards: the same traffic waits longer.
+    assert runs["own"]["live"]["p50_ms"] > 2 * runs["profile"]["live"]["p50_ms"]
