@@ -26,6 +26,7 @@ from collections import Counter
 import redis
 
 from relay_engine.core.engine import RelayEngine
+from relay_engine.core.forward_times import ForwardTimesRecord
 from relay_engine.core.telemetry import (
     COUNTERS,
     REFUSAL_REASONS,
@@ -33,7 +34,6 @@ from relay_engine.core.telemetry import (
     Snapshot,
     rollup_contribution,
 )
-from relay_engine.core.forward_times import ForwardTimesRecord
 from relay_engine.core.wire import (
     FORWARD_TIMES_EVERY_S,
     FORWARD_TIMES_KEPT,
