@@ -87,9 +87,11 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     capture_off = "" if capture else f"no capture secret ({CAPTURE_SECRET_ENV} is not set): this instance records no traffic"
     if not capture:
         log.warning("%s: %s", name, capture_off)
+    host, host_cpus = devices.host_identity()
     loops = InstanceLoops(engine, client, keys, InstanceStatus(
         instance=name, pool=settings.pool, device=str(engine.device), pid=os.getpid(),
         heartbeat_ts=started_at, started_at=started_at, capture_off=capture_off, **model_dims(engine),
+        host=host, host_cpus=host_cpus, torch_threads=torch.get_num_threads(),
         **engine_gauges(engine),
     ), lambda: engine_gauges(engine), counts, settings.heartbeat_interval_s,
         RevisionStore(settings.revision_path(name)))

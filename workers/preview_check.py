@@ -1,12 +1,13 @@
 """How far to trust a what-if preview: predict a change on captured traffic, publish it, measure it.
 
-    python -m workers.preview_check [--window 5m] [--at-risk-seq-len N] [--out F]
+    python -m workers.preview_check [--window 5m] [--change trigger|hbm|ttl] [--at-risk-seq-len N] [--out F]
         [--url URL --token KEY --pool NAME]          # a running stack (an operator's token)
         [--instances 2] [--rate 8] [--model default] [--device auto] [--warmup-s 60]   # else one started here
 
 Against a running stack (or one it starts with ``workers.stack``, steady replayed traffic): waits
-until the capture holds a full window of steady traffic, creates a revision that changes the trigger
-(a stricter ``at_risk_seq_len``: twice the live one unless given), previews it on that window
+until the capture holds a full window of steady traffic, creates a revision with one change
+(``--change``: ``trigger``, a stricter ``at_risk_seq_len``, twice the live one unless given; ``hbm``,
+half the live HBM budget; ``ttl``, a quarter of the live cache entries' TTL), previews it on that window
 (``POST …/revisions/{g}/preview/``), measures the same window from the capture (what the instances
 recorded: P99, within-SLO share, hit ratio), publishes the revision, waits for the fleet to converge,
 lets a whole window of traffic pass under it and measures that window the same way. Prints predicted
@@ -30,11 +31,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from relay_engine.core.config import parse_policy
 from relay_engine.core.lifetime import die_with_parent
 from workers.embedded_redis import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-FIGURES = (("p99_ms", "P99 (ms)"), ("within_slo_share", "within SLO"), ("hit_ratio", "hit ratio"))
+FIGURES = (("p99_ms", "P99 (ms)"), ("p50_ms", "P50 (ms)"), ("within_slo_share", "within SLO"),
+           ("hit_ratio", "hit ratio"))
 WINDOWS = {"1m": 60, "3m": 180, "5m": 300, "10m": 600, "15m": 900}
 ROUND_STEP_S = 20  # at least the control plane's rounding of a window's end (a fifteenth, ≤ 60 s)
 
@@ -99,25 +102,41 @@ def wait_converged(api: Api, pool: str, generation: int, timeout_s: float = 180.
 
 
 def measured(summary: dict) -> dict:
-    return {"p99_ms": summary["latency_ms"]["p99"], "within_slo_share": summary["within_slo_share"],
+    return {"p99_ms": summary["latency_ms"]["p99"], "p50_ms": summary["latency_ms"]["p50"], "within_slo_share": summary["within_slo_share"],
             "hit_ratio": summary["hit_ratio"], "requests": summary["requests"], "from": summary["from"],
             "to": summary["to"]}
 
 
-def check(api: Api, pool: str, window: str, at_risk_seq_len: int | None) -> dict:
+CHANGES = ("trigger", "hbm", "ttl")
+
+
+def changed(spec: dict, change: str, at_risk_seq_len: int | None) -> tuple[dict, str, dict]:
+    """The live spec with one change; the change in words; the changed field's value before and after."""
+    policy = parse_policy(spec)
+    if change == "trigger":
+        field, section, before = "at_risk_seq_len", "trigger", policy.trigger.at_risk_seq_len
+        after = at_risk_seq_len or 2 * before
+    elif change == "hbm":
+        field, section, before = "hbm_budget_mb", "cache", policy.cache.hbm_budget_mb
+        after = before / 2
+    else:
+        field, section, before = "entry_ttl_ms", "cache", policy.cache.entry_ttl_ms
+        after = max(1, before // 4)
+    new = {**spec, section: {**(spec.get(section) or {}), field: after}}
+    return new, f"{section}.{field} {before:g} → {after:g}", {"field": f"{section}.{field}", "live": before,
+                                                               "proposed": after}
+
+
+def check(api: Api, pool: str, window: str, at_risk_seq_len: int | None, change: str = "trigger") -> dict:
     window_s = WINDOWS[window]
     say(f"letting a full {window} window of traffic into the capture")
     time.sleep(window_s + ROUND_STEP_S)
     state = api("GET", f"/api/v1/pools/{pool}/")
     live = api("GET", f"/api/v1/pools/{pool}/revisions/{state['desired_generation']}/")
-    trigger = live["spec"]["trigger"]
-    threshold = at_risk_seq_len or 2 * int(trigger.get("at_risk_seq_len") or 512)
-    spec = {**live["spec"], "trigger": {**trigger, "at_risk_seq_len": threshold}}
+    spec, words, values = changed(live["spec"], change, at_risk_seq_len)
     revision = api("POST", f"/api/v1/pools/{pool}/revisions/", {
-        "parent_generation": state["latest_generation"], "spec": spec,
-        "comment": f"preview_check: at_risk_seq_len {trigger.get('at_risk_seq_len')} → {threshold}"})
-    say(f"previewing generation {revision['generation']} (at_risk_seq_len {threshold}) against "
-        f"generation {live['generation']}")
+        "parent_generation": state["latest_generation"], "spec": spec, "comment": f"preview_check: {words}"})
+    say(f"previewing generation {revision['generation']} ({words}) against generation {live['generation']}")
     live_measured = measured(api("GET", f"/api/v1/pools/{pool}/traffic/?window={window}"))
     preview = api("POST", f"/api/v1/pools/{pool}/revisions/{revision['generation']}/preview/", {"window": window})
     started = time.monotonic()
@@ -138,7 +157,7 @@ def check(api: Api, pool: str, window: str, at_risk_seq_len: int | None) -> dict
     result = preview["result"]
     return {
         "pool": pool, "window": window, "live_generation": live["generation"], "generation": revision["generation"],
-        "at_risk_seq_len": {"live": trigger.get("at_risk_seq_len"), "proposed": threshold},
+        "change": {"words": words, **values},
         "predicted": {side: {k: result[side][k] for k, _ in FIGURES} | {"requests": result[side]["requests"]}
                       for side in ("live", "proposed")},
         "measured": {"live": live_measured, "proposed": proposed_measured},
@@ -154,10 +173,10 @@ def table(report: dict) -> str:
     def show(key: str, value) -> str:
         if value is None:
             return "–"
-        return f"{100 * value:.2f} %" if key != "p99_ms" else f"{value:.1f}"
+        return f"{value:.1f}" if key.endswith("_ms") else f"{100 * value:.2f} %"
 
     lines = [f"Preview accuracy on pool {report['pool']}, {report['window']} windows "
-             f"(at_risk_seq_len {report['at_risk_seq_len']['live']} → {report['at_risk_seq_len']['proposed']}; "
+             f"({report['change']['words']}; "
              f"profile: {report['preview']['profile']['note']})",
              "| figure | live predicted | live measured | proposed predicted | proposed measured |",
              "|---|---:|---:|---:|---:|"]
@@ -176,7 +195,10 @@ def table(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.preview_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--window", default="5m", choices=sorted(WINDOWS, key=WINDOWS.get))
-    parser.add_argument("--at-risk-seq-len", type=int, help="the proposed threshold (default: twice the live one)")
+    parser.add_argument("--change", choices=CHANGES, default="trigger",
+                        help="trigger: a stricter at_risk_seq_len; hbm: half the HBM budget; ttl: a quarter of the TTL")
+    parser.add_argument("--at-risk-seq-len", type=int, help="with --change trigger: the proposed threshold "
+                        "(default: twice the live one)")
     parser.add_argument("--out", type=Path, help="JSON file for the figures")
     parser.add_argument("--url", help="a running control plane (default: start a stack here)")
     parser.add_argument("--token", help="an operator's API token (with --url)")
@@ -202,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 api, pool = Api(status["url"], status["token"]), status["pool"]
             say(f"warming up for {args.warmup_s:.0f} s")
             time.sleep(args.warmup_s)
-            report = check(api, pool, args.window, args.at_risk_seq_len)
+            report = check(api, pool, args.window, args.at_risk_seq_len, args.change)
         finally:
             if process is not None:
                 stop_stack(process)

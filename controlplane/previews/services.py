@@ -20,7 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -168,8 +170,19 @@ def preview_fail(*, preview_id: int, error: str) -> None:
                                                  finished_at=timezone.now())
 
 
-def pool_fleet(*, pool: Pool) -> tuple[int, str, str]:
-    """(live instances, device kind, how they were found) — what the simulated fleet mirrors."""
+@dataclass(frozen=True)
+class SimulatedFleet:
+    """What the simulated fleet mirrors of the pool: its live instances, their device kind and, for
+    CPU instances that share hosts, how many to a host and its cores."""
+
+    instances: int
+    device_kind: str
+    note: str
+    instances_per_host: int = 1
+    host_cores: int = 1
+
+
+def pool_fleet(*, pool: Pool) -> SimulatedFleet:
     keys = PoolKeys(pool.name)
     now = time.time()
     try:
@@ -178,23 +191,39 @@ def pool_fleet(*, pool: Pool) -> tuple[int, str, str]:
         raws = client.mget([keys.status(name) for name in names]) if names else []
     except redis.RedisError as exc:
         raise redis_unreachable(exc) from exc
-    devices = []
+    statuses = []
     for raw in filter(None, raws):
         try:
-            devices.append(InstanceStatus.from_json(raw).device.split(":")[0])
+            statuses.append(InstanceStatus.from_json(raw))
         except WireError:
             continue
+    devices = [status.device.split(":")[0] for status in statuses]
     kind = pool.device_kind if pool.device_kind != "auto" else (max(set(devices), key=devices.count)
                                                                 if devices else "auto")
-    if names:
-        return len(names), kind, f"{len(names)} live instances"
-    return pool.expected_instances, kind, f"no live instance now: the pool's expected {pool.expected_instances}"
+    if not names:
+        return SimulatedFleet(pool.expected_instances, kind,
+                              f"no live instance now: the pool's expected {pool.expected_instances}")
+    note = f"{len(names)} live instances"
+    # Single-threaded CPU instances on one host share its cores: the simulator shares them the same way.
+    cpu = [st for st in statuses if st.device.startswith("cpu") and st.host and st.host_cpus > 0
+           and st.torch_threads == 1]
+    if kind != "cpu" or not cpu:
+        return SimulatedFleet(len(names), kind, note)
+    hosts = Counter(st.host for st in cpu)
+    per_host = max(hosts.values())
+    cores = min(st.host_cpus for st in cpu if hosts[st.host] == per_host)
+    note += (f", {per_host} to a host of {cores} cores" if len(hosts) == 1 else
+             f" on {len(hosts)} hosts (simulated {per_host} to a host of {cores} cores, the most crowded)")
+    return SimulatedFleet(len(names), kind, note, per_host, cores)
 
 
-def _sim_command(paths: dict[str, Path], instances: int, device_kind: str) -> list[str]:
+def _sim_command(paths: dict[str, Path], fleet: SimulatedFleet) -> list[str]:
     command = [sys.executable, "-m", "relay_engine.sim", "preview", "--trace", str(paths["trace"]),
-               "--live", str(paths["live"]), "--proposed", str(paths["proposed"]), "--instances", str(instances),
-               "--device-kind", device_kind, "--forward-times", str(paths["forwards"]), "--out", str(paths["out"])]
+               "--live", str(paths["live"]), "--proposed", str(paths["proposed"]),
+               "--instances", str(fleet.instances), "--device-kind", fleet.device_kind,
+               "--forward-times", str(paths["forwards"]), "--out", str(paths["out"])]
+    if fleet.instances_per_host > 1 or fleet.host_cores > 1:
+        command += ["--instances-per-host", str(fleet.instances_per_host), "--host-cores", str(fleet.host_cores)]
     if settings.RELAYGR_PREVIEW_MAX_REQUESTS:
         command += ["--max-requests", str(settings.RELAYGR_PREVIEW_MAX_REQUESTS)]
     return command
@@ -248,7 +277,7 @@ def _simulate(preview: Preview) -> dict:
         raise PreviewFailed(f"The window holds {len(lines)} replayable requests; a preview needs at least 2.")
     live = policy_selectors.revision_get(pool=pool, generation=preview.live_generation)
     proposed = policy_selectors.revision_get(pool=pool, generation=preview.generation)
-    instances, device_kind, instances_note = pool_fleet(pool=pool)
+    fleet = pool_fleet(pool=pool)
     try:  # the pool's own forward times: the simulator fits its cost model from them
         forward_times = pool_forward_times(get_redis(), pool=pool.name,
                                            window_s=min(MAX_WINDOW_S, max(DEFAULT_WINDOW_S, preview.window_s)))
@@ -262,7 +291,7 @@ def _simulate(preview: Preview) -> dict:
         paths["live"].write_text(json.dumps(live.spec), encoding="utf-8")
         paths["proposed"].write_text(json.dumps(proposed.spec), encoding="utf-8")
         try:
-            done = subprocess.run(_sim_command(paths, instances, device_kind), capture_output=True, text=True,
+            done = subprocess.run(_sim_command(paths, fleet), capture_output=True, text=True,
                                   timeout=SIM_TIMEOUT_S, cwd=settings.BASE_DIR, preexec_fn=die_with_parent(),
                                   env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                       filter(None, [str(settings.BASE_DIR), os.environ.get("PYTHONPATH")]))})
@@ -274,7 +303,7 @@ def _simulate(preview: Preview) -> dict:
     result.update({
         "window": traffic.window_label(preview.window_s), "window_from": end_s - preview.window_s,
         "window_to": end_s, "captured_in_window": len(window.records), "skipped_records": window.bad,
-        "instances_note": instances_note, "device_kind": device_kind,
+        "instances_note": fleet.note, "device_kind": fleet.device_kind,
         "slo_ms": {"live": _slo_ms(live.spec), "proposed": _slo_ms(proposed.spec)},
         "hbm_budget_bytes": {"live": _hbm_budget_bytes(live.spec), "proposed": _hbm_budget_bytes(proposed.spec)},
     })

@@ -90,3 +90,23 @@ def synchronize_current_stream(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
     elif device.type == "npu":
         torch.npu.current_stream(device).synchronize()
+
+
+def host_identity() -> tuple[str, int]:
+    """(which host, how many CPUs this process may use): the kernel's boot id, which every container
+    on one machine shares (a hostname is each container's own), else the hostname; and the CPUs of
+    this process's affinity. What tells the simulator which CPU instances share cores."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            host = f.read().strip()
+    except OSError:
+        host = ""
+    if not host:
+        import socket
+
+        host = socket.gethostname()
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return host[:64], cpus

@@ -388,6 +388,11 @@ class InstanceStatus:
     model_num_layers: int = 0
     model_num_heads: int = 0
     model_head_dim: int = 0
+    # Where it runs (``devices.host_identity``): instances with one ``host`` share its ``host_cpus``
+    # (what a preview's simulated fleet mirrors on a CPU); empty and 0 where it says none.
+    host: str = ""
+    host_cpus: int = 0
+    torch_threads: int = 0
 
     def model_fingerprint(self) -> ModelFingerprint | None:
         dims = (self.model_num_layers, self.model_num_heads, self.model_head_dim)

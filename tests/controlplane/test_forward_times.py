@@ -64,3 +64,25 @@ def test_a_pool_without_forwards_answers_empty_and_a_bad_window_names_the_field(
 
 def test_forward_times_need_a_login(clients, pool, redis_on):
     assert clients["anonymous"].get(URL).status_code == 401
+
+
+def test_the_simulated_fleet_shares_a_hosts_cores_between_its_cpu_instances(pool, worker_factory):
+    from controlplane.previews.services import _sim_command, pool_fleet
+
+    workers = [worker_factory(POOL, i) for i in range(3)]
+    for i, worker in enumerate(workers):
+        worker.status.host, worker.status.host_cpus, worker.status.torch_threads = ("box-a" if i < 2 else "box-b"), 2, 1
+        worker.heartbeat()
+    fleet = pool_fleet(pool=pool)
+    assert (fleet.instances, fleet.device_kind, fleet.instances_per_host, fleet.host_cores) == (3, "cpu", 2, 2)
+    assert "on 2 hosts (simulated 2 to a host of 2 cores" in fleet.note
+    command = _sim_command({name: name for name in ("trace", "live", "proposed", "forwards", "out")}, fleet)
+    assert command[command.index("--instances-per-host") + 1] == "2" and command[command.index("--host-cores") + 1] == "2"
+    # Instances that say nothing of their host (an older worker), or run several torch threads: each its own.
+    for worker in workers:
+        worker.status.torch_threads = 4
+        worker.heartbeat()
+    fleet = pool_fleet(pool=pool)
+    assert (fleet.instances_per_host, fleet.host_cores, fleet.note) == (1, 1, "3 live instances")
+    assert "--instances-per-host" not in _sim_command({n: n for n in ("trace", "live", "proposed", "forwards", "out")},
+                                                      fleet)

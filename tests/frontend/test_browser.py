@@ -285,8 +285,24 @@ def test_preview_shows_live_and_proposed_side_by_side_then_publishes_that_revisi
     assert "SLO" in p99.locator('td[data-side="proposed"]').inner_text()
     assert " of " in table.locator('tr[data-figure="hbm_peak_bytes"] td[data-side="proposed"]').inner_text()
     assert "Simulator error" in sre.locator('[data-role="preview-model-error"]').inner_text()
-    # This stack measured no profile of its own: the preview says in its main text whose times it shows.
-    assert "not this pool's" in sre.locator('[data-role="preview-foreign-profile"]').inner_text()
+    # Whose times: the pool's own forwards where its instances ran enough of each operation, else this stack's
+    # stand-in (the reference profile: it measured none at start), said in the main text.
+    shown = sre.locator('[data-role="preview"]').get_attribute("data-preview-id")
+    status, body = stack.api("GET", f"/api/v1/pools/{POOL}/previews/{shown}/")
+    assert status == 200, body
+    result = body["result"]
+    window_text = sre.locator('[data-role="preview"] [data-role="preview-window"]').inner_text()
+    assert result["profile"]["note"] in window_text
+    assert result["profile"]["live_fit"]["rank_full"]["forwards"] > 0  # the instances' own forwards reached it
+    if result["profile"]["pools_own"]:
+        assert result["profile"]["note"].startswith("fitted from this pool's own forwards")
+        assert sre.locator('[data-role="preview-foreign-profile"]').count() == 0
+    else:
+        assert "not this pool's" in sre.locator('[data-role="preview-foreign-profile"]').inner_text()
+    # What the relay is worth on this traffic: the same requests with it off.
+    assert result["relay_off"]["requests"] == result["live"]["requests"]
+    assert "Without the relay" in sre.locator('[data-role="preview-relay-worth"]').inner_text()
+    assert table.locator('tr[data-figure="p99_ms"] td[data-side="relay-off"]').inner_text().endswith(")")
     assert "ago" in sre.locator('[data-role="preview"] [data-role="preview-window"]').inner_text()
     screenshot(sre, "09b-config-preview")
     previewed = pool_state(stack)["latest_generation"]  # the preview created it, unpublished

@@ -68,6 +68,37 @@ def test_shared_compute_splits_by_weight_and_gives_all_to_a_job_alone():
     assert done["prefill"] == pytest.approx(1.5)
 
 
+def test_a_host_of_two_cores_runs_two_single_threaded_jobs_at_full_speed_and_shares_by_weight_past_that():
+    sim = Simulation()
+    host = SharedCompute(sim, capacity=2.0, job_cap=1.0)
+    done = {}
+
+    def job(name, work_s, weight=1.0):
+        host.run(work_s, weight)
+        done[name] = sim.now
+
+    sim.spawn(job, "a", 1.0)
+    sim.spawn(job, "b", 1.0)
+    sim.run()
+    assert done == {"a": pytest.approx(1.0), "b": pytest.approx(1.0)}  # a core each, never two for one
+    done.clear()
+    sim = Simulation()
+    host = SharedCompute(sim, capacity=2.0, job_cap=1.0)
+    for name in "abc":
+        sim.spawn(job, name, 1.0)
+    sim.run()
+    assert all(t == pytest.approx(1.5) for t in done.values())  # three on two cores: 2/3 each
+    done.clear()
+    sim = Simulation()
+    host = SharedCompute(sim, capacity=2.0, job_cap=1.0)
+    sim.spawn(job, "heavy", 1.0, 8.0)  # capped at one core however heavy
+    sim.spawn(job, "x", 1.0, 1.0)
+    sim.spawn(job, "y", 1.0, 1.0)
+    sim.run()
+    # x and y share the other core (half each) until heavy is done at 1 s, then have a core each: done at 1.5 s
+    assert done["heavy"] == pytest.approx(1.0) and done["x"] == pytest.approx(1.5) and done["y"] == pytest.approx(1.5)
+
+
 def test_the_simulation_loop_cannot_block_itself():
     with pytest.raises(RuntimeError):
         Simulation().block()
@@ -148,6 +179,12 @@ def test_the_what_if_preview_replays_the_same_requests_under_both_specs():
     assert "most recent 300 of 400" in result["sampling"]
     assert result["live"]["requests"] == result["proposed"]["requests"] > 0
     assert result["proposed"]["preinfer_admitted"] < result["live"]["preinfer_admitted"]
+    # The relay off on the same requests: nothing pre-inferred or cached, every rank the full one.
+    off = result["relay_off"]
+    assert off["requests"] == result["live"]["requests"]
+    assert off["preinfer_admitted"] == 0 and off["hbm_peak_bytes"] == 0 and not off["hit_ratio"]
+    assert off["p50_ms"] == pytest.approx(30.0, rel=0.01)  # the full rank's 30 ms, alone on its instance
+    assert off["p50_ms"] > result["live"]["p50_ms"]
 
 
 def test_recent_share_keeps_the_latest_requests_from_time_zero():

@@ -571,27 +571,40 @@
       .filter((reason) => (f.preinfer_refused || {})[reason.reason])
       .map((reason) => `${reason.label} ${fmt.count(f.preinfer_refused[reason.reason])}`).join(", ") || "none";
     const rows = [
-      { label: "P99", key: "p99_ms", better: "lower", show: (v, side) => `${fmt.ms(v)} (SLO ${fmt.ms(slo[side])})` },
-      { label: "P50", key: "p50_ms", better: "lower", show: (v) => fmt.ms(v) },
-      { label: "Within SLO", key: "within_slo_share", better: "higher", share: true, show: (v) => fmt.pct(v, 2) },
-      { label: "SLO throughput", key: "slo_throughput_qps", better: "higher", show: (v) => fmt.rate(v) },
+      { label: "P99", key: "p99_ms", better: "lower", off: true,
+        show: (v, side) => `${fmt.ms(v)} (SLO ${fmt.ms(slo[side] || slo.live)})` },
+      { label: "P50", key: "p50_ms", better: "lower", off: true, show: (v) => fmt.ms(v) },
+      { label: "Within SLO", key: "within_slo_share", better: "higher", share: true, off: true, show: (v) => fmt.pct(v, 2) },
+      { label: "SLO throughput", key: "slo_throughput_qps", better: "higher", off: true, show: (v) => fmt.rate(v) },
       { label: "HBM peak / instance", key: "hbm_peak_bytes", better: "lower", show: (v, side) => `${fmt.bytes(v)} of ${fmt.bytes(budget[side])}` },
       { label: "Hit ratio", key: "hit_ratio", better: "higher", share: true, show: (v) => fmt.pct(v) },
       { label: "Pre-infer admitted", key: "preinfer_admitted", show: (v) => fmt.count(v) },
       { label: "Pre-infer refused", key: "preinfer_refused", show: (v, side) => refused(sides[side], true) },
       { label: "Pre-infer not needed", key: "preinfer_not_needed", show: (v, side) => refused(sides[side], false) },
     ];
+    // The relay off on the same traffic (every request runs its whole history): what the relay is worth here.
+    const off = r.relay_off || null;
     const table = el("table", { class: "data preview", dataset: { role: "preview-table" } },
       el("thead", {}, el("tr", {}, el("th", {}, "Figure"), el("th", {}, `Live (gen. ${preview.live_generation})`),
-        el("th", {}, `Proposed (gen. ${preview.generation})`))),
+        el("th", {}, `Proposed (gen. ${preview.generation})`),
+        off ? el("th", { title: "The same requests with no pre-inference and no cache, on the live SLO" },
+          "Relay off") : "")),
       el("tbody", {}, ...rows.map((row) => {
         const judged = verdict(row.better, r.live[row.key], r.proposed[row.key], row.share);
         return el("tr", { dataset: { figure: row.key } },
           el("th", {}, row.label),
           el("td", { dataset: { side: "live" } }, row.show(r.live[row.key], "live")),
           el("td", { class: judged, dataset: { side: "proposed" } }, row.show(r.proposed[row.key], "proposed"),
-            judged ? el("span", { class: "verdict" }, judged === "worse" ? "▲ worse" : "▼ better") : ""));
+            judged ? el("span", { class: "verdict" }, judged === "worse" ? "▲ worse" : "▼ better") : ""),
+          off ? el("td", { class: "muted", dataset: { side: "relay-off" } },
+            row.off ? row.show(off[row.key], "relay_off") : "–") : "");
       })));
+    const worth = off && off.p99_ms && r.live.p99_ms
+      ? el("p", { class: "small", dataset: { role: "preview-relay-worth" } },
+        `Without the relay, the same requests would run their whole history each: P99 ${fmt.ms(off.p99_ms)} `
+        + `instead of ${fmt.ms(r.live.p99_ms)}, ${fmt.pct(off.within_slo_share, 2)} within the SLO instead of `
+        + `${fmt.pct(r.live.within_slo_share, 2)}.`)
+      : null;
     const age = Date.now() / 1000 - r.window_to;
     const error = r.model_error === null || r.model_error === undefined
       ? `Simulator error: unknown (${r.model_error_note}).`
@@ -607,6 +620,7 @@
       el("h3", {}, "What-if preview"),
       foreign,
       table,
+      worth,
       el("p", { class: "muted small", dataset: { role: "preview-window" } },
         `${fmt.count(r.requests)} requests replayed of ${fmt.count(r.requests_captured)} captured in the last ${r.window}`
         + ` (window ended ${fmt.age(age)} ago) on ${r.instances} instances (${r.instances_note}); ${r.profile.note}.`

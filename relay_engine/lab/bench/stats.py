@@ -67,6 +67,9 @@ class PointResult:
     p99_replicates: np.ndarray = field(default_factory=lambda: np.empty(0))
     instance_hbm_peak_bytes: int = 0  # the largest peak of any one instance in any window
     instance_dram_peak_bytes: int = 0
+    # The ranked ones (not past their deadline): what a dashboard's P99 is of (``telemetry``: the engine
+    # records the latency of a served request only; a missed deadline counts against the SLO share).
+    served_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
 
     @property
     def n(self) -> int:
@@ -134,6 +137,7 @@ def point_result(mode: str, cap: int, qps: float, time_scale: float, slo_ms: flo
     """Merge every instance's report of every window into one point (peaks: the largest window's sum)."""
     reports = [r for window in windows for r in window]
     latencies = np.array([lat for r in reports for (_, lat, _, m) in r.ranks if m], dtype=np.float64)
+    served = np.array([lat for r in reports for (_, lat, o, m) in r.ranks if m and o in RANKED], dtype=np.float64)
     outcomes = Counter(o for r in reports for (_, _, o, m) in r.ranks if m)
     pre = [(a, reason) for r in reports for (_, a, reason, m) in r.preinfers if m]
 
@@ -145,7 +149,7 @@ def point_result(mode: str, cap: int, qps: float, time_scale: float, slo_ms: flo
         dict(Counter(reason for a, reason in pre if not a)), peak("hbm_peak_bytes"), peak("hbm_budget_bytes"),
         peak("dram_peak_bytes"), peak("dram_budget_bytes"), wall_s,
         instance_hbm_peak_bytes=max((r.hbm_peak_bytes for r in reports), default=0),
-        instance_dram_peak_bytes=max((r.dram_peak_bytes for r in reports), default=0))
+        instance_dram_peak_bytes=max((r.dram_peak_bytes for r in reports), default=0), served_ms=served)
 
 
 # --- sweeps ------------------------------------------------------------------------------------

@@ -193,14 +193,16 @@ def cmd_preview(args: argparse.Namespace) -> int:
         live_fit = fit_live(times, cost)
         if live_fit.live_ops:
             cost = live_fit.cost
-            pools_own = True
+            # The pool's own times when every operation is, or the rest come from its own device's profile.
+            pools_own = pools_own or len(live_fit.live_ops) == len(live_fit.ops)
             profile_note = (f"fitted from this pool's own forwards over {window_words(meta)} "
                             f"({live_fit.sentence()}; the rest: {profile_note})")
         else:
             profile_note = f"{profile_note}: no forwards of this pool's own in {window_words(meta)} yet"
     model_error, model_error_note = model_error_of(Path(args.validation))
     result = run_preview(queries, live, proposed, instances=args.instances, cost=cost,
-                         rank_threads=args.rank_threads, max_requests=args.max_requests, jobs=args.jobs)
+                         rank_threads=args.rank_threads, max_requests=args.max_requests, jobs=args.jobs,
+                         host=(args.instances_per_host, args.host_cores))
     result.update({"model_error": model_error, "model_error_note": model_error_note,
                    "profile": {"path": str(profile), "device": cost.device, "note": profile_note,
                                # whether the times are this pool's devices' own, or a stand-in's
@@ -274,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--proposed", required=True, help="the proposed revision's spec (JSON file)")
     pre.add_argument("--instances", type=int, default=1, help="the pool's live instances")
     pre.add_argument("--rank-threads", type=int, default=BenchSettings.rank_threads)
+    pre.add_argument("--instances-per-host", type=int, default=1,
+                     help="CPU instances that share a host: this many to a host (default 1: each its own compute)")
+    pre.add_argument("--host-cores", type=positive_number, default=1.0,
+                     help="with --instances-per-host: the cores each host has (a forward uses one at most)")
     pre.add_argument("--device-kind", default="auto", help="the pool's device kind: picks the cost profile")
     pre.add_argument("--profile", type=Path, help="cost-model file (default: by --device-kind)")
     pre.add_argument("--max-requests", type=int, default=DEFAULT_MAX_REQUESTS,

@@ -10,7 +10,8 @@ one), so those locks never block.
 ``SharedCompute`` is one instance's device: work-conserving weighted processor sharing. Each running
 job progresses at ``capacity × weight / Σ weights`` of standalone speed — what Linux's CFS does with
 a nice-0 ranking thread and a lower-weighted pre-inference thread on one core, and what a priority
-stream approximates on an accelerator.
+stream approximates on an accelerator. CPU instances that share a host share one ``SharedCompute``
+of the host's cores instead, each job at most one core (``job_cap``).
 """
 
 from __future__ import annotations
@@ -92,12 +93,21 @@ class Simulation:
 
 
 class SharedCompute:
-    """One instance's compute under weighted processor sharing (work-conserving)."""
+    """Compute under weighted processor sharing (work-conserving), optionally with a cap per job.
 
-    def __init__(self, sim: Simulation, capacity: float = 1.0):
+    ``capacity``: standalone-speed units the compute has (1: one device, or one core); ``job_cap``: the
+    most one job can use (None: all of it). A host of C cores whose instances each run single-threaded
+    forwards is ``capacity=C, job_cap=1``: a job alone gets one core, never two, and jobs share the
+    cores by weight once there are more of them than cores (what CFS does with the threads of every
+    process on the host). With ``job_cap`` None every job gets ``capacity × weight / Σ weights``.
+    """
+
+    def __init__(self, sim: Simulation, capacity: float = 1.0, job_cap: float | None = None):
         self.sim = sim
         self.capacity = capacity
+        self.job_cap = job_cap
         self._jobs: dict[int, list] = {}  # id → [remaining standalone seconds, weight, process]
+        self._rates: dict[int, float] = {}
         self._ids = itertools.count()
         self._updated = 0.0
         self._version = 0
@@ -114,6 +124,21 @@ class SharedCompute:
         self._reschedule()
         self.sim.block()
 
+    def _shares(self) -> dict[int, float]:
+        """Each job's speed: by weight, water-filled under the per-job cap."""
+        if self.job_cap is None:
+            total = sum(job[1] for job in self._jobs.values())
+            return {i: self.capacity * job[1] / total for i, job in self._jobs.items()}
+        rates, left, weights = {}, self.capacity, sum(job[1] for job in self._jobs.values())
+        for i, job in sorted(self._jobs.items(), key=lambda kv: -kv[1][1]):
+            rate = left * job[1] / weights if weights > 0 else 0.0
+            if rate >= self.job_cap:
+                rate = self.job_cap
+            rates[i] = rate
+            left -= rate
+            weights -= job[1]
+        return rates
+
     def _advance(self) -> None:
         now = self.sim.now
         elapsed = now - self._updated
@@ -121,17 +146,17 @@ class SharedCompute:
         if elapsed <= 0 or not self._jobs:
             return
         self.busy_s += elapsed
-        total = sum(job[1] for job in self._jobs.values())
-        for job in self._jobs.values():
-            job[0] -= elapsed * self.capacity * job[1] / total
+        for i, job in self._jobs.items():
+            job[0] -= elapsed * self._rates.get(i, 0.0)
 
     def _reschedule(self) -> None:
         self._version += 1
         if not self._jobs:
+            self._rates = {}
             return
-        total = sum(job[1] for job in self._jobs.values())
-        job_id, job = min(self._jobs.items(), key=lambda kv: kv[1][0] / kv[1][1])
-        finish = self.sim.now + max(0.0, job[0]) * total / (job[1] * self.capacity)
+        self._rates = rates = self._shares()
+        job_id = min(self._jobs, key=lambda i: self._jobs[i][0] / rates[i] if rates[i] > 0 else math.inf)
+        finish = self.sim.now + max(0.0, self._jobs[job_id][0]) / rates[job_id]
         version = self._version
         self.sim.at(finish, lambda: self._complete(job_id, version))
 
@@ -140,5 +165,6 @@ class SharedCompute:
             return  # the job set changed since: a newer completion event stands
         self._advance()
         _, _, process = self._jobs.pop(job_id)
+        self._rates.pop(job_id, None)
         self._reschedule()
         process.switch()

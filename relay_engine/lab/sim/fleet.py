@@ -51,6 +51,10 @@ class FleetSpec:
     preinfer: bool = True  # pre-infer signals are sent
     rank_threads: int = 4
     device_type: str = "cpu"  # how the lane's share maps to a weight (``virtual.lane_weight``)
+    # CPU instances that share a host: this many to a host of ``host_cores`` cores, each forward on one
+    # core at most (1, 1.0: every instance on a compute of its own, one core or one device).
+    instances_per_host: int = 1
+    host_cores: float = 1.0
 
     @classmethod
     def of_mode(cls, mode: Mode, regime: Regime, instances: int, rank_threads: int = 4,
@@ -82,12 +86,12 @@ class Tokens:
 
 class SimInstance:
     def __init__(self, sim: Simulation, name: str, model: HSTUModel, cost: CostModel, spec: FleetSpec,
-                 tokens: Tokens):
+                 tokens: Tokens, compute: SharedCompute | None = None):
         self.sim = sim
         self.name = name
         self.tokens = tokens
         self.deadline_s = spec.deadline_ms / 1000
-        self.compute = SharedCompute(sim)
+        self.compute = compute if compute is not None else SharedCompute(sim)
         self.forwards = forwards = CostForwards(cost, self.compute, model.config, model.version)
         self.engine: RelayEngine | None = None
         if spec.policy is None:
@@ -142,6 +146,16 @@ def instance_names(n: int) -> list[str]:
     return [f"instance-{i}" for i in range(n)]
 
 
+def computes(sim: Simulation, spec: FleetSpec) -> list[SharedCompute]:
+    """Each instance's compute: its own, or its host's (``instances_per_host`` to a host)."""
+    if spec.instances_per_host <= 1 and spec.host_cores == 1.0:
+        return [SharedCompute(sim) for _ in range(spec.instances)]
+    per_host = max(1, spec.instances_per_host)
+    hosts = [SharedCompute(sim, capacity=spec.host_cores, job_cap=1.0)
+             for _ in range(-(-spec.instances // per_host))]
+    return [hosts[i // per_host] for i in range(spec.instances)]
+
+
 def replay_window(queries: Sequence[TraceQuery], window: Window, events: Sequence[Event], *, cap: int,
                   spec: FleetSpec, model: HSTUModel, cost: CostModel, rng: random.Random,
                   tokens: Tokens | None = None, progress: Callable[[float], None] | None = None) -> list[InstanceReport]:
@@ -149,7 +163,8 @@ def replay_window(queries: Sequence[TraceQuery], window: Window, events: Sequenc
     sim = Simulation()
     tokens = tokens or Tokens()
     names = instance_names(spec.instances)
-    fleet = {n: SimInstance(sim, n, model, cost, spec, tokens) for n in names}
+    fleet = {n: SimInstance(sim, n, model, cost, spec, tokens, compute) for n, compute in zip(names, computes(sim, spec),
+                                                                                             strict=True)}
     if spec.policy is not None:
         for name, indices in primed_routes(queries, window, names, spec.affinity, rng).items():
             fleet[name].prime(queries, indices, cap)

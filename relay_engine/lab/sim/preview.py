@@ -73,9 +73,11 @@ def simulate_trace(queries: Sequence[TraceQuery], spec: FleetSpec, cost: CostMod
 
 @dataclass(frozen=True)
 class PreviewFigures:
+    # P99 and P50 of the requests served, as the dashboards and the traffic summary measure them (a
+    # request past its deadline is failed, counted in ``deadline_missed`` and against the SLO share).
     p99_ms: float | None
     p50_ms: float | None
-    within_slo_share: float | None
+    within_slo_share: float | None  # of every measured request
     slo_throughput_qps: float  # ranking requests answered within the SLO per second of the window
     hbm_peak_bytes: int  # the largest peak of any one instance (budgets are per instance)
     dram_peak_bytes: int
@@ -83,6 +85,7 @@ class PreviewFigures:
     preinfer_admitted: int
     preinfer_refused: dict[str, int]  # by the trigger's reason
     requests: int  # measured ranking requests
+    deadline_missed: int  # of them, failed past their deadline
     window_s: float  # the measured traffic's span
     sim_wall_s: float
 
@@ -90,24 +93,34 @@ class PreviewFigures:
         return asdict(self)
 
 
-def preview(queries: Sequence[TraceQuery], spec: PolicySpec, instances: int, cost: CostModel, *,
+def preview(queries: Sequence[TraceQuery], spec: PolicySpec | None, instances: int, cost: CostModel, *,
             rank_threads: int = 4, prime_share: float = 0.1, warmup_share: float = 0.05,
-            seed: int = 0, cap: int | None = None) -> PreviewFigures:
-    """The figures of one policy on one traffic window (the what-if preview calls this twice: the live
-    spec and the proposed one, on the same captured queries and cost model)."""
-    fleet = FleetSpec(spec, instances, deadline_ms=2 * spec.trigger.ranking_p99_slo_ms, rank_threads=rank_threads,
+            seed: int = 0, cap: int | None = None, slo_ms: float | None = None,
+            host: tuple[int, float] = (1, 1.0)) -> PreviewFigures:
+    """The figures of one policy on one traffic window (the what-if preview calls this for the live
+    spec, the proposed one and the relay off, on the same captured queries and cost model). ``spec``
+    None: the relay off — every ranking request runs the whole history (no pre-inference, no cache),
+    judged on ``slo_ms``. ``host``: (instances to a host, its cores) for CPU instances that share one
+    (``FleetSpec.instances_per_host``)."""
+    slo_ms = spec.trigger.ranking_p99_slo_ms if spec is not None else slo_ms
+    if slo_ms is None:
+        raise ValueError("the relay off needs the SLO it is judged on (slo_ms)")
+    fleet = FleetSpec(spec, instances, deadline_ms=2 * slo_ms, rank_threads=rank_threads,
+                      preinfer=spec is not None, instances_per_host=host[0], host_cores=host[1],
                       device_type=cost.device if cost.device in ("cpu", "cuda", "npu") else "accelerator")
-    point = simulate_trace(queries, fleet, cost, slo_ms=spec.trigger.ranking_p99_slo_ms, cap=cap,
+    point = simulate_trace(queries, fleet, cost, slo_ms=slo_ms, cap=cap,
                            prime_share=prime_share, warmup_share=warmup_share, seed=seed)
     window = whole_trace_window(len(queries), prime_share, warmup_share)
     span_s = max(1e-9, (queries[-1].t_ms - queries[window.first_measured].t_ms) / 1000)
     within = int((point.latencies_ms <= point.slo_ms).sum())
     return PreviewFigures(
-        p99_ms=point.p99_ms, p50_ms=quantile(point.latencies_ms, 0.5), within_slo_share=point.within_slo_share,
+        p99_ms=quantile(point.served_ms, 0.99), p50_ms=quantile(point.served_ms, 0.5),
+        within_slo_share=point.within_slo_share,
         slo_throughput_qps=within / span_s, hbm_peak_bytes=point.instance_hbm_peak_bytes,
         dram_peak_bytes=point.instance_dram_peak_bytes,
         hit_ratio=point.hit_ratio, preinfer_admitted=point.preinfer_admitted,
-        preinfer_refused=dict(point.preinfer_refused), requests=point.n, window_s=span_s, sim_wall_s=point.wall_s)
+        preinfer_refused=dict(point.preinfer_refused), requests=point.n,
+        deadline_missed=point.outcomes.get("deadline", 0), window_s=span_s, sim_wall_s=point.wall_s)
 
 
 
@@ -177,8 +190,9 @@ def recent_share(queries: Sequence[TraceQuery], max_requests: int) -> tuple[list
 
 
 def _figures(args: tuple) -> dict:
-    queries, spec, instances, cost, rank_threads, cap = args
-    return preview(queries, spec, instances, cost, rank_threads=rank_threads, cap=cap).to_dict()
+    queries, spec, instances, cost, rank_threads, cap, slo_ms, host = args
+    return preview(queries, spec, instances, cost, rank_threads=rank_threads, cap=cap, slo_ms=slo_ms,
+                   host=host).to_dict()
 
 
 def prefix_cap(queries: Sequence[TraceQuery], cost: CostModel) -> int:
@@ -189,21 +203,23 @@ def prefix_cap(queries: Sequence[TraceQuery], cost: CostModel) -> int:
 
 def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: PolicySpec, *, instances: int,
                 cost: CostModel, rank_threads: int = 4, max_requests: int = DEFAULT_MAX_REQUESTS,
-                jobs: int = 2) -> dict:
-    """Live and proposed spec on the same (most recent) captured queries; both replays in parallel
+                jobs: int = 2, host: tuple[int, float] = (1, 1.0)) -> dict:
+    """Live and proposed spec on the same (most recent) captured queries, and the relay off on them
+    (judged on the live SLO: what the relay is worth on this traffic); the replays in parallel
     processes when ``jobs`` > 1."""
     replayed, note = recent_share(queries, max_requests)
     cap = prefix_cap(replayed, cost)
     cut = sum(q.seq_len > cap for q in replayed)
-    work = [(replayed, spec, instances, cost, rank_threads, cap) for spec in (live, proposed)]
+    slo_ms = live.trigger.ranking_p99_slo_ms
+    work = [(replayed, spec, instances, cost, rank_threads, cap, slo_ms, host) for spec in (live, proposed, None)]
     started = time.monotonic()
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork"),
                                  initializer=follow_parent, initargs=(os.getpid(),)) as pool:
-            live_figures, proposed_figures = pool.map(_figures, work)
+            live_figures, proposed_figures, relay_off = pool.map(_figures, work)
     else:
-        live_figures, proposed_figures = map(_figures, work)
-    return {"live": live_figures, "proposed": proposed_figures, "requests": len(replayed),
+        live_figures, proposed_figures, relay_off = map(_figures, work)
+    return {"live": live_figures, "proposed": proposed_figures, "relay_off": relay_off, "requests": len(replayed),
             "requests_captured": len(queries), "sampling": note, "instances": instances,
-            "rank_threads": rank_threads, "prefix_cap": cap, "prefixes_cut": cut,
+            "rank_threads": rank_threads, "instances_per_host": host[0], "host_cores": host[1], "prefix_cap": cap, "prefixes_cut": cut,
             "sim_wall_s": round(time.monotonic() - started, 2)}

@@ -1,0 +1,38 @@
+"""The preview check's three changes: each one field of the live spec, the rest as it was."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay_engine.core.config import parse_policy
+from workers.preview_check import changed, table
+
+LIVE = {"trigger": {"at_risk_seq_len": 600, "ranking_p99_slo_ms": 265}, "cache": {"hbm_budget_mb": 1024}}
+
+
+@pytest.mark.parametrize(("change", "field", "before", "after"), [
+    ("trigger", "trigger.at_risk_seq_len", 600, 1200),
+    ("hbm", "cache.hbm_budget_mb", 1024, 512),
+    ("ttl", "cache.entry_ttl_ms", 120_000, 30_000),  # not in the live spec: the schema's default
+])
+def test_each_change_is_one_field_and_parses(change, field, before, after):
+    spec, words, values = changed(LIVE, change, None)
+    assert values == {"field": field, "live": before, "proposed": after}
+    assert words == f"{field} {before:g} → {after:g}"
+    policy = parse_policy(spec)
+    assert policy.trigger.ranking_p99_slo_ms == 265
+    section, name = field.split(".")
+    assert getattr(getattr(policy, section), name) == after
+    assert LIVE["cache"] == {"hbm_budget_mb": 1024}  # the live spec itself untouched
+
+
+def test_a_given_threshold_is_used_and_the_table_shows_ms_and_shares():
+    spec, words, _ = changed(LIVE, "trigger", 2048)
+    assert spec["trigger"]["at_risk_seq_len"] == 2048 and words == "trigger.at_risk_seq_len 600 → 2048"
+    side = {"p99_ms": 54.36, "p50_ms": 11.78, "within_slo_share": 0.9975, "hit_ratio": 0.68, "requests": 1187}
+    report = {"pool": "main", "window": "5m", "change": {"words": words},
+              "predicted": {"live": side, "proposed": side}, "measured": {"live": side, "proposed": side},
+              "preview": {"profile": {"note": "fitted"}, "model_error": None, "model_error_note": "n/a",
+                          "wall_s": 2.4}}
+    text = table(report)
+    assert "| P99 (ms) | 54.4 |" in text and "| P50 (ms) | 11.8 |" in text and "| within SLO | 99.75 % |" in text
