@@ -69,6 +69,7 @@ RULES: dict[str, dict[str, Rule]] = {
     "api/v1/pools/<poolname:pool>/instances/": {"get": Rule("viewer", 200, query="?window=5m")},
     "api/v1/pools/<poolname:pool>/instances/<instancename:instance>/metrics/": {"get": Rule("viewer", 200)},
     "api/v1/pools/<poolname:pool>/traffic/": {"get": Rule("viewer", 200, query="?window=15m")},
+    "api/v1/pools/<poolname:pool>/forwards/": {"get": Rule("viewer", 200, query="?window_s=900")},
     # No captured traffic: the allowed callers learn that (409), the others never reach the capture.
     "api/v1/pools/<poolname:pool>/revisions/<generation:generation>/preview/": {"post": Rule("operator", 409)},
     "api/v1/pools/<poolname:pool>/previews/<generation:preview>/": {"get": Rule("viewer", 404)},
