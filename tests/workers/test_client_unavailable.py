@@ -75,3 +75,18 @@ def test_a_pre_infer_signal_without_a_deadline_fails_clearly_within_the_default_
     with RelayClient(settings) as client:
         kind, elapsed = outcome(lambda: client.pre_infer("user", seq_len=8))
     assert kind == "NoLiveInstances" and elapsed <= 1.0 + SLACK_S
+
+
+def test_a_channel_closed_under_a_send_by_kombus_reconnect_is_redis_unavailable_and_our_own_bugs_are_not():
+    """kombu closes a pooled channel (``connection`` → None) while recovering from a lost Redis; a send
+    on it raised AttributeError from inside kombu, which the caller saw as a bug (the fault tests, once)."""
+    from kombu.transport.redis import Channel
+
+    from workers.client import _sending
+
+    closed = Channel.__new__(Channel)
+    closed.connection = None
+    with pytest.raises(RelayUnavailable, match="cannot send to test.0: Redis cannot be reached"), _sending("test.0"):
+        closed._connparams()
+    with pytest.raises(AttributeError), _sending("test.0"):
+        None.client  # noqa: B018 — an AttributeError of our own stays one
