@@ -26,7 +26,7 @@ from collections import Counter
 import redis
 
 from relay_engine.core.engine import RelayEngine
-from relay_engine.core.forward_times import ForwardTimesRecord
+from relay_engine.core.forward_times import ForwardTimes, ForwardTimesRecord
 from relay_engine.core.telemetry import (
     COUNTERS,
     REFUSAL_REASONS,
@@ -153,21 +153,22 @@ class TelemetryPublisher:
         for tier in due:
             self._last_period[tier] = int(now // TELEMETRY_TIERS[tier][0])
         # Every FORWARD_TIMES_EVERY_S, and at once when the first forwards are there (a new instance's
-        # times are not half a minute late).
-        times = stats.forward_times
-        if times is not None and (self._last_forwards != int(now // FORWARD_TIMES_EVERY_S) or
-                                  (not self._forwards_published and times.count)):
-            self._write_forward_times(now, stats)
+        # times are not half a minute late); copied only then, not with every snapshot.
+        period_turned = self._last_forwards != int(now // FORWARD_TIMES_EVERY_S)
+        if self.engine.forward_clock != "none" and (period_turned or not self._forwards_published):
+            times = self.engine.forward_times.copy()
+            if period_turned or times.count:
+                self._write_forward_times(now, stats, times)
         return due
 
-    def _write_forward_times(self, now: float, stats) -> None:
+    def _write_forward_times(self, now: float, stats, times: ForwardTimes) -> None:
         record = ForwardTimesRecord(instance=self.engine.name, ts=now, started_at=self.started_at,
                                     device=stats.device, model_version=stats.model_version,
-                                    clock=stats.forward_clock, times=stats.forward_times)
+                                    clock=self.engine.forward_clock, times=times)
         key = self.keys.forward_times(self.engine.name)
         pipe = self.client.pipeline(transaction=False)
         pipe.xadd(key, {"d": record.to_json()}, maxlen=FORWARD_TIMES_KEPT, approximate=False)
         pipe.expire(key, FORWARD_TIMES_EVERY_S * FORWARD_TIMES_KEPT)
         pipe.execute()
         self._last_forwards = int(now // FORWARD_TIMES_EVERY_S)
-        self._forwards_published = stats.forward_times.count > 0
+        self._forwards_published = times.count > 0

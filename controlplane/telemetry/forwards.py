@@ -15,7 +15,6 @@ from collections import Counter
 import redis
 
 from relay_engine.core.forward_times import (
-    OPS,
     ForwardTimes,
     ForwardTimesError,
     ForwardTimesRecord,
@@ -97,4 +96,4 @@ def summary(times: ForwardTimes) -> list[dict]:
     return rows
 
 
-__all__ = ["DEFAULT_WINDOW_S", "MAX_WINDOW_S", "OPS", "pool_forward_times", "summary"]
+__all__ = ["DEFAULT_WINDOW_S", "MAX_WINDOW_S", "pool_forward_times", "summary"]

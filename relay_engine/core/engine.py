@@ -133,8 +133,6 @@ class EngineStats:
     dram_peak_bytes: int
     dram_entries: int
     device_allocated_bytes: int | None = None
-    forward_times: ForwardTimes | None = None  # cumulative; None when the engine runs a cost model
-    forward_clock: str = "none"
 
 
 @dataclass(frozen=True)
@@ -217,8 +215,8 @@ class RelayEngine:
         if self.model.device != self.device:
             raise ValueError(f"model is on {self.model.device}, engine on {self.device}")
         self.clock, self.wall_clock = clock, wall_clock
-        # The real model's passes are timed into ``forward_times`` (what the pool's cost model is fitted
-        # from); a cost model's, on a virtual clock, are not.
+        # The real model's passes are timed into ``forward_times`` (cumulative; what the pool's cost model
+        # is fitted from); a cost model's, on a virtual clock, are not (``forward_clock`` "none").
         self.forward_times = ForwardTimes()
         self.forward_clock = "none"
         if forwards is None:
@@ -565,6 +563,4 @@ class RelayEngine:
             dram_peak_bytes=self.dram.counters.peak_bytes,
             dram_entries=len(self.dram),
             device_allocated_bytes=devices.device_allocated_bytes(self.device),
-            forward_times=self.forward_times.copy() if self.forward_clock != "none" else None,
-            forward_clock=self.forward_clock,
         )

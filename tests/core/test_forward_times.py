@@ -109,8 +109,8 @@ def test_the_real_model_times_every_forward_with_its_shape():
         engine.rank(RankRequest("cold", prefix, short, torch.arange(1, 9)))  # a miss: the full rank
         assert engine.pre_infer(PreInferRequest("warm", prefix)).admitted
         engine.rank(RankRequest("warm", prefix, short, torch.arange(1, 9)))  # against the cached prefix
-        got = {(m.op, m.count, round(m.n), round(m.s), round(m.c)) for m in engine.stats().forward_times.means()}
+        got = {(m.op, m.count, round(m.n), round(m.s), round(m.c)) for m in engine.forward_times.means()}
         assert got == {("rank_full", 1, 200, 4, 8), ("prefill", 1, 200, 0, 0), ("rank", 1, 200, 4, 8)}
-        assert all(m.mean_ms > 0 for m in engine.stats().forward_times.means())
+        assert all(m.mean_ms > 0 for m in engine.forward_times.means())
     finally:
         engine.close()
