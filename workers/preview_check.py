@@ -1,6 +1,6 @@
 """How far to trust a what-if preview: predict a change on captured traffic, publish it, measure it.
 
-    python -m workers.preview_check [--window 5m] [--change trigger|hbm|ttl] [--at-risk-seq-len N] [--out F]
+    python -m workers.preview_check [--window 5m] [--change trigger|hbm|ttl|live] [--windows N] [--at-risk-seq-len N] [--out F]
         [--url URL --token KEY --pool NAME]          # a running stack (an operator's token)
         [--instances 2] [--rate 8] [--model default] [--device auto] [--warmup-s 60]   # else one started here
 
@@ -12,6 +12,8 @@ half the live HBM budget; ``ttl``, a quarter of the live cache entries' TTL), pr
 recorded: P99, within-SLO share, hit ratio), publishes the revision, waits for the fleet to converge,
 lets a whole window of traffic pass under it and measures that window the same way. Prints predicted
 vs measured for the live and the proposed revision and writes them as JSON with ``--out``.
+``--change live`` changes nothing: it previews the live revision on each of ``--windows`` successive
+windows and measures each of them (how far the preview is from what the pool did, window by window).
 
 Measured figures are the instances' own ranking latencies (``engine.rank``, as the capture records
 them) — the quantity the simulator predicts. The machine is shared: read the figures with that in mind.
@@ -107,7 +109,7 @@ def measured(summary: dict) -> dict:
             "to": summary["to"]}
 
 
-CHANGES = ("trigger", "hbm", "ttl")
+CHANGES = ("trigger", "hbm", "ttl", "live")
 
 
 def changed(spec: dict, change: str, at_risk_seq_len: int | None) -> tuple[dict, str, dict]:
@@ -127,6 +129,74 @@ def changed(spec: dict, change: str, at_risk_seq_len: int | None) -> tuple[dict,
                                                                "proposed": after}
 
 
+def previewed(api: Api, pool: str, generation: int, window: str) -> tuple[dict, float]:
+    """The finished preview of ``generation`` on the window ending now, and the seconds it took."""
+    preview = api("POST", f"/api/v1/pools/{pool}/revisions/{generation}/preview/", {"window": window})
+    started = time.monotonic()
+    while preview["status"] in ("queued", "running"):
+        if time.monotonic() - started > 600:
+            raise SystemExit(f"the preview did not finish in 10 min: {preview['url']}")
+        time.sleep(2)
+        preview = api("GET", preview["url"])
+    if preview["status"] != "done":
+        raise SystemExit(f"the preview failed: {preview['error']}")
+    return preview, time.monotonic() - started
+
+
+def check_live(api: Api, pool: str, window: str, windows: int) -> dict:
+    """The live revision previewed on each of ``windows`` successive windows, beside what each measured."""
+    window_s = WINDOWS[window]
+    generation = api("GET", f"/api/v1/pools/{pool}/")["desired_generation"]
+    rows = []
+    for i in range(windows):
+        say(f"window {i + 1} of {windows}: letting {window} of traffic into the capture")
+        time.sleep(window_s + (ROUND_STEP_S if i == 0 else 0))
+        measured_now = measured(api("GET", f"/api/v1/pools/{pool}/traffic/?window={window}"))
+        preview, preview_s = previewed(api, pool, generation, window)
+        live = preview["result"]["live"]
+        rows.append({"predicted": {k: live[k] for k, _ in FIGURES} | {
+                         "requests": live["requests"], "replicates": live.get("replicates", 1),
+                         "p99_range_ms": live.get("p99_range_ms")},
+                     "measured": measured_now, "preview_s": round(preview_s, 1),
+                     "profile": preview["result"]["profile"]["note"]})
+        say(f"window {i + 1}: P99 predicted {live['p99_ms']} ms, measured {measured_now['p99_ms']} ms")
+    return {"pool": pool, "window": window, "generation": generation, "windows": rows}
+
+
+def within(predicted: float | None, measured: float | None, tolerance: float) -> bool:
+    return predicted is not None and bool(measured) and abs(predicted - measured) / measured <= tolerance
+
+
+def live_table(report: dict, tolerance: float = 0.25) -> str:
+    lines = [f"Preview of the live revision (generation {report['generation']}) on pool {report['pool']}, "
+             f"{len(report['windows'])} successive {report['window']} windows",
+             "| window | requests | P99 predicted / measured (ms) | P99 error | replays (P99 range) | "
+             "P50 predicted / measured | within SLO | hit ratio |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    hits = 0
+    for i, row in enumerate(report["windows"], 1):
+        p, m = row["predicted"], row["measured"]
+        error = (p["p99_ms"] - m["p99_ms"]) / m["p99_ms"] if p["p99_ms"] is not None and m["p99_ms"] else None
+        hits += within(p["p99_ms"], m["p99_ms"], tolerance)
+        spread = p.get("p99_range_ms")
+        lines.append(
+            f"| {i} | {m['requests']} | {_ms(p['p99_ms'])} / {_ms(m['p99_ms'])} | "
+            f"{'–' if error is None else f'{100 * error:+.0f} %'} | {p['replicates']}"
+            f"{'' if not spread else f' ({spread[0]:.1f}–{spread[1]:.1f})'} | "
+            f"{_ms(p['p50_ms'])} / {_ms(m['p50_ms'])} | {_share(p['within_slo_share'])} / "
+            f"{_share(m['within_slo_share'])} | {_share(p['hit_ratio'])} / {_share(m['hit_ratio'])} |")
+    lines.append(f"\nP99 within ±{100 * tolerance:.0f} % of the measured in {hits} of {len(report['windows'])} windows.")
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.2f} %"
+
+
 def check(api: Api, pool: str, window: str, at_risk_seq_len: int | None, change: str = "trigger") -> dict:
     window_s = WINDOWS[window]
     say(f"letting a full {window} window of traffic into the capture")
@@ -138,16 +208,7 @@ def check(api: Api, pool: str, window: str, at_risk_seq_len: int | None, change:
         "parent_generation": state["latest_generation"], "spec": spec, "comment": f"preview_check: {words}"})
     say(f"previewing generation {revision['generation']} ({words}) against generation {live['generation']}")
     live_measured = measured(api("GET", f"/api/v1/pools/{pool}/traffic/?window={window}"))
-    preview = api("POST", f"/api/v1/pools/{pool}/revisions/{revision['generation']}/preview/", {"window": window})
-    started = time.monotonic()
-    while preview["status"] in ("queued", "running"):
-        if time.monotonic() - started > 600:
-            raise SystemExit(f"the preview did not finish in 10 min: {preview['url']}")
-        time.sleep(2)
-        preview = api("GET", preview["url"])
-    if preview["status"] != "done":
-        raise SystemExit(f"the preview failed: {preview['error']}")
-    preview_s = time.monotonic() - started
+    preview, preview_s = previewed(api, pool, revision["generation"], window)
     say(f"preview done in {preview_s:.1f} s; publishing generation {revision['generation']}")
     api("POST", f"/api/v1/pools/{pool}/revisions/{revision['generation']}/publish/")
     converged_s = wait_converged(api, pool, revision["generation"])
@@ -196,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.preview_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--window", default="5m", choices=sorted(WINDOWS, key=WINDOWS.get))
     parser.add_argument("--change", choices=CHANGES, default="trigger",
-                        help="trigger: a stricter at_risk_seq_len; hbm: half the HBM budget; ttl: a quarter of the TTL")
+                        help="trigger: a stricter at_risk_seq_len; hbm: half the HBM budget; ttl: a quarter of the TTL; "
+                             "live: no change, the live revision previewed on --windows successive windows")
+    parser.add_argument("--windows", type=int, default=5, help="with --change live: successive windows (default 5)")
     parser.add_argument("--at-risk-seq-len", type=int, help="with --change trigger: the proposed threshold "
                         "(default: twice the live one)")
     parser.add_argument("--out", type=Path, help="JSON file for the figures")
@@ -211,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.url and not args.token:
         parser.error("--url needs --token (an operator's API token)")
+    if not 1 <= args.windows <= 100:
+        parser.error(f"--windows must be in [1, 100], got {args.windows}")
     if args.at_risk_seq_len is not None and not 1 <= args.at_risk_seq_len <= 1 << 20:
         parser.error(f"--at-risk-seq-len must be in [1, {1 << 20}], got {args.at_risk_seq_len}")
     process = None
@@ -224,11 +289,14 @@ def main(argv: list[str] | None = None) -> int:
                 api, pool = Api(status["url"], status["token"]), status["pool"]
             say(f"warming up for {args.warmup_s:.0f} s")
             time.sleep(args.warmup_s)
-            report = check(api, pool, args.window, args.at_risk_seq_len, args.change)
+            if args.change == "live":
+                report = check_live(api, pool, args.window, args.windows)
+            else:
+                report = check(api, pool, args.window, args.at_risk_seq_len, args.change)
         finally:
             if process is not None:
                 stop_stack(process)
-    print(table(report))
+    print(live_table(report) if args.change == "live" else table(report))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")

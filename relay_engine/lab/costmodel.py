@@ -72,6 +72,9 @@ class CostModel:
     model: dict = field(default_factory=dict)
     points: tuple[ProfilePoint, ...] = ()
     note: str = ""
+    # Per operation, the coefficient of variation of one forward's time about the fitted mean (what
+    # the pool's own forwards measured); absent or 0: every forward takes exactly its mean.
+    dispersion: dict[str, float] = field(default_factory=dict)
 
     def prefill_ms(self, n: int) -> float:
         return self._eval("prefill", n, 0, 0)
@@ -93,7 +96,7 @@ class CostModel:
         return CostModel({op: tuple(a * factor for a in coef) for op, coef in self.coefficients.items()},
                          self.device, self.threads, self.model,
                          tuple(ProfilePoint(p.op, p.n, p.s, p.c, p.ms * factor) for p in self.points),
-                         note or self.note)
+                         note or self.note, dict(self.dispersion))
 
     def full_inference_model(self, short: int, candidates: int,
                              lengths: Sequence[int] = (128, 256, 512, 1024, 2048, 4096, 8192)) -> LatencyModel:
@@ -122,6 +125,7 @@ class CostModel:
                 "terms": {op: list(TERMS[op]) for op in OPS},
                 "coefficients": {op: list(self.coefficients[op]) for op in OPS},
                 "fit_max_relative_error": self.fit_errors(),
+                **({"dispersion": dict(self.dispersion)} if self.dispersion else {}),
                 "points": [asdict(p) for p in self.points]}
 
     def save(self, path: str | Path) -> None:
@@ -145,7 +149,8 @@ class CostModel:
             raise CostModelError(f"not a cost model: 'format' must be {FORMAT!r}")
         points = tuple(_point(p, i) for i, p in enumerate(data.get("points") or []))
         meta = dict(device=str(data.get("device", "unknown")), threads=int(data.get("threads", 1)),
-                    model=data.get("model") or {}, note=str(data.get("note", "")))
+                    model=data.get("model") or {}, note=str(data.get("note", "")),
+                    dispersion=_dispersion(data.get("dispersion")))
         coefficients = data.get("coefficients")
         if coefficients is None:
             return fit(points, **meta)
@@ -158,6 +163,24 @@ class CostModel:
                                      f"for the terms {', '.join(TERMS[op])}")
             out[op] = tuple(float(a) for a in coef)
         return cls(out, points=points, **meta)
+
+
+MAX_DISPERSION = 5.0
+
+
+def _dispersion(raw: object) -> dict[str, float]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise CostModelError(f"dispersion must be an object of operation → coefficient of variation, got {raw!r}")
+    out = {}
+    for op, cv in raw.items():
+        if op not in OPS:
+            raise CostModelError(f"dispersion.{op}: not an operation (one of {', '.join(OPS)})")
+        if isinstance(cv, bool) or not isinstance(cv, (int, float)) or not 0 <= cv <= MAX_DISPERSION:
+            raise CostModelError(f"dispersion.{op} must be a number in [0, {MAX_DISPERSION:g}], got {cv!r}")
+        out[op] = float(cv)
+    return out
 
 
 def _point(raw: object, i: int) -> ProfilePoint:

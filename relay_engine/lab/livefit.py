@@ -6,8 +6,9 @@ same non-negative relative-error fit as an offline profile, ``costmodel.fit``); 
 the offline profile's terms scaled by the geometric mean of measured ÷ profile over its points
 (the level of this pool's devices, the shape of the profile); one with none keeps the profile's.
 The result says, per operation, which it is, how many forwards it rests on, its largest relative
-error at its points, the dispersion of its forwards (mean coefficient of variation) and how it
-compares with the offline profile at 512–4096 tokens.
+error at its points, the dispersion of its forwards (mean coefficient of variation, which the
+simulator then draws each forward's time with: ``CostModel.dispersion``) and how it compares with
+the offline profile at 512–4096 tokens.
 
     python -m relay_engine.sim fit --forward-times pool-forwards.json [--profile FILE] [--out cost.json]
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay_engine.core.forward_times import BucketMean, ForwardTimes, ForwardTimesError
-from relay_engine.lab.costmodel import OPS, CostModel, ProfilePoint, fit_op
+from relay_engine.lab.costmodel import MAX_DISPERSION, OPS, CostModel, ProfilePoint, fit_op
 
 MIN_FORWARDS = 5  # forwards a bucket needs to count as a point
 MIN_BUCKETS = 3  # points an operation needs to be fitted on its own
@@ -89,11 +90,14 @@ def fit_live(times: ForwardTimes, base: CostModel, *, min_forwards: int = MIN_FO
     coefficients: dict[str, tuple[float, ...]] = {}
     ops: dict[str, OpFit] = {}
     kept_points: list[ProfilePoint] = []
+    dispersion = dict(base.dispersion)
     for op in OPS:
         mine = [m for m in means if m.op == op]
         points = _points(mine)
         forwards = sum(m.count for m in mine)
         cv = sum(m.cv * m.count for m in mine) / forwards if forwards else None
+        if cv is not None and points:
+            dispersion[op] = min(cv, MAX_DISPERSION)
         scale = None
         if len(points) >= min_buckets:
             coefficients[op] = fit_op(op, points)
@@ -112,7 +116,8 @@ def fit_live(times: ForwardTimes, base: CostModel, *, min_forwards: int = MIN_FO
         ops[op] = OpFit(op, how, forwards, len(points), error, cv, scale, vs)
         kept_points += points
     cost = CostModel(coefficients, device=base.device, threads=base.threads, model=base.model,
-                     points=tuple(kept_points), note=note or "fitted from the pool's own forward times")
+                     points=tuple(kept_points), note=note or "fitted from the pool's own forward times",
+                     dispersion=dispersion)
     return LiveFit(cost, ops)
 
 

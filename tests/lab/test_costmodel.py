@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -61,12 +62,24 @@ def test_a_saved_model_loads_back_and_a_file_of_points_is_fitted_on_load(tmp_pat
     ({"coefficients": {"prefill": [1, 2], "rank": [0] * 5, "rank_full": [0] * 4}}, "coefficients.prefill"),
     ({"coefficients": {"prefill": [1, -2, 0], "rank": [0] * 5, "rank_full": [0] * 4}}, "coefficients.prefill"),
     ({"points": [{"op": "rank", "n": 0, "s": 1, "c": 1, "ms": 1.0}]}, "points[0]"),
+    ({"dispersion": {"rank": -0.1}}, "dispersion.rank"),
+    ({"dispersion": {"decode": 0.1}}, "dispersion.decode"),
+    ({"dispersion": [0.1]}, "dispersion must be an object"),
 ])
 def test_a_bad_file_is_refused_naming_what_is_wrong(tmp_path, change, fragment):
     data = {**fit(measured_points()).to_dict(), **change}
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(CostModelError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
         CostModel.load(tmp_path / "bad.json")
+
+
+def test_the_dispersion_of_forwards_is_saved_and_kept_when_scaled(tmp_path):
+    model = replace(fit(measured_points()), dispersion={"rank": 0.2, "prefill": 0.15})
+    model.save(tmp_path / "m.json")
+    loaded = CostModel.load(tmp_path / "m.json")
+    assert loaded.dispersion == {"rank": 0.2, "prefill": 0.15}
+    assert loaded.scaled(2.0).dispersion == loaded.dispersion
+    assert "dispersion" not in fit(measured_points()).to_dict()  # a profile without it: every forward its mean
 
 
 def test_the_time_scale_of_a_uniformly_slower_device_is_its_slowdown():

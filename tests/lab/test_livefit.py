@@ -42,6 +42,7 @@ def test_forwards_over_many_lengths_are_fitted_and_predict_the_devices_times():
             assert live.cost.op_ms(op, n, 32, 128) == pytest.approx(device.op_ms(op, n, 32, 128), rel=0.06)
         assert live.ops[op].vs_profile[2048] == pytest.approx(1.3, rel=0.06)
         assert live.ops[op].max_error < 0.05 and 0 < live.ops[op].cv < 0.1  # ±5 % noise and the spread in a bucket
+        assert live.cost.dispersion[op] == pytest.approx(live.ops[op].cv)  # what the simulator draws with
     assert live.sentence().startswith("prefill fitted (") and live.forwards > 300
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 import greenlet
 import numpy as np
 import pytest
+import torch
 
 from relay_engine.core.config import CacheBudget, LatencyModel, PolicySpec, TriggerPolicy
 from relay_engine.core.lane import nice_for_share, share_of_nice
@@ -15,14 +19,17 @@ from relay_engine.lab.costmodel import OPS, TERMS, CostModel
 from relay_engine.lab.sim.des import SharedCompute, Simulation
 from relay_engine.lab.sim.fleet import FleetSpec
 from relay_engine.lab.sim.preview import (
+    MAX_REPLICATES,
     PROFILES_DIR,
     model_error_of,
     preview,
     profile_for,
     recent_share,
+    replicates_for,
     run_preview,
     simulate_trace,
 )
+from relay_engine.lab.sim.virtual import CostForwards
 from relay_engine.lab.traffic import TraceSpec, generate_trace
 from tests.models import SMALL
 
@@ -97,6 +104,68 @@ def test_a_host_of_two_cores_runs_two_single_threaded_jobs_at_full_speed_and_sha
     sim.run()
     # x and y share the other core (half each) until heavy is done at 1 s, then have a core each: done at 1.5 s
     assert done["heavy"] == pytest.approx(1.0) and done["x"] == pytest.approx(1.5) and done["y"] == pytest.approx(1.5)
+
+
+def test_a_paced_prefill_keeps_its_share_while_its_instance_ranks_even_with_a_core_free():
+    """engine.RankingGate pauses a prefill between layers while its instance ranks, whether or not a
+    core is free; another instance's ranking does not pace it."""
+    sim = Simulation()
+    host = SharedCompute(sim, capacity=2.0, job_cap=1.0)
+    done = {}
+
+    def job(name, work_s):
+        host.run(work_s)
+        done[name] = sim.now
+
+    sim.spawn(job, "rank", 1.0, group="a")
+    sim.spawn(job, "prefill", 1.0, weight=1 / 3, group="a", paced=0.25)
+    sim.run()
+    # a quarter of a core while the rank runs (0.25 s of work by 1 s), then a whole core: 0.75 s more
+    assert done == {"rank": pytest.approx(1.0), "prefill": pytest.approx(1.75)}
+    done.clear()
+    sim = Simulation()
+    host = SharedCompute(sim, capacity=2.0, job_cap=1.0)
+    sim.spawn(job, "rank", 1.0, group="b")
+    sim.spawn(job, "prefill", 1.0, weight=1 / 3, group="a", paced=0.25)
+    sim.run()
+    assert done == {"rank": pytest.approx(1.0), "prefill": pytest.approx(1.0)}  # a core each
+
+
+def test_forward_times_are_drawn_about_their_mean_with_the_stated_dispersion_and_repeat_per_seed():
+    sim = Simulation()
+    cost = replace(constant_cost(10.0, 4.0, 30.0), dispersion={"rank": 0.2})
+    config = SMALL
+
+    def times(seed):
+        forwards = CostForwards(cost, SharedCompute(sim), config, "v", random.Random(seed))
+        drawn = []
+        forwards.compute = type("Clock", (), {"run": lambda self, s: drawn.append(s * 1000)})()
+        kv = forwards.virtual_kv(64)
+        for _ in range(4000):
+            forwards.rank(kv, torch.zeros(4, dtype=torch.int64), torch.zeros(8, dtype=torch.int64))
+        forwards.prefill(torch.zeros(64, dtype=torch.int64))
+        return drawn
+
+    a, b = times(1), times(1)
+    assert a == b and times(2) != a  # a replay repeats; another seed draws anew
+    ranks = np.array(a[:-1])
+    assert ranks.mean() == pytest.approx(4.0, rel=0.02) and ranks.std() / ranks.mean() == pytest.approx(0.2, rel=0.1)
+    assert a[-1] == 10.0  # no dispersion stated for prefill: exactly its mean
+
+
+def test_replays_of_a_window_combine_by_median_with_the_p99_range():
+    queries = generate_trace(TraceSpec(queries=300, qps=20, seed=7))
+    spec = PolicySpec(trigger=TriggerPolicy(at_risk_seq_len=256), cache=CacheBudget(hbm_budget_mb=32,
+                                                                                      dram_budget_mb=64))
+    cost = replace(constant_cost(20.0, 4.0, 30.0), dispersion={"prefill": 0.3, "rank": 0.3, "rank_full": 0.3})
+    one = [preview(queries, spec, 2, cost, seed=s) for s in range(3)]
+    three = preview(queries, spec, 2, cost, replicates=3)
+    p99s = sorted(f.p99_ms for f in one)
+    assert three.replicates == 3 and three.p99_ms == pytest.approx(p99s[1])
+    assert three.p99_range_ms == pytest.approx((p99s[0], p99s[2])) and p99s[0] < p99s[2]
+    assert three.requests == one[0].requests
+    assert replicates_for(1_000, cost, 15_000) == MAX_REPLICATES and replicates_for(10_000, cost, 15_000) == 1
+    assert replicates_for(1_000, constant_cost(20.0, 4.0, 30.0), 15_000) == 1  # every forward its mean: one
 
 
 def test_the_simulation_loop_cannot_block_itself():

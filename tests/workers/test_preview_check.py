@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relay_engine.core.config import parse_policy
-from workers.preview_check import changed, table
+from workers.preview_check import changed, live_table, table
 
 LIVE = {"trigger": {"at_risk_seq_len": 600, "ranking_p99_slo_ms": 265}, "cache": {"hbm_budget_mb": 1024}}
 
@@ -36,3 +36,17 @@ def test_a_given_threshold_is_used_and_the_table_shows_ms_and_shares():
                           "wall_s": 2.4}}
     text = table(report)
     assert "| P99 (ms) | 54.4 |" in text and "| P50 (ms) | 11.8 |" in text and "| within SLO | 99.75 % |" in text
+
+
+def test_the_live_table_counts_the_windows_whose_p99_is_within_a_quarter():
+    def row(predicted, measured):
+        return {"predicted": {"p99_ms": predicted, "p50_ms": 11.0, "within_slo_share": 0.997, "hit_ratio": 0.65,
+                              "requests": 1100, "replicates": 9, "p99_range_ms": [predicted * 0.8, predicted * 1.3]},
+                "measured": {"p99_ms": measured, "p50_ms": 12.0, "within_slo_share": 0.995, "hit_ratio": 0.68,
+                             "requests": 1180}}
+    report = {"pool": "main", "window": "5m", "generation": 2,
+              "windows": [row(50.0, 60.0), row(70.0, 50.0), row(40.0, 60.0)]}
+    text = live_table(report)
+    assert "| 1 | 1180 | 50.0 / 60.0 | -17 % | 9 (40.0–65.0) |" in text
+    assert "| 2 | 1180 | 70.0 / 50.0 | +40 % |" in text
+    assert "P99 within ±25 % of the measured in 1 of 3 windows." in text

@@ -570,9 +570,15 @@
     const refused = (f, refusal) => RelayGR.refusalReasons().filter((reason) => reason.refusal === refusal)
       .filter((reason) => (f.preinfer_refused || {})[reason.reason])
       .map((reason) => `${reason.label} ${fmt.count(f.preinfer_refused[reason.reason])}`).join(", ") || "none";
+    // Replays that each drew forward times with the pool's measured spread: the lowest to highest P99.
+    const replayRange = (side) => {
+      const f = side === "relay_off" ? r.relay_off : sides[side];
+      return f && f.replicates > 1 && f.p99_range_ms
+        ? ` · ${fmt.ms(f.p99_range_ms[0])}–${fmt.ms(f.p99_range_ms[1])} over ${f.replicates} replays` : "";
+    };
     const rows = [
       { label: "P99", key: "p99_ms", better: "lower", off: true,
-        show: (v, side) => `${fmt.ms(v)} (SLO ${fmt.ms(slo[side] || slo.live)})` },
+        show: (v, side) => `${fmt.ms(v)} (SLO ${fmt.ms(slo[side] || slo.live)})${replayRange(side)}` },
       { label: "P50", key: "p50_ms", better: "lower", off: true, show: (v) => fmt.ms(v) },
       { label: "Within SLO", key: "within_slo_share", better: "higher", share: true, off: true, show: (v) => fmt.pct(v, 2) },
       { label: "SLO throughput", key: "slo_throughput_qps", better: "higher", off: true, show: (v) => fmt.rate(v) },
@@ -624,6 +630,8 @@
       el("p", { class: "muted small", dataset: { role: "preview-window" } },
         `${fmt.count(r.requests)} requests replayed of ${fmt.count(r.requests_captured)} captured in the last ${r.window}`
         + ` (window ended ${fmt.age(age)} ago) on ${r.instances} instances (${r.instances_note}); ${r.profile.note}.`
+        + (r.replicates > 1 ? ` Each figure is the median of ${r.replicates} replays, each drawing every forward's `
+          + "time with the spread this pool's forwards measured: a P99 of a few minutes moves that much by chance." : "")
         + (r.sampling ? ` ${r.sampling}.` : "")),
       el("p", { class: "muted small", dataset: { role: "preview-model-error" } }, error)));
   }

@@ -46,10 +46,12 @@ class Simulation:
     def at(self, t: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self._heap, (max(t, self.now), next(self._seq), fn))
 
-    def spawn(self, fn: Callable[..., Any], *args: Any, weight: float = 1.0) -> greenlet.greenlet:
-        """Start fn(*args) as a process now (after the current event). ``weight``: its compute weight."""
+    def spawn(self, fn: Callable[..., Any], *args: Any, weight: float = 1.0, group: object = None,
+              paced: float | None = None) -> greenlet.greenlet:
+        """Start fn(*args) as a process now (after the current event). ``weight``: its compute weight;
+        ``group`` and ``paced``: see ``SharedCompute``."""
         g = greenlet.greenlet(lambda: fn(*args), parent=self._loop)
-        g.weight = weight
+        g.weight, g.group, g.paced = weight, group, paced
         self.at(self.now, g.switch)
         return g
 
@@ -100,6 +102,11 @@ class SharedCompute:
     forwards is ``capacity=C, job_cap=1``: a job alone gets one core, never two, and jobs share the
     cores by weight once there are more of them than cores (what CFS does with the threads of every
     process on the host). With ``job_cap`` None every job gets ``capacity × weight / Σ weights``.
+
+    A process spawned with ``paced`` = p (a share) and a ``group`` is the engine's paced prefill
+    (``engine.RankingGate``): under a per-job cap, while another job of its group (its instance's
+    ranking) runs on this compute, it gets at most p of one job's cap, as the real gate pauses it
+    between layers even when a core is free. Alone with no ranking of its own, it runs at full speed.
     """
 
     def __init__(self, sim: Simulation, capacity: float = 1.0, job_cap: float | None = None):
@@ -120,7 +127,7 @@ class SharedCompute:
         me = greenlet.getcurrent()
         w = getattr(me, "weight", 1.0) if weight is None else weight
         self._advance()
-        self._jobs[next(self._ids)] = [work_s, w, me]
+        self._jobs[next(self._ids)] = [work_s, w, me, getattr(me, "group", None), getattr(me, "paced", None)]
         self._reschedule()
         self.sim.block()
 
@@ -129,11 +136,13 @@ class SharedCompute:
         if self.job_cap is None:
             total = sum(job[1] for job in self._jobs.values())
             return {i: self.capacity * job[1] / total for i, job in self._jobs.items()}
+        ranking = {job[3] for job in self._jobs.values() if job[4] is None and job[3] is not None}
+        caps = {i: self.job_cap * (job[4] if job[4] is not None and job[3] in ranking else 1.0)
+                for i, job in self._jobs.items()}
         rates, left, weights = {}, self.capacity, sum(job[1] for job in self._jobs.values())
-        for i, job in sorted(self._jobs.items(), key=lambda kv: -kv[1][1]):
-            rate = left * job[1] / weights if weights > 0 else 0.0
-            if rate >= self.job_cap:
-                rate = self.job_cap
+        # Water-filling: the jobs whose cap binds first (lowest cap per weight) take theirs.
+        for i, job in sorted(self._jobs.items(), key=lambda kv: caps[kv[0]] / kv[1][1] if kv[1][1] > 0 else math.inf):
+            rate = min(caps[i], left * job[1] / weights) if weights > 0 else 0.0
             rates[i] = rate
             left -= rate
             weights -= job[1]
@@ -164,7 +173,7 @@ class SharedCompute:
         if version != self._version:
             return  # the job set changed since: a newer completion event stands
         self._advance()
-        _, _, process = self._jobs.pop(job_id)
+        process = self._jobs.pop(job_id)[2]
         self._rates.pop(job_id, None)
         self._reschedule()
         process.switch()

@@ -86,18 +86,20 @@ class Tokens:
 
 class SimInstance:
     def __init__(self, sim: Simulation, name: str, model: HSTUModel, cost: CostModel, spec: FleetSpec,
-                 tokens: Tokens, compute: SharedCompute | None = None):
+                 tokens: Tokens, compute: SharedCompute | None = None, forward_seed: int = 0):
         self.sim = sim
         self.name = name
         self.tokens = tokens
         self.deadline_s = spec.deadline_ms / 1000
         self.compute = compute if compute is not None else SharedCompute(sim)
-        self.forwards = forwards = CostForwards(cost, self.compute, model.config, model.version)
+        # Each instance's forward times drawn from a stream of its own (one per seed: a replay repeats).
+        self.forwards = forwards = CostForwards(cost, self.compute, model.config, model.version,
+                                                random.Random(f"forward-times:{forward_seed}:{name}"))
         self.engine: RelayEngine | None = None
         if spec.policy is None:
             self.ranker = FullInference(forwards, wall_clock=sim.clock)
         else:
-            lane = VirtualLane(sim, spec.device_type, spec.policy.trigger.preinfer_compute_share)
+            lane = VirtualLane(sim, spec.device_type, spec.policy.trigger.preinfer_compute_share, group=name)
             self.engine = self.ranker = RelayEngine(
                 model=model, device=model.device, policy=spec.policy, name=name, clock=sim.clock,
                 wall_clock=sim.clock, forwards=forwards, waiter=sim.wait_future, preinfer_lane=lane)
@@ -115,7 +117,7 @@ class SimInstance:
             self._queue.append((ev, self.sim.now))
             if self._idle_threads:
                 self._idle_threads -= 1
-                self.sim.spawn(self._serve)
+                self.sim.spawn(self._serve, group=self.name)
         elif self.engine is not None:
             result = self.engine.submit_pre_infer(PreInferRequest(ev.user_id, self.tokens.history(ev.prefix_len)))
             self.report.preinfers.append((ev.query, result.admitted, result.reason, ev.measured))
@@ -158,13 +160,15 @@ def computes(sim: Simulation, spec: FleetSpec) -> list[SharedCompute]:
 
 def replay_window(queries: Sequence[TraceQuery], window: Window, events: Sequence[Event], *, cap: int,
                   spec: FleetSpec, model: HSTUModel, cost: CostModel, rng: random.Random,
-                  tokens: Tokens | None = None, progress: Callable[[float], None] | None = None) -> list[InstanceReport]:
-    """Replay one window on fresh simulated instances (primed, then its events); a report per instance."""
+                  tokens: Tokens | None = None, progress: Callable[[float], None] | None = None,
+                  forward_seed: int = 0) -> list[InstanceReport]:
+    """Replay one window on fresh simulated instances (primed, then its events); a report per instance.
+    ``forward_seed`` seeds the draws of forward times where the cost model states their dispersion."""
     sim = Simulation()
     tokens = tokens or Tokens()
     names = instance_names(spec.instances)
-    fleet = {n: SimInstance(sim, n, model, cost, spec, tokens, compute) for n, compute in zip(names, computes(sim, spec),
-                                                                                             strict=True)}
+    fleet = {n: SimInstance(sim, n, model, cost, spec, tokens, compute, forward_seed)
+             for n, compute in zip(names, computes(sim, spec), strict=True)}
     if spec.policy is not None:
         for name, indices in primed_routes(queries, window, names, spec.affinity, rng).items():
             fleet[name].prime(queries, indices, cap)
@@ -190,5 +194,6 @@ def simulate_point(queries: Sequence[TraceQuery], windows: Sequence[Window], *, 
         events = schedule(queries, window, cap=cap, qps=qps, trace_rate=rate, time_scale=regime.time_scale,
                           with_preinfer=mode.preinfer)
         reports.append(replay_window(queries, window, events, cap=cap, spec=spec, model=model, cost=cost,
-                                     rng=window_rng(seed, window), tokens=tokens, progress=progress))
+                                     rng=window_rng(seed, window), tokens=tokens, progress=progress,
+                                     forward_seed=seed))
     return point_result(mode.name, cap, qps, regime.time_scale, regime.slo_ms, reports, time.monotonic() - started)

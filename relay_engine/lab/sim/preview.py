@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -66,7 +67,7 @@ def simulate_trace(queries: Sequence[TraceQuery], spec: FleetSpec, cost: CostMod
     events = schedule(queries, window, cap=cap, qps=qps or rate / spec.time_scale, trace_rate=rate,
                       time_scale=spec.time_scale, with_preinfer=spec.preinfer)
     reports = replay_window(queries, window, events, cap=cap, spec=spec, model=model, cost=cost,
-                            rng=window_rng(seed, window), tokens=Tokens(), progress=progress)
+                            rng=window_rng(seed, window), tokens=Tokens(), progress=progress, forward_seed=seed)
     return point_result(name, cap, qps or rate / spec.time_scale, spec.time_scale, slo_ms, [reports],
                         time.monotonic() - started)
 
@@ -75,6 +76,8 @@ def simulate_trace(queries: Sequence[TraceQuery], spec: FleetSpec, cost: CostMod
 class PreviewFigures:
     # P99 and P50 of the requests served, as the dashboards and the traffic summary measure them (a
     # request past its deadline is failed, counted in ``deadline_missed`` and against the SLO share).
+    # Over several replays (``replicates``, each drawing its own forward times): each figure is their
+    # median, and ``p99_range_ms`` the lowest and highest P99 of one replay.
     p99_ms: float | None
     p50_ms: float | None
     within_slo_share: float | None  # of every measured request
@@ -88,40 +91,86 @@ class PreviewFigures:
     deadline_missed: int  # of them, failed past their deadline
     window_s: float  # the measured traffic's span
     sim_wall_s: float
+    replicates: int = 1
+    p99_range_ms: tuple[float, float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def combined(replays: Sequence[PreviewFigures]) -> PreviewFigures:
+    """One set of figures from replays of the same traffic: each figure's median over them, and the
+    range of their P99."""
+    if len(replays) == 1:
+        return replays[0]
+
+    def count(values: list[int]) -> int:
+        return round(statistics.median(values))
+
+    p99s = [f.p99_ms for f in replays if f.p99_ms is not None]
+    reasons = sorted({k for f in replays for k in f.preinfer_refused})
+    first = replays[0]
+    return PreviewFigures(
+        p99_ms=_median(p99s), p50_ms=_median([f.p50_ms for f in replays]),
+        within_slo_share=_median([f.within_slo_share for f in replays]),
+        slo_throughput_qps=statistics.median(f.slo_throughput_qps for f in replays),
+        hbm_peak_bytes=count([f.hbm_peak_bytes for f in replays]),
+        dram_peak_bytes=count([f.dram_peak_bytes for f in replays]),
+        hit_ratio=_median([f.hit_ratio for f in replays]),
+        preinfer_admitted=count([f.preinfer_admitted for f in replays]),
+        preinfer_refused={k: count([f.preinfer_refused.get(k, 0) for f in replays]) for k in reasons},
+        requests=first.requests, deadline_missed=count([f.deadline_missed for f in replays]),
+        window_s=first.window_s, sim_wall_s=round(sum(f.sim_wall_s for f in replays), 3),
+        replicates=len(replays), p99_range_ms=(min(p99s), max(p99s)) if p99s else None)
+
+
 def preview(queries: Sequence[TraceQuery], spec: PolicySpec | None, instances: int, cost: CostModel, *,
             rank_threads: int = 4, prime_share: float = 0.1, warmup_share: float = 0.05,
             seed: int = 0, cap: int | None = None, slo_ms: float | None = None,
-            host: tuple[int, float] = (1, 1.0)) -> PreviewFigures:
+            host: tuple[int, float] = (1, 1.0), replicates: int = 1) -> PreviewFigures:
     """The figures of one policy on one traffic window (the what-if preview calls this for the live
     spec, the proposed one and the relay off, on the same captured queries and cost model). ``spec``
     None: the relay off — every ranking request runs the whole history (no pre-inference, no cache),
     judged on ``slo_ms``. ``host``: (instances to a host, its cores) for CPU instances that share one
-    (``FleetSpec.instances_per_host``)."""
+    (``FleetSpec.instances_per_host``). ``replicates``: replays with seeds ``seed``, ``seed`` + 1, …
+    (forward times drawn anew where the cost model states their dispersion), combined by median."""
     slo_ms = spec.trigger.ranking_p99_slo_ms if spec is not None else slo_ms
     if slo_ms is None:
         raise ValueError("the relay off needs the SLO it is judged on (slo_ms)")
+    if replicates < 1:
+        raise ValueError(f"replicates must be ≥ 1, got {replicates}")
     fleet = FleetSpec(spec, instances, deadline_ms=2 * slo_ms, rank_threads=rank_threads,
                       preinfer=spec is not None, instances_per_host=host[0], host_cores=host[1],
                       device_type=cost.device if cost.device in ("cpu", "cuda", "npu") else "accelerator")
-    point = simulate_trace(queries, fleet, cost, slo_ms=slo_ms, cap=cap,
-                           prime_share=prime_share, warmup_share=warmup_share, seed=seed)
     window = whole_trace_window(len(queries), prime_share, warmup_share)
     span_s = max(1e-9, (queries[-1].t_ms - queries[window.first_measured].t_ms) / 1000)
-    within = int((point.latencies_ms <= point.slo_ms).sum())
-    return PreviewFigures(
-        p99_ms=quantile(point.served_ms, 0.99), p50_ms=quantile(point.served_ms, 0.5),
-        within_slo_share=point.within_slo_share,
-        slo_throughput_qps=within / span_s, hbm_peak_bytes=point.instance_hbm_peak_bytes,
-        dram_peak_bytes=point.instance_dram_peak_bytes,
-        hit_ratio=point.hit_ratio, preinfer_admitted=point.preinfer_admitted,
-        preinfer_refused=dict(point.preinfer_refused), requests=point.n,
-        deadline_missed=point.outcomes.get("deadline", 0), window_s=span_s, sim_wall_s=point.wall_s)
+    replays = []
+    for r in range(replicates):
+        point = simulate_trace(queries, fleet, cost, slo_ms=slo_ms, cap=cap,
+                               prime_share=prime_share, warmup_share=warmup_share, seed=seed + r)
+        within = int((point.latencies_ms <= point.slo_ms).sum())
+        replays.append(PreviewFigures(
+            p99_ms=quantile(point.served_ms, 0.99), p50_ms=quantile(point.served_ms, 0.5),
+            within_slo_share=point.within_slo_share,
+            slo_throughput_qps=within / span_s, hbm_peak_bytes=point.instance_hbm_peak_bytes,
+            dram_peak_bytes=point.instance_dram_peak_bytes,
+            hit_ratio=point.hit_ratio, preinfer_admitted=point.preinfer_admitted,
+            preinfer_refused=dict(point.preinfer_refused), requests=point.n,
+            deadline_missed=point.outcomes.get("deadline", 0), window_s=span_s, sim_wall_s=point.wall_s))
+    return combined(replays)
 
+
+def replicates_for(requests: int, cost: CostModel, max_requests: int) -> int:
+    """Replays a preview makes of ``requests``: one where every forward takes its mean (the replays
+    would be alike); else as many as fit ``max_requests`` replayed, at most ``MAX_REPLICATES``."""
+    if not any(cv > 0 for cv in cost.dispersion.values()):
+        return 1
+    return max(1, min(MAX_REPLICATES, max_requests // max(1, requests)))
 
 
 # --- the what-if preview of the control plane (``python -m relay_engine.sim preview``) -------------
@@ -134,6 +183,8 @@ DEVICE_KINDS = ("cpu", "cuda", "npu")
 # Queries replayed per spec at most: two replays of this many fit the 60 s a preview may take on a
 # CPU shared with other work (the simulator replays ~1,000 queries/s there).
 DEFAULT_MAX_REQUESTS = 15_000
+# Replays of a short window at most (each draws its own forward times; their median is the figure).
+MAX_REPLICATES = 9
 
 
 def profile_for(device_kind: str) -> tuple[Path, str]:
@@ -190,9 +241,9 @@ def recent_share(queries: Sequence[TraceQuery], max_requests: int) -> tuple[list
 
 
 def _figures(args: tuple) -> dict:
-    queries, spec, instances, cost, rank_threads, cap, slo_ms, host = args
+    queries, spec, instances, cost, rank_threads, cap, slo_ms, host, replicates = args
     return preview(queries, spec, instances, cost, rank_threads=rank_threads, cap=cap, slo_ms=slo_ms,
-                   host=host).to_dict()
+                   host=host, replicates=replicates).to_dict()
 
 
 def prefix_cap(queries: Sequence[TraceQuery], cost: CostModel) -> int:
@@ -211,7 +262,9 @@ def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: Polic
     cap = prefix_cap(replayed, cost)
     cut = sum(q.seq_len > cap for q in replayed)
     slo_ms = live.trigger.ranking_p99_slo_ms
-    work = [(replayed, spec, instances, cost, rank_threads, cap, slo_ms, host) for spec in (live, proposed, None)]
+    replicates = replicates_for(len(replayed), cost, max_requests)
+    work = [(replayed, spec, instances, cost, rank_threads, cap, slo_ms, host, replicates)
+            for spec in (live, proposed, None)]
     started = time.monotonic()
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork"),
@@ -222,4 +275,5 @@ def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: Polic
     return {"live": live_figures, "proposed": proposed_figures, "relay_off": relay_off, "requests": len(replayed),
             "requests_captured": len(queries), "sampling": note, "instances": instances,
             "rank_threads": rank_threads, "instances_per_host": host[0], "host_cores": host[1], "prefix_cap": cap, "prefixes_cut": cut,
+            "replicates": replicates,
             "sim_wall_s": round(time.monotonic() - started, 2)}

@@ -4,6 +4,8 @@ that has a size but no storage, and a pre-inference lane that runs on the instan
 
 from __future__ import annotations
 
+import math
+import random
 from collections import deque
 from collections.abc import Callable
 
@@ -33,14 +35,29 @@ def lane_weight(share: float, device_type: str) -> float:
 
 class CostForwards:
     """``engine.Forwards`` from a cost model: each pass takes its modelled time on the instance's
-    compute (at the calling process's weight) and returns placeholder scores / a virtual KV."""
+    compute (at the calling process's weight) and returns placeholder scores / a virtual KV.
 
-    def __init__(self, cost: CostModel, compute: SharedCompute, config: ModelConfig, model_version: str):
+    Where the cost model states an operation's dispersion (the coefficient of variation its forwards
+    measured), each pass's time is its mean × a log-normal factor of mean 1 and that coefficient of
+    variation, drawn from ``rng`` (seeded: a replay is repeatable); else exactly its mean."""
+
+    def __init__(self, cost: CostModel, compute: SharedCompute, config: ModelConfig, model_version: str,
+                 rng: random.Random | None = None):
         self.cost = cost
         self.compute = compute
         self.config = config
         self.model_version = model_version
         self._scores: dict[int, torch.Tensor] = {}
+        self._rng = rng or random.Random(0)
+        # op → (mu, sigma) of the log of the factor
+        self._lognormal = {op: (-math.log1p(cv * cv) / 2, math.sqrt(math.log1p(cv * cv)))
+                           for op, cv in cost.dispersion.items() if cv > 0}
+
+    def _run(self, op: str, ms: float) -> None:
+        spread = self._lognormal.get(op)
+        if spread is not None:
+            ms *= self._rng.lognormvariate(*spread)
+        self.compute.run(ms / 1000)
 
     def virtual_kv(self, length: int, edit: EditTensors | None = None) -> VirtualPrefixKV:
         c = self.config
@@ -54,19 +71,19 @@ class CostForwards:
 
     def prefill(self, prefix: History, edit: EditTensors | None = None, *,
                 between_layers: Callable[[], None] | None = None) -> PrefixKV:
-        self.compute.run(self.cost.prefill_ms(len(prefix)) / 1000)
+        self._run("prefill", self.cost.prefill_ms(len(prefix)))
         return self.virtual_kv(len(prefix), edit)
 
     def rank(self, prefix_kv: PrefixKV, short_term: History, candidates: torch.Tensor,
              query_timestamp: int | None = None, edit: EditTensors | None = None) -> torch.Tensor:
         c = int(torch.as_tensor(candidates).numel())
-        self.compute.run(self.cost.rank_ms(prefix_kv.length, len(short_term), c) / 1000)
+        self._run("rank", self.cost.rank_ms(prefix_kv.length, len(short_term), c))
         return self._placeholder_scores(c)
 
     def rank_full(self, prefix: History, short_term: History, candidates: torch.Tensor,
                   query_timestamp: int | None = None, edit: EditTensors | None = None) -> torch.Tensor:
         c = int(torch.as_tensor(candidates).numel())
-        self.compute.run(self.cost.rank_full_ms(len(prefix), len(short_term), c) / 1000)
+        self._run("rank_full", self.cost.rank_full_ms(len(prefix), len(short_term), c))
         return self._placeholder_scores(c)
 
     def rank_full_keeping_prefix(self, prefix: History, short_term: History, candidates: torch.Tensor,
@@ -76,20 +93,25 @@ class CostForwards:
 
 
 class VirtualLane:
-    """``lane.Lane`` on the virtual clock: one process runs the jobs in order at the lane's weight."""
+    """``lane.Lane`` on the virtual clock: one process runs the jobs in order at the lane's weight,
+    paced to its share while its instance (``group``) ranks, as ``engine.RankingGate`` paces it."""
 
-    def __init__(self, sim: Simulation, device_type: str, share: float):
+    def __init__(self, sim: Simulation, device_type: str, share: float, group: object = None):
         self.sim = sim
         self.device_type = device_type
+        self.group = group
+        self.share = share
         self.weight = lane_weight(share, device_type)
         self._jobs: deque[Callable[[], None]] = deque()
         self._running = False
+        self._process = None
 
     def submit(self, job: Callable[[], None]) -> None:
         self._jobs.append(job)
         if not self._running:
             self._running = True
-            self.sim.spawn(self._drain, weight=self.weight)
+            self._process = self.sim.spawn(self._drain, weight=self.weight, group=self.group,
+                                           paced=self.share if self.share < 1 else None)
 
     def _drain(self) -> None:
         while self._jobs:
@@ -97,7 +119,10 @@ class VirtualLane:
         self._running = False
 
     def set_share(self, share: float) -> None:
+        self.share = share
         self.weight = lane_weight(share, self.device_type)
+        if self._running and self._process is not None:  # from the running drain's next forward on
+            self._process.weight, self._process.paced = self.weight, share if share < 1 else None
 
     def close(self) -> None:
         pass
