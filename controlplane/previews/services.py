@@ -60,6 +60,9 @@ ABANDONED_AFTER_S = 2 * SIM_TIMEOUT_S
 RETRY_AFTER_S = 15
 # Previews named in a refusal (those holding the limit, oldest first).
 MAX_LISTED = 10
+# The traffic before a window that a preview replays first, unmeasured, so its caches start as the
+# instances' did: the live spec's longest cache TTL (nothing older can still be cached), at most this.
+MAX_WARMUP_LEAD_S = 300
 IN_PROGRESS = (Preview.Status.QUEUED, Preview.Status.RUNNING)
 
 
@@ -217,7 +220,7 @@ def pool_fleet(*, pool: Pool) -> SimulatedFleet:
     return SimulatedFleet(len(names), kind, note, per_host, cores)
 
 
-def _sim_command(paths: dict[str, Path], fleet: SimulatedFleet) -> list[str]:
+def _sim_command(paths: dict[str, Path], fleet: SimulatedFleet, warmup_requests: int = 0) -> list[str]:
     command = [sys.executable, "-m", "relay_engine.sim", "preview", "--trace", str(paths["trace"]),
                "--live", str(paths["live"]), "--proposed", str(paths["proposed"]),
                "--instances", str(fleet.instances), "--device-kind", fleet.device_kind,
@@ -226,6 +229,8 @@ def _sim_command(paths: dict[str, Path], fleet: SimulatedFleet) -> list[str]:
         command += ["--instances-per-host", str(fleet.instances_per_host), "--host-cores", str(fleet.host_cores)]
     if settings.RELAYGR_PREVIEW_MAX_REQUESTS:
         command += ["--max-requests", str(settings.RELAYGR_PREVIEW_MAX_REQUESTS)]
+    if warmup_requests:
+        command += ["--warmup-requests", str(warmup_requests)]
     return command
 
 
@@ -268,6 +273,15 @@ class PreviewFailed(Exception):
     pass
 
 
+def warmup_lead_s(spec: dict, window_s: int) -> int:
+    """Seconds of traffic before the window to warm a preview's caches with (see MAX_WARMUP_LEAD_S)."""
+    cache = spec.get("cache") if isinstance(spec.get("cache"), dict) else {}
+    ttls = [cache.get(k) for k in ("entry_ttl_ms", "dram_ttl_ms")]
+    longest_s = max((t / 1000 for t in ttls if isinstance(t, (int, float)) and not isinstance(t, bool)),
+                    default=MAX_WARMUP_LEAD_S)
+    return int(max(1, min(MAX_WARMUP_LEAD_S, window_s, longest_s)))
+
+
 def _simulate(preview: Preview) -> dict:
     pool = preview.pool
     end_s = preview.window_end.timestamp()
@@ -276,6 +290,13 @@ def _simulate(preview: Preview) -> dict:
     if len(lines) < 2:
         raise PreviewFailed(f"The window holds {len(lines)} replayable requests; a preview needs at least 2.")
     live = policy_selectors.revision_get(pool=pool, generation=preview.live_generation)
+    # The traffic just before the window, replayed first and not measured: warm caches, as the pool's.
+    lead_s = warmup_lead_s(live.spec, preview.window_s)
+    lead = traffic.read_window(pool=pool.name, window_s=lead_s, end_s=end_s - preview.window_s)
+    warmup_requests = sum(1 for _ in traffic.trace_lines(lead))
+    if warmup_requests:
+        lines = list(traffic.trace_lines(traffic.CaptureWindow(
+            start_s=lead.start_s, end_s=end_s, records=lead.records + window.records)))
     proposed = policy_selectors.revision_get(pool=pool, generation=preview.generation)
     fleet = pool_fleet(pool=pool)
     try:  # the pool's own forward times: the simulator fits its cost model from them
@@ -291,7 +312,7 @@ def _simulate(preview: Preview) -> dict:
         paths["live"].write_text(json.dumps(live.spec), encoding="utf-8")
         paths["proposed"].write_text(json.dumps(proposed.spec), encoding="utf-8")
         try:
-            done = subprocess.run(_sim_command(paths, fleet), capture_output=True, text=True,
+            done = subprocess.run(_sim_command(paths, fleet, warmup_requests), capture_output=True, text=True,
                                   timeout=SIM_TIMEOUT_S, cwd=settings.BASE_DIR, preexec_fn=die_with_parent(),
                                   env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                       filter(None, [str(settings.BASE_DIR), os.environ.get("PYTHONPATH")]))})
@@ -302,6 +323,7 @@ def _simulate(preview: Preview) -> dict:
         result = json.loads(paths["out"].read_text(encoding="utf-8"))
     result.update({
         "window": traffic.window_label(preview.window_s), "window_from": end_s - preview.window_s,
+        "warmup_lead_s": lead_s if warmup_requests else 0,
         "window_to": end_s, "captured_in_window": len(window.records), "skipped_records": window.bad,
         "instances_note": fleet.note, "device_kind": fleet.device_kind,
         "slo_ms": {"live": _slo_ms(live.spec), "proposed": _slo_ms(proposed.spec)},

@@ -175,6 +175,22 @@ def test_a_stricter_at_risk_seq_len_predicts_fewer_admissions(operator, pool, re
     assert "expected" in result["instances_note"]
 
 
+def test_the_traffic_before_the_window_warms_the_caches_unmeasured(operator, pool, redis_client):
+    """A preview replays first the minutes before its window (the live spec's longest TTL, at most
+    5 min), so its caches start as the instances' did; only the window is measured."""
+    write_capture(redis_client, pool.name, n=1200, qps=2, end_s=time.time() - 61)  # the last 10 minutes
+    response = operator.post(f"/api/v1/pools/{pool.name}/revisions/1/preview/", {"window": "3m"}, format="json")
+    assert response.status_code == 202, response.content
+    preview = services.preview_execute(preview_id=response.json()["id"])
+    assert preview.status == "done", preview.error
+    result = preview.result
+    assert result["warmup_lead_s"] == 180  # the window's own length bounds the lead
+    assert result["warmup_requests"] == pytest.approx(360, abs=8)  # the 3 min before the window, at 2 QPS
+    assert 200 <= result["requests"] <= 300  # the window's last minute holds none (the capture ends 61 s ago)
+    assert result["requests_captured"] == result["requests"]
+    assert result["live"]["requests"] > 0.9 * result["requests"]  # the window measured, the lead not
+
+
 def test_a_failing_simulation_fails_the_preview_with_a_sentence(operator, pool, redis_client, settings):
     settings.RELAYGR_PREVIEW_MAX_REQUESTS = 5  # the simulator refuses it
     write_capture(redis_client, pool.name, n=50, qps=5, end_s=time.time() - 61)

@@ -629,7 +629,10 @@
       worth,
       el("p", { class: "muted small", dataset: { role: "preview-window" } },
         `${fmt.count(r.requests)} requests replayed of ${fmt.count(r.requests_captured)} captured in the last ${r.window}`
-        + ` (window ended ${fmt.age(age)} ago) on ${r.instances} instances (${r.instances_note}); ${r.profile.note}.`
+        + ` (window ended ${fmt.age(age)} ago)`
+        + (r.warmup_lead_s ? `, after the ${fmt.count(r.warmup_requests)} of the ${fmt.age(r.warmup_lead_s)} before it `
+          + "(replayed to warm the caches as the instances' were, not measured)" : "")
+        + ` on ${r.instances} instances (${r.instances_note}); ${r.profile.note}.`
         + (r.replicates > 1 ? ` Each figure is the median of ${r.replicates} replays, each drawing every forward's `
           + "time with the spread this pool's forwards measured: a P99 of a few minutes moves that much by chance." : "")
         + (r.sampling ? ` ${r.sampling}.` : "")),

@@ -202,7 +202,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     model_error, model_error_note = model_error_of(Path(args.validation))
     result = run_preview(queries, live, proposed, instances=args.instances, cost=cost,
                          rank_threads=args.rank_threads, max_requests=args.max_requests, jobs=args.jobs,
-                         host=(args.instances_per_host, args.host_cores))
+                         host=(args.instances_per_host, args.host_cores), warmup_requests=args.warmup_requests)
     result.update({"model_error": model_error, "model_error_note": model_error_note,
                    "profile": {"path": str(profile), "device": cost.device, "note": profile_note,
                                # whether the times are this pool's devices' own, or a stand-in's
@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--profile", type=Path, help="cost-model file (default: by --device-kind)")
     pre.add_argument("--max-requests", type=int, default=DEFAULT_MAX_REQUESTS,
                      help="replay at most the most recent N requests of the window")
+    pre.add_argument("--warmup-requests", type=int, default=0,
+                     help="the trace's first N requests are the traffic before the window: replayed to warm the "
+                          "caches, not measured (default 0: the window's first tenth primes the caches)")
     pre.add_argument("--jobs", type=int, choices=(1, 2), default=2, help="2: both specs in parallel processes")
     pre.add_argument("--validation", default=str(DEFAULT_VALIDATION),
                      help="the simulator's validation output (sim validate --out), for model_error")
@@ -297,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     fitp.add_argument("--profile", type=Path, help="the offline profile (default: by the pool's device kind)")
     fitp.add_argument("--out", help="write the fitted cost model here (and its report beside it)")
     args = parser.parse_args(argv)
+    if args.command == "preview" and args.warmup_requests < 0:
+        parser.error(f"--warmup-requests must be ≥ 0, got {args.warmup_requests}")
     if args.command == "preview" and args.max_requests < 100:
         parser.error(f"--max-requests must be at least 100, got {args.max_requests}")
     if args.command != "fit" and not 1 <= args.instances <= 256:

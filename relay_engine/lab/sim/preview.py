@@ -241,9 +241,18 @@ def recent_share(queries: Sequence[TraceQuery], max_requests: int) -> tuple[list
 
 
 def _figures(args: tuple) -> dict:
-    queries, spec, instances, cost, rank_threads, cap, slo_ms, host, replicates = args
+    queries, spec, instances, cost, rank_threads, cap, slo_ms, host, replicates, shares = args
+    prime_share, warmup_share = shares
     return preview(queries, spec, instances, cost, rank_threads=rank_threads, cap=cap, slo_ms=slo_ms,
-                   host=host, replicates=replicates).to_dict()
+                   host=host, replicates=replicates, prime_share=prime_share, warmup_share=warmup_share).to_dict()
+
+
+def warmup_shares(requests: int, warmup_requests: int) -> tuple[float, float]:
+    """(prime share, warm-up share) of a replay: the traffic before the window replayed unmeasured
+    when there is some; else the window's first tenth primes the caches and the next 5 % warms up."""
+    if warmup_requests <= 0:
+        return 0.1, 0.05
+    return 0.0, min(warmup_requests, requests - 1) / requests
 
 
 def prefix_cap(queries: Sequence[TraceQuery], cost: CostModel) -> int:
@@ -254,16 +263,24 @@ def prefix_cap(queries: Sequence[TraceQuery], cost: CostModel) -> int:
 
 def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: PolicySpec, *, instances: int,
                 cost: CostModel, rank_threads: int = 4, max_requests: int = DEFAULT_MAX_REQUESTS,
-                jobs: int = 2, host: tuple[int, float] = (1, 1.0)) -> dict:
+                jobs: int = 2, host: tuple[int, float] = (1, 1.0), warmup_requests: int = 0) -> dict:
     """Live and proposed spec on the same (most recent) captured queries, and the relay off on them
     (judged on the live SLO: what the relay is worth on this traffic); the replays in parallel
-    processes when ``jobs`` > 1."""
-    replayed, note = recent_share(queries, max_requests)
+    processes when ``jobs`` > 1. ``warmup_requests``: the first ones are the traffic before the
+    window, replayed to warm the caches and not measured."""
+    lead = max(0, min(warmup_requests, len(queries) - 2))
+    measured = min(len(queries) - lead, max_requests)
+    # Warm up on the traffic just before the measured requests: the lead, or the part of a window too
+    # long to replay whole (as much of it as the lead); none given, the window's first tenth primes.
+    warm = min(len(queries) - measured, lead)
+    replayed, _ = recent_share(queries, measured + warm)
+    note = recent_share(queries[lead:], max_requests)[1]
     cap = prefix_cap(replayed, cost)
     cut = sum(q.seq_len > cap for q in replayed)
     slo_ms = live.trigger.ranking_p99_slo_ms
     replicates = replicates_for(len(replayed), cost, max_requests)
-    work = [(replayed, spec, instances, cost, rank_threads, cap, slo_ms, host, replicates)
+    shares = warmup_shares(len(replayed), warm)
+    work = [(replayed, spec, instances, cost, rank_threads, cap, slo_ms, host, replicates, shares)
             for spec in (live, proposed, None)]
     started = time.monotonic()
     if jobs > 1:
@@ -272,8 +289,8 @@ def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: Polic
             live_figures, proposed_figures, relay_off = pool.map(_figures, work)
     else:
         live_figures, proposed_figures, relay_off = map(_figures, work)
-    return {"live": live_figures, "proposed": proposed_figures, "relay_off": relay_off, "requests": len(replayed),
-            "requests_captured": len(queries), "sampling": note, "instances": instances,
+    return {"live": live_figures, "proposed": proposed_figures, "relay_off": relay_off, "requests": measured,
+            "requests_captured": len(queries) - lead, "warmup_requests": warm, "sampling": note, "instances": instances,
             "rank_threads": rank_threads, "instances_per_host": host[0], "host_cores": host[1], "prefix_cap": cap, "prefixes_cut": cut,
             "replicates": replicates,
             "sim_wall_s": round(time.monotonic() - started, 2)}
