@@ -157,7 +157,8 @@ def check_live(api: Api, pool: str, window: str, windows: int) -> dict:
         rows.append({"predicted": {k: live[k] for k, _ in FIGURES} | {
                          "requests": live["requests"], "replicates": live.get("replicates", 1),
                          "p99_range_ms": live.get("p99_range_ms")},
-                     "measured": measured_now, "preview_s": round(preview_s, 1),
+                     "measured": measured_now, "preview_s": round(preview_s, 1), "preview_id": preview["id"],
+                     "window_from": preview["result"]["window_from"], "window_to": preview["result"]["window_to"],
                      "profile": preview["result"]["profile"]["note"]})
         say(f"window {i + 1}: P99 predicted {live['p99_ms']} ms, measured {measured_now['p99_ms']} ms")
     return {"pool": pool, "window": window, "generation": generation, "windows": rows}
