@@ -2,15 +2,16 @@
 
 Both the worker (``workers.instance``) and the client (``workers.client``) build their app here
 from the same ``Settings``, so they agree on the broker, the result backend and its key prefix.
-Tasks are addressed by name (``RANK_TASK``, ``PRE_INFER_TASK``) on the per-instance queues that
-``relay_engine.core.wire.PoolKeys`` names; only the worker process registers their bodies.
+The one task, ``RANK_TASK``, is addressed by name on the per-instance queue that
+``relay_engine.core.wire.PoolKeys`` names; only the worker process registers its body. Pre-infer
+signals do not go through Celery (``workers.signals``).
 
 Reliability settings, each chosen on purpose:
 
 - **Ack early** (``task_acks_late = False``): a ranking answer is worth nothing after its
   deadline (tens of ms), so redelivering the request of a crashed worker cannot help; the client
   stops waiting at deadline + grace and reports a deadline error, so a lost request surfaces, it
-  is never silently dropped. Pre-infer signals are best effort by design.
+  is never silently dropped.
 - **Prefetch 1 per thread** (``worker_prefetch_multiplier = 1``): each instance consumes only its
   own queues, so prefetching more cannot balance anything; it would only hide the queue depth and
   strand more reserved messages if the process dies.
@@ -44,7 +45,6 @@ from redis.retry import Retry
 from workers.settings import Settings
 
 RANK_TASK = "relaygr.rank"
-PRE_INFER_TASK = "relaygr.pre_infer"
 
 RESULT_EXPIRES_S = 60
 SOCKET_TIMEOUT_S = 5.0

@@ -1,18 +1,21 @@
-"""Round-trip overhead of ``rank`` through Celery and Redis, against the same call in-process.
+"""Round-trip overhead of ``rank`` through Celery and Redis, against the same call in-process,
+and ranking beside a pre-inference backlog.
 
-    python -m workers.bench_roundtrip [--requests 1000] [--backlog 2000] [--json-out FILE]
+    python -m workers.bench_roundtrip [--requests 1000] [--backlog 100] [--blocks 10] [--json-out FILE]
 
 Starts one instance (``RELAYGR_MODEL``, default small) against ``REDIS_URL`` or a private
-embedded Redis, and times, one request at a time for the same user (HBM hits):
+embedded Redis, and times, one request at a time for the same user (HBM hits), three modes:
 
 1. **in-process**: the task body (payload validation, features, ``engine.rank``) called directly
    on an engine built here;
-2. **celery**: ``RelayClient.rank`` → Redis → the instance → result back, on loopback;
-3. **celery + pre-infer backlog**: the same while the instance's pre-infer queue holds a backlog
-   of signals that keeps growing (``--backlog`` sent at once, then more at 500/s), all admitted
-   by the trigger, so its prefill thread is busy throughout.
+2. **celery**: ``RelayClient.rank`` → Redis → the instance → the answer back, on loopback;
+3. **backlog**: the same while pre-infer signals keep arriving for other users (``--backlog`` at
+   once, then 500/s), all admitted by the trigger, so the instance's prefill lane is busy throughout.
 
-Prints P50/P99 of each and the overhead (celery − in-process); a benchmark, not a test.
+The modes are interleaved: ``--blocks`` rounds, each timing ``--requests / --blocks`` requests of
+every mode in a rotated order, so a noisy minute of a shared machine falls on all three alike.
+Prints P50/P99 of each, the overhead (celery P99 − in-process P99) and the backlog ratio (backlog
+P99 ÷ celery P99), each with a 95 % bootstrap interval; a benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from workers.telemetry_publisher import WorkerCounts
 
 # Every pre-infer signal admitted (budgets permitting), so the backlog is real prefill work.
 ADMIT_ALL_POLICY = {"trigger": {"admit_all": True, "max_preinfer_inflight": 64}}
+BACKLOG_LEAD_S = 0.5
+WARMUP = 20
 
 
 def percentiles(values_ms: list[float]) -> dict[str, float]:
@@ -54,52 +59,96 @@ def percentiles(values_ms: list[float]) -> dict[str, float]:
             "mean_ms": round(statistics.fmean(values_ms), 3), "n": len(values_ms)}
 
 
-def time_in_process(settings: Settings, payload: dict, n: int) -> list[float]:
+def in_process_runtime(settings: Settings) -> InstanceRuntime:
     torch.set_num_threads(settings.torch_threads or torch.get_num_threads())  # as the instance runs
     cpu = torch.device("cpu")
     engine = RelayEngine(model=settings.build_model(cpu), device=cpu, name="in-process")
-    runtime = InstanceRuntime(engine, SyntheticFeatures(engine.model.config), WorkerCounts())
+    return InstanceRuntime(engine, SyntheticFeatures(engine.model.config), WorkerCounts())
+
+
+def time_in_process(runtime: InstanceRuntime, payload: dict, n: int) -> list[float]:
     out = []
-    for i in range(n + 20):
+    for _ in range(n):
         t0 = time.perf_counter()
         result = runtime.rank((payload,), {})
-        elapsed = (time.perf_counter() - t0) * 1000
+        out.append((time.perf_counter() - t0) * 1000)
         if not result["ok"]:
             raise RuntimeError(result)
-        if i >= 20:
-            out.append(elapsed)
     return out
 
 
-def time_celery(client: RelayClient, payload: dict, n: int, warmup: int = 20) -> tuple[list[float], list[float]]:
-    round_trips, overheads = [], []
-    for i in range(n + warmup):
-        reply = client.rank(deadline_s=time.time() + 2.0, **payload)
-        if i >= warmup:
-            round_trips.append(reply.round_trip_ms)
-            overheads.append(reply.round_trip_ms - reply.engine_ms)
-    return round_trips, overheads
+def time_celery(client: RelayClient, payload: dict, n: int) -> list[float]:
+    return [client.rank(deadline_s=time.time() + 2.0, **payload).round_trip_ms for _ in range(n)]
 
 
-def keep_backlog(client: RelayClient, instance: str, initial: int, rate_per_s: float, seq_len: int,
-                 stop: threading.Event) -> None:
-    for i in range(initial):
-        client.pre_infer(f"backlog-{i}", seq_len=seq_len, instance=instance)
-    i = initial
-    while not stop.wait(1 / rate_per_s):
-        client.pre_infer(f"backlog-{i}", seq_len=seq_len, instance=instance)
-        i += 1
+class Backlog:
+    """Pre-infer signals for other users, sent while it is on: a burst, then ``rate_per_s``."""
+
+    def __init__(self, client: RelayClient, instance: str, burst: int, rate_per_s: float, seq_len: int):
+        self.client, self.instance, self.burst, self.rate_per_s, self.seq_len = \
+            client, instance, burst, rate_per_s, seq_len
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _send(self) -> None:
+        self.client.pre_infer(f"backlog-{self.sent}", seq_len=self.seq_len, instance=self.instance)
+        self.sent += 1
+
+    def _run(self) -> None:
+        for _ in range(self.burst):
+            self._send()
+        while not self._stop.wait(1 / self.rate_per_s):
+            self._send()
+
+    def __enter__(self) -> Backlog:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="backlog", daemon=True)
+        self._thread.start()
+        time.sleep(BACKLOG_LEAD_S)  # the lane busy before the first timed request
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+        time.sleep(BACKLOG_LEAD_S)  # admitted prefills finish before the next mode
+
+
+def bootstrap(samples: dict[str, list[float]], statistic, reps: int = 2000, seed: int = 0) -> list[float]:
+    """95 % percentile-bootstrap interval of ``statistic(samples)``, resampling each mode on its own."""
+    rng = np.random.default_rng(seed)
+    arrays = {k: np.asarray(v) for k, v in samples.items()}
+    values = [statistic({k: a[rng.integers(0, len(a), len(a))] for k, a in arrays.items()}) for _ in range(reps)]
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return [round(float(lo), 3), round(float(hi), 3)]
+
+
+def p99(values) -> float:
+    return float(np.percentile(values, 99))
+
+
+def overhead_p99(s: dict) -> float:
+    return p99(s["celery"]) - p99(s["in_process"])
+
+
+def backlog_ratio(s: dict) -> float:
+    return p99(s["backlog"]) / p99(s["celery"])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.bench_roundtrip", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--backlog", type=int, default=2000)
+    parser.add_argument("--requests", type=int, default=1000, help="timed requests per mode (default 1000)")
+    parser.add_argument("--backlog", type=int, default=100, help="signals sent at once when a backlog block starts")
+    parser.add_argument("--blocks", type=int, default=10, help="interleaved rounds of the three modes (default 10)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--short-len", type=int, default=16)
     parser.add_argument("--candidates", type=int, default=64)
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
+    if args.requests < 10 * args.blocks or args.blocks < 1:
+        parser.error(f"--requests ({args.requests}) must be at least 10 per block (--blocks {args.blocks})")
+    per_block = args.requests // args.blocks
 
     with ExitStack() as stack:
         redis_url = os.environ.get("REDIS_URL") or \
@@ -119,37 +168,46 @@ def main(argv: list[str] | None = None) -> int:
         client = stack.enter_context(RelayClient(settings))
         payload = {"user_id": "bench-user", "seq_len": args.seq_len, "short_len": args.short_len,
                    "n_candidates": args.candidates, "query_index": 1}
-
-        in_process = time_in_process(settings, payload, args.requests)
-        celery_rt, celery_overhead = time_celery(client, payload, args.requests)
-
-        stop = threading.Event()
-        feeder = threading.Thread(target=keep_backlog, args=(client, name, args.backlog, 500.0, args.seq_len, stop))
-        feeder.start()
-        while rc.llen(settings.keys.preinfer_queue(name)) < args.backlog // 4 and feeder.is_alive():
-            time.sleep(0.01)
-        depth_before = rc.llen(settings.keys.preinfer_queue(name))
-        backlog_rt, _ = time_celery(client, payload, args.requests, warmup=0)
-        depth_after = rc.llen(settings.keys.preinfer_queue(name))
-        stop.set()
-        feeder.join()
+        runtime = in_process_runtime(settings)
+        backlog = Backlog(client, name, args.backlog, 500.0, args.seq_len)
+        modes = {
+            "in_process": lambda n: time_in_process(runtime, payload, n),
+            "celery": lambda n: time_celery(client, payload, n),
+            "backlog": lambda n: _with(backlog, lambda: time_celery(client, payload, n)),
+        }
+        for run in modes.values():  # warm-up: caches, allocator, connections
+            run(WARMUP)
+        samples: dict[str, list[float]] = {mode: [] for mode in modes}
+        order = list(modes)
+        for block in range(args.blocks):
+            for mode in order[block % 3:] + order[:block % 3]:
+                samples[mode] += modes[mode](per_block)
+            print(f"block {block + 1}/{args.blocks}: P99 " + ", ".join(
+                f"{m} {p99(v):.2f} ms" for m, v in samples.items()), file=sys.stderr)
+        depth = rc.llen(settings.keys.preinfer_signals(name))
 
     report = {
-        "model": settings.model, "requests": args.requests,
+        "model": settings.model, "requests_per_mode": per_block * args.blocks, "blocks": args.blocks,
+        "gil_switch_ms": settings.gil_switch_ms,
         "payload": {k: v for k, v in payload.items() if k != "user_id"},
-        "in_process": percentiles(in_process),
-        "celery_round_trip": percentiles(celery_rt),
-        "celery_overhead_per_request": percentiles(celery_overhead),
-        "overhead_p50_ms": round(percentiles(celery_rt)["p50_ms"] - percentiles(in_process)["p50_ms"], 3),
-        "overhead_p99_ms": round(percentiles(celery_rt)["p99_ms"] - percentiles(in_process)["p99_ms"], 3),
-        "with_preinfer_backlog": {**percentiles(backlog_rt), "preinfer_queue_depth_before": depth_before,
-                                  "preinfer_queue_depth_after": depth_after},
+        **{mode: percentiles(values) for mode, values in samples.items()},
+        "overhead_p99_ms": round(overhead_p99(samples), 3),
+        "overhead_p99_ms_95ci": bootstrap(samples, overhead_p99),
+        "backlog_p99_ratio": round(backlog_ratio(samples), 3),
+        "backlog_p99_ratio_95ci": bootstrap(samples, backlog_ratio),
+        "backlog_signals_sent": backlog.sent, "signal_list_depth_at_end": depth,
+        "goals": {"overhead_p99_ms": 3.0, "backlog_p99_ratio": 1.5},
     }
     print(json.dumps(report, indent=2))
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
     return 0
+
+
+def _with(context, body):
+    with context:
+        return body()
 
 
 if __name__ == "__main__":

@@ -44,8 +44,8 @@ from redis.retry import Retry
 from relay_engine.core import fields
 from relay_engine.core.engine import DeadlineExceeded
 from relay_engine.core.router import AffinityRouter
+from workers import signals
 from workers.app import (
-    PRE_INFER_TASK,
     RANK_TASK,
     SOCKET_CONNECT_TIMEOUT_S,
     SOCKET_TIMEOUT_S,
@@ -59,9 +59,6 @@ from workers.settings import Settings
 MEMBERSHIP_REFRESH_S = 0.5
 # Time allowed past the deadline for an answer already on its way (scores computed just in time).
 ANSWER_GRACE_S = 0.25
-# A pre-infer signal is useful until its ranking request arrives (tens of ms); after this it is
-# revoked in the queue instead of occupying the instance.
-PRE_INFER_TTL_S = 2.0
 DEFAULT_RANK_TIMEOUT_S = 1.0
 
 
@@ -306,12 +303,12 @@ class RelayClient:
     # --- requests ----------------------------------------------------------------------------
 
     def pre_infer(self, user_id: str, *, instance: str | None = None, **fields: Any) -> str:
-        """Send the pre-infer signal (fire and forget); returns the instance it went to."""
+        """Send the pre-infer signal (fire and forget, one pipelined Redis call: ``workers.signals``);
+        returns the instance it went to. The instance drops it unread after ``signals.SIGNAL_TTL_S``."""
         payload = PreInferPayload.parse({"user_id": user_id, **fields}).to_dict()
         instance = instance or self.route(user_id)
         with _sending(instance):
-            self.app.send_task(PRE_INFER_TASK, args=[payload], queue=self.keys.preinfer_queue(instance),
-                               expires=PRE_INFER_TTL_S)
+            signals.send(self.redis, self.keys, instance, payload)
         return instance
 
     def send_rank(self, payload: RankPayload | dict[str, Any], *, instance: str | None = None) -> PendingRank:

@@ -4,8 +4,9 @@
 
 Settings not given as flags come from the environment (``workers.settings``). The process builds
 one ``RelayEngine``, applies the pool's desired revision, then runs a Celery worker on the
-``threads`` pool (torch releases the GIL) that consumes ``P.{inst}.rank`` and ``P.{inst}.preinfer``.
-Beside it run: the engine's pre-inference lane, the reconciler, the telemetry publisher, the traffic
+``threads`` pool (torch releases the GIL) that consumes ``P.{inst}.rank`` only. Beside it run: the
+pre-infer signal reader (``workers.signals``: one thread on the instance's signal list, off Celery),
+the engine's pre-inference lane, the reconciler, the telemetry publisher, the traffic
 capture's writer (``workers.capture``), and the heartbeat,
 which starts only once Celery consumes, so clients never route to an instance that is not serving.
 On shutdown the instance leaves the live set first, so its users move at once.
@@ -35,6 +36,7 @@ from workers.membership import IndexClaim
 from workers.periodic import Periodic
 from workers.revision_store import RevisionStore
 from workers.settings import CAPTURE_SECRET_ENV, MODELS, Settings
+from workers.signals import SignalConsumer
 from workers.tasks import InstanceRuntime, register_tasks
 from workers.telemetry_publisher import WorkerCounts
 
@@ -65,7 +67,7 @@ def celery_argv(settings: Settings, name: str, loglevel: str) -> list[str]:
     keys = settings.keys
     return [
         "worker", "--pool=threads", f"--concurrency={settings.rank_threads}",
-        f"--queues={keys.rank_queue(name)},{keys.preinfer_queue(name)}", f"--hostname={name}@%h",
+        f"--queues={keys.rank_queue(name)}", f"--hostname={name}@%h",
         # Membership is our own heartbeat in Redis; Celery's cluster chatter only slows start-up.
         "--without-mingle", "--without-gossip", "--without-heartbeat", f"--loglevel={loglevel}",
     ]
@@ -75,6 +77,7 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     name = instance_name(settings.pool, index)
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
+    sys.setswitchinterval(settings.gil_switch_ms / 1000)
     device = devices.select_device(None if settings.device == "auto" else settings.device)
     engine = RelayEngine(model=settings.build_model(device), device=device, name=name)
     client = redis_client(settings)
@@ -101,9 +104,12 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
                               capture=capture)
     app = make_app(settings)
     register_tasks(app, runtime)
+    # Its own connection: the reader blocks on BLPOP, which must not hold the loops' client.
+    signal_reader = SignalConsumer(redis_client(settings), keys.preinfer_signals(name), runtime.pre_infer)
 
     @signals.worker_ready.connect(weak=False)
     def _join(**_: Any) -> None:
+        signal_reader.start()
         loops.join()
         log.info("%s serving on %s (model %s, %d rank threads)", name, engine.device, settings.model,
                  settings.rank_threads)
@@ -120,6 +126,7 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     try:
         return app.worker_main(celery_argv(settings, name, loglevel)) or 0
     finally:
+        signal_reader.stop()
         if capture:
             capture.stop()
         loops.stop()

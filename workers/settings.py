@@ -60,6 +60,10 @@ class Settings:
     model: str = "default"
     rank_threads: int = 4
     torch_threads: int | None = None
+    # How long a Python thread may hold the GIL before another runnable one gets it (CPython's
+    # default is 5 ms). A ranking thread that wakes while the pre-inference lane runs Python between
+    # torch ops waits up to this long per hand-over; see README "Ranking beside pre-inference".
+    gil_switch_ms: float = 1.0
     heartbeat_interval_s: float = wire.HEARTBEAT_INTERVAL_S
     data_dir: str = ""  # empty: default_data_dir()
     capture_secret: str = field(default="", repr=False)  # empty: the traffic capture is off
@@ -109,6 +113,7 @@ class Settings:
             model=env.get("RELAYGR_MODEL") or d.model,
             rank_threads=_int(env, "RELAYGR_RANK_THREADS", d.rank_threads, 1, 256),
             torch_threads=_int(env, "RELAYGR_TORCH_THREADS", None, 1, 1024),
+            gil_switch_ms=_float(env, "RELAYGR_GIL_SWITCH_MS", d.gil_switch_ms, 0.1, 100.0),
             heartbeat_interval_s=_float(env, "RELAYGR_HEARTBEAT_INTERVAL_S", d.heartbeat_interval_s,
                                         0.05, wire.HEARTBEAT_TIMEOUT_S / 2),
             data_dir=env.get("RELAYGR_DATA_DIR") or d.data_dir,
@@ -140,6 +145,7 @@ class Settings:
             "RELAYGR_POOL_SIZE": str(self.pool_size), "RELAYGR_DEVICE": self.device,
             "RELAYGR_MODEL": self.model, "RELAYGR_RANK_THREADS": str(self.rank_threads),
             "RELAYGR_HEARTBEAT_INTERVAL_S": repr(self.heartbeat_interval_s),
+            "RELAYGR_GIL_SWITCH_MS": repr(self.gil_switch_ms),
             "RELAYGR_DATA_DIR": self.data_dir, CAPTURE_SECRET_ENV: self.capture_secret,
         }
         if self.torch_threads is not None:

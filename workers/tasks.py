@@ -1,15 +1,16 @@
-"""The two tasks, thin: validate the payload, call the engine, return plain data.
+"""The ranking task and the pre-infer handler, thin: validate the payload, call the engine, return plain data.
 
 ``rank`` runs on the Celery threads and returns scores or an error result (``payloads``). When the
 sender named a reply list (the message's ``reply_to``, a ``PoolKeys.reply`` key), the answer is
 pushed there too — one ``RPUSH`` + ``EXPIRE`` the sender is blocked on with ``BLPOP`` — instead of
 going through Celery's result store; a request revoked in the queue (past its deadline) gets a
-deadline error there at once. ``pre_infer`` validates and calls ``engine.submit_pre_infer``: the
-trigger decides at once and an admitted prefill runs on the engine's pre-inference lane (its own
+deadline error there at once. ``pre_infer`` is no Celery task: the instance's signal reader
+(``workers.signals``) calls it for each signal. It validates and calls ``engine.submit_pre_infer``:
+the trigger decides at once and an admitted prefill runs on the engine's pre-inference lane (its own
 thread, at the policy's compute share), so a backlog of pre-infer signals never holds a thread that
-ranking needs nor takes more than its share of the compute. Neither task raises for bad input or a
+ranking needs nor takes more than its share of the compute. Neither raises for bad input or a
 missed deadline: every outcome is a result the client can act on, and the worker stays up whatever
-arrives on its queues.
+arrives on its queue or its signal list.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from celery import Celery, signals
 from relay_engine.core.engine import DeadlineExceeded, EngineInputError, RelayEngine
 from relay_engine.core.features import SyntheticFeatures
 from relay_engine.core.wire import REPLY_TTL_S, PoolKeys
-from workers.app import PRE_INFER_TASK, RANK_TASK
+from workers.app import RANK_TASK
 from workers.capture import TrafficCapture
 from workers.payloads import (
     DEADLINE_EXCEEDED,
@@ -91,9 +92,9 @@ class InstanceRuntime:
                             short_len=len(request.short_term), candidates=len(request.candidates),
                             outcome=outcome, latency_ms=latency_ms)
 
-    def pre_infer(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+    def pre_infer(self, data: Any) -> dict[str, Any]:
         try:
-            payload = PreInferPayload.parse(_single_payload(args, kwargs))
+            payload = PreInferPayload.parse(data)
             request = payload.request(self.features)
             self.engine.model.check_history(request.prefix, "prefix", allow_empty=False)
         except PayloadError as exc:
@@ -157,11 +158,6 @@ def register_tasks(app: Celery, runtime: InstanceRuntime) -> None:
         result = runtime.rank(args, kwargs)
         runtime.reply(task.request.reply_to, result)
         return result
-
-    # Fire-and-forget: no result is stored unless the sender asks (apply_async(ignore_result=False)).
-    @app.task(name=PRE_INFER_TASK, ignore_result=True)
-    def pre_infer(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        return runtime.pre_infer(args, kwargs)
 
     @signals.task_revoked.connect(weak=False)
     def _count_revoked(sender=None, request=None, expired=False, **_: Any) -> None:

@@ -20,10 +20,12 @@ Keys (``P`` = prefix, ``pool`` = pool name, ``inst`` = instance name ``<pool>.<i
 | ``P:pool:{pool}:reporting`` | sorted set | workers | inst → time of its last telemetry snapshot (unix s) |
 | ``P:pool:{pool}:claim:{index}`` | string, TTL | workers | owner of an instance index (scaled replicas) |
 | ``P:pool:{pool}:reply:{token}`` | list, TTL | workers | the answer to one ranking request (JSON), for its sender's BLPOP |
+| ``P:pool:{pool}:signals:{inst}`` | list, trimmed, TTL | clients | pre-infer signals ``{"p": payload, "t": sent}`` (``workers.signals``) |
 | ``P:pool:{pool}:traffic`` | stream, MAXLEN ~ / MINID | workers | one ``capture.CaptureRecord`` per ranking request |
 | ``P:pool:{pool}:traffic:dropped`` | hash | workers (HINCRBY) | inst → capture records dropped (queue full, Redis down) |
 
-Celery queues: ``P.{inst}.rank`` and ``P.{inst}.preinfer`` (ranking never waits behind pre-infer);
+Celery queue: ``P.{inst}.rank`` only (pre-infer signals go on their own list, above, so ranking
+never waits behind them nor shares Celery's threads with them);
 the control plane's ``P.controlplane.periodic`` (the canary bake) and ``P.controlplane.previews``,
 each consumed by a worker process of its own (``controlplane_queue``).
 
@@ -223,8 +225,9 @@ class PoolKeys:
     def rank_queue(self, instance: str) -> str:
         return f"{self.prefix}.{instance}.rank"
 
-    def preinfer_queue(self, instance: str) -> str:
-        return f"{self.prefix}.{instance}.preinfer"
+    def preinfer_signals(self, instance: str) -> str:
+        """The instance's list of pre-infer signals (``workers.signals``), read by its own thread, not Celery."""
+        return f"{self.base}:signals:{instance}"
 
     def claim(self, index: int) -> str:
         return f"{self.base}:claim:{index}"

@@ -24,7 +24,8 @@ from tests.frontend.stack import POOL
 from tests.reliability.figures import FIGURES
 from tests.reliability.harness import DEADLINE, OK, FaultStack, ReplayLoad
 from tests.workers.fleet import wait_for
-from workers.app import make_app
+from workers import signals
+from workers.app import make_app, redis_client
 from workers.client import RelayClient
 from workers.payloads import INVALID_INPUT
 
@@ -344,15 +345,20 @@ def test_malformed_task_payloads_get_clear_errors_and_the_workers_stay_up(stack,
             assert getattr(exc, "kind", None) == INVALID_INPUT and getattr(exc, "field", None) == field, exc
         else:
             raise AssertionError(f"{payload!r} was ranked: {reply}")
-    # Pre-infer signals are fire and forget; sent raw (the client would refuse them) they must not harm.
+    # Pre-infer signals are fire and forget; written raw to the signal list (the client would refuse
+    # them), with an entry that is no JSON at all, they must not harm.
+    signal_list = stack.worker_settings.keys.preinfer_signals(target)
+    raw = redis_client(stack.worker_settings)
+    try:
+        raw.rpush(signal_list, *(signals.entry(payload) for _, payload, _ in MALFORMED_RANK_PAYLOADS), "{not json")
+    finally:
+        raw.close()
     app = make_app(stack.worker_settings)
     try:
-        for _, payload, _ in MALFORMED_RANK_PAYLOADS:
-            app.send_task("relaygr.pre_infer", args=[payload], queue=stack.worker_settings.keys.preinfer_queue(target))
         app.send_task("relaygr.rank", args=[], kwargs={"x": 1}, queue=stack.worker_settings.keys.rank_queue(target))
     finally:
         app.close()
-    FIGURES.hostile("task payloads", 2 * len(MALFORMED_RANK_PAYLOADS) + 1)
+    FIGURES.hostile("task payloads", 2 * len(MALFORMED_RANK_PAYLOADS) + 2)
     time.sleep(1)
     assert stack.workers[target].poll() is None and stack.workers[target].pid == pid
     answered = client.send_rank({"user_id": "after-the-garbage", "seq_len": 16, "short_len": 1, "n_candidates": 4,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from datetime import UTC, datetime
 
@@ -13,7 +12,8 @@ from relay_engine.core.telemetry import Snapshot
 from relay_engine.core.wire import is_live
 from tests.security.payloads import CreatesFileWhenUnpickled
 from tests.workers.fleet import wait_for
-from workers.app import PRE_INFER_TASK, RANK_TASK
+from workers import signals
+from workers.app import RANK_TASK
 from workers.client import PendingRank, RankDeadlineExceeded, RankError
 
 pytestmark = pytest.mark.integration
@@ -106,12 +106,22 @@ def test_task_called_with_the_wrong_arguments_gets_an_error_result(fleet):
     assert (data["ok"], data["error"], data["field"]) == (False, "invalid_input", "payload")
 
 
-def test_malformed_pre_infer_payload_gets_an_error_result(fleet):
+def test_bad_pre_infer_signals_are_skipped_and_the_good_one_after_them_is_taken(fleet):
     name = fleet.names[0]
-    result = fleet.client.app.send_task(PRE_INFER_TASK, args=[{"user_id": "u", "seq_len": "long"}],
-                                        queue=fleet.keys.preinfer_queue(name), ignore_result=False)
-    data = result.get(timeout=5)
-    assert (data["ok"], data["error"], data["field"]) == (False, "invalid_input", "seq_len")
+    before = latest_snapshot(fleet, name).counters["preinfer_signals"]
+    fleet.redis.rpush(fleet.keys.preinfer_signals(name), "not json", "[1, 2]", json.dumps({"p": "x", "t": time.time()}),
+                      json.dumps({"p": {"user_id": "u", "seq_len": 600}, "t": "yesterday"}),
+                      signals.entry({"user_id": "u", "seq_len": "long"}),  # refused by validation
+                      signals.entry({"user_id": "stale-user", "seq_len": 600}, sent_s=time.time() - 60))  # too old
+    assert fleet.client.pre_infer("good-signal-user", seq_len=600, instance=name) == name
+    wait_for(lambda: latest_snapshot(fleet, name).counters["preinfer_signals"] == before + 1, 5.0,
+             what="the one good signal counted by the engine")
+    assert fleet.redis.llen(fleet.keys.preinfer_signals(name)) == 0
+    reply = fleet.client.send_rank({"user_id": "good-signal-user", "deadline_s": time.time() + 5, **SMALL,
+                                    "seq_len": 600}, instance=name).wait()
+    assert reply.source in ("hbm", "inflight") and fleet.procs[name].poll() is None
+    time.sleep(1.2)  # a later snapshot: the bad entries were never counted as signals
+    assert latest_snapshot(fleet, name).counters["preinfer_signals"] == before + 1
 
 
 def test_worker_keeps_serving_after_bad_input(fleet):
@@ -131,12 +141,11 @@ def test_a_pickled_task_is_refused_unread_and_the_instance_serves_on(fleet, tmp_
     marker = tmp_path / "unpickled"
     refusals = {name: refused_pickles(fleet, name) for name in fleet.names}
     for name in fleet.names:
-        for queue in (fleet.keys.rank_queue(name), fleet.keys.preinfer_queue(name)):
-            fleet.client.app.send_task(RANK_TASK, args=[CreatesFileWhenUnpickled(marker)], queue=queue,
-                                       serializer="pickle")
+        fleet.client.app.send_task(RANK_TASK, args=[CreatesFileWhenUnpickled(marker)],
+                                   queue=fleet.keys.rank_queue(name), serializer="pickle")
     for name in fleet.names:
-        wait_for(lambda name=name: refused_pickles(fleet, name) == refusals[name] + 2, 30.0,
-                 what=f"{name} to refuse both pickles")
+        wait_for(lambda name=name: refused_pickles(fleet, name) == refusals[name] + 1, 30.0,
+                 what=f"{name} to refuse the pickle")
         reply = fleet.client.send_rank({"user_id": "after-a-pickle", "deadline_s": time.time() + 5, **SMALL},
                                        instance=name).wait()
         assert reply.instance == name and fleet.procs[name].poll() is None
@@ -150,17 +159,15 @@ def refused_pickles(fleet, name: str) -> int:
 
 def test_ranking_does_not_wait_behind_a_pre_infer_backlog(fleet):
     name = fleet.names[0]
-    control = fleet.client.app.control
-    hostname = f"{name}@{socket.gethostname()}"
-    # Build a backlog: stop the instance consuming pre-infer signals, queue them, then let it resume.
-    control.cancel_consumer(fleet.keys.preinfer_queue(name), destination=[hostname], reply=True, timeout=2)
-    for i in range(300):
-        fleet.client.pre_infer(f"backlog-{i}", seq_len=600, instance=name)
-    control.add_consumer(fleet.keys.preinfer_queue(name), destination=[hostname], reply=True, timeout=2)
-    backlog = fleet.redis.llen(fleet.keys.preinfer_queue(name))
-
+    key = fleet.keys.preinfer_signals(name)
+    # A backlog at once, as a burst of retrievals would leave it: written straight to the signal list.
+    pipe = fleet.redis.pipeline(transaction=False)
+    for i in range(5000):
+        pipe.rpush(key, signals.entry({"user_id": f"backlog-{i}", "seq_len": 600}))
+    pipe.execute()
     reply = fleet.client.send_rank({"user_id": "behind-backlog", "deadline_s": time.time() + 30, **SMALL},
                                    instance=name).wait()
-    still_queued = fleet.redis.llen(fleet.keys.preinfer_queue(name))
-    assert backlog > 250 and len(reply.scores) == SMALL["n_candidates"]
+    still_queued = fleet.redis.llen(key)
+    assert len(reply.scores) == SMALL["n_candidates"]
     assert still_queued > 0, "the ranking request waited until the pre-infer backlog drained"
+    fleet.redis.delete(key)  # the rest is no later test's business

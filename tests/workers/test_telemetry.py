@@ -58,7 +58,7 @@ def test_telemetry_streams_are_trimmed_to_their_tier_and_expire(fleet):
 def test_every_key_the_fleet_writes_is_bounded(fleet):
     """Nothing grows without bound: each key has a TTL, or is one of the fixed per-pool/instance keys."""
     fixed = {fleet.keys.members, fleet.keys.desired, fleet.keys.reporting}  # the sets are pruned by score
-    fixed |= {q for n in fleet.names for q in (fleet.keys.rank_queue(n), fleet.keys.preinfer_queue(n))}
+    fixed |= {fleet.keys.rank_queue(n) for n in fleet.names}  # the signal lists expire (workers.signals)
     unbounded = []
     for key in fleet.redis.scan_iter(f"{fleet.settings.key_prefix}*"):
         if key in fixed:
