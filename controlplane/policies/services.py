@@ -26,6 +26,7 @@ from relay_engine.core.wire import DesiredRevision, PoolKeys, pools_key, revoked
 
 from . import selectors
 from .models import AuditEntry, ConfigRevision, Pool
+from .signals import revision_published
 
 logger = logging.getLogger(__name__)
 
@@ -181,9 +182,10 @@ def _rollback_done(*, pool: Pool, to_generation: int, parent_generation: int) ->
                                          parent_generation=parent_generation, restored_from=to_generation).first()
 
 
-def desired_set(*, pool: Pool, generation: int, actor: str) -> PublishResult:
-    """The database half of a publish (a canary's promotion included); call inside a transaction.
-    While a canary bakes on the pool nothing else is published: 409 saying how to end the bake."""
+def desired_set(*, pool: Pool, generation: int, actor: str, via: str = "publish") -> PublishResult:
+    """The database half of a publish (a canary's promotion included, ``via="canary"``); call inside
+    a transaction. While a canary bakes on the pool nothing else is published: 409 saying how to end
+    the bake. A new desired generation is announced (``signals.revision_published``) once committed."""
     locked = Pool.objects.select_for_update().get(pk=pool.pk)
     baking = rollout_baking(pool=locked)
     if baking is not None:
@@ -209,7 +211,18 @@ def desired_set(*, pool: Pool, generation: int, actor: str) -> PublishResult:
                      object_id=pool.name, pool=pool.name, before=before,
                      after={"desired_generation": generation, "sha256": revision.sha256,
                             "restored_from": revision.restored_from})
+        published_at = locked.desired_at
+        transaction.on_commit(lambda: _announce(pool=locked, generation=generation, published_at=published_at,
+                                                actor=actor, via=via))
     return PublishResult(pool=locked, revision=revision, changed=changed)
+
+
+def _announce(**published: Any) -> None:
+    """``revision_published`` to its receivers; one that fails is logged, the publish stands."""
+    for receiver, outcome in revision_published.send_robust(sender=Pool, **published):
+        if isinstance(outcome, Exception):
+            logger.error("a receiver of revision_published (%s) failed for %s@%s: %r", getattr(
+                receiver, "__qualname__", receiver), published["pool"].name, published["generation"], outcome)
 
 
 def _pushed(result: PublishResult) -> PublishResult:

@@ -43,7 +43,7 @@ from relay_engine.core.config import slo_of
 from relay_engine.core.lifetime import die_with_parent
 from relay_engine.core.wire import InstanceStatus, PoolKeys, WireError, live_members
 
-from . import traffic
+from . import selectors, traffic
 from .models import Preview
 
 log = logging.getLogger(__name__)
@@ -329,7 +329,19 @@ def _simulate(preview: Preview) -> dict:
         "slo_ms": {"live": _slo_ms(live.spec), "proposed": _slo_ms(proposed.spec)},
         "hbm_budget_bytes": {"live": _hbm_budget_bytes(live.spec), "proposed": _hbm_budget_bytes(proposed.spec)},
     })
+    result.update(model_error_of(pool=pool, validation=(result.get("model_error"), result.get("model_error_note"))))
     return result
+
+
+def model_error_of(*, pool: Pool, validation: tuple[float | None, str | None] = (None, None)) -> dict:
+    """A preview's ``model_error``: the largest |P99 error| of the pool's last scored previews
+    (``selectors.scorecard``), None while it has none; ``model_error_note`` says which, and
+    ``scorecard`` holds the summary. The simulator's own offline validation figure is kept apart
+    (``sim_validation``): what was measured on this pool is what a reader should trust."""
+    card = selectors.scorecard(pool=pool)
+    error = card.get("p99_within_pct")
+    return {"model_error": None if error is None else round(error / 100, 4), "model_error_note": card["note"],
+            "scorecard": card, "sim_validation": {"model_error": validation[0], "note": validation[1]}}
 
 
 def _slo_ms(spec: dict) -> float | None:

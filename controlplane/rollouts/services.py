@@ -205,7 +205,7 @@ def rollout_promote(*, rollout: Rollout, actor: str, reason: str, figures: dict 
         Pool.objects.select_for_update().get(pk=rollout.pool_id)
         decided = _decided(rollout=rollout, state=Rollout.State.PROMOTED, actor=actor, reason=reason,
                            figures=figures if figures is not None else rollout.figures)
-        desired_set(pool=decided.pool, generation=decided.generation, actor=actor)
+        desired_set(pool=decided.pool, generation=decided.generation, actor=actor, via="canary")
     return decision_publish(rollout=decided)
 
 

@@ -163,9 +163,14 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_timeout": 5.0, "socket_connect_timeou
 # a canary needs at least RELAYGR_ROLLOUT_MIN_REQUESTS requests to be rolled back early or promoted.
 RELAYGR_ROLLOUT_EVAL_S = float(os.environ.get("RELAYGR_ROLLOUT_EVAL_S", "5"))
 RELAYGR_ROLLOUT_MIN_REQUESTS = int(os.environ.get("RELAYGR_ROLLOUT_MIN_REQUESTS", "50"))
+# The previews' scorecard (controlplane.previews.scoring): published previewed revisions measured,
+# every RELAYGR_PREVIEW_SCORE_S seconds.
+RELAYGR_PREVIEW_SCORE_S = float(os.environ.get("RELAYGR_PREVIEW_SCORE_S", "30"))
 CELERY_BEAT_SCHEDULE: dict = {
     "rollouts-evaluate": {"task": "relaygr.controlplane.rollouts_evaluate", "schedule": RELAYGR_ROLLOUT_EVAL_S,
                           "options": {"expires": RELAYGR_ROLLOUT_EVAL_S}},
+    "previews-score": {"task": "relaygr.controlplane.score_previews", "schedule": RELAYGR_PREVIEW_SCORE_S,
+                       "options": {"expires": RELAYGR_PREVIEW_SCORE_S}},
 }
 
 # Decoded telemetry each web process keeps (controlplane.telemetry.cache): least recently used out

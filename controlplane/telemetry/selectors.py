@@ -355,3 +355,21 @@ def instance_metrics(client, *, pool: Pool, instance: str, window: str, since: f
     return {**_frame(pool, window, now), "instance": instance, "from": start + first * step_s,
             "timestamps": [start + i * step_s for i in range(first, n_points)],
             "series": series, "totals": _totals(sums)}
+
+
+@redis_reads
+def pool_counts(client, *, pool: Pool, start_s: float, end_s: float, now: float | None = None) -> dict | None:
+    """The pool's ranking requests and admitted pre-infers over the whole 10 s periods within
+    [start, end] (the pool rollups); None where no instance reported in any of them."""
+    step_s = TELEMETRY_TIERS["10s"][0]
+    first = math.ceil(start_s / step_s) * step_s
+    n_periods = int((end_s - first) // step_s)
+    if n_periods <= 0:
+        return None
+    rows, gauges = read_rollup(client, pool=pool.name, tier="10s", start=first, n_periods=n_periods,
+                               now=time.time() if now is None else now)
+    if not (gauges[:, POOL_GAUGE_COLUMN["instances"]] > 0).any():
+        return None
+    return {"rank_requests": int(rows[:, COUNTER_COLUMN["rank_requests"]].sum()),
+            "preinfer_admitted": int(rows[:, COUNTER_COLUMN["preinfer_admitted"]].sum()),
+            "from": first, "to": first + n_periods * step_s}

@@ -73,6 +73,7 @@ RULES: dict[str, dict[str, Rule]] = {
     # No captured traffic: the allowed callers learn that (409), the others never reach the capture.
     "api/v1/pools/<poolname:pool>/revisions/<generation:generation>/preview/": {"post": Rule("operator", 409)},
     "api/v1/pools/<poolname:pool>/previews/<generation:preview>/": {"get": Rule("viewer", 404)},
+    "api/v1/pools/<poolname:pool>/previews/scores/": {"get": Rule("viewer", 200)},
     # No worker wrote a status: the allowed callers learn that, the others never reach Redis.
     "api/v1/pools/<poolname:pool>/instances/<instancename:instance>/": {"get": Rule("viewer", 404)},
     "api/v1/me/": {"get": Rule("viewer", 200)},

@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from ..models import Preview
+from ..models import Preview, PreviewScore
 from ..traffic import DEFAULT_WINDOW, window_label
 
 
@@ -30,3 +30,21 @@ class PreviewSerializer(serializers.ModelSerializer):
 
     def get_url(self, obj: Preview) -> str:
         return f"/api/v1/pools/{obj.pool.name}/previews/{obj.pk}/"
+
+
+class PreviewScoreSerializer(serializers.ModelSerializer):
+    pool = serializers.CharField(source="pool.name")
+    preview = serializers.SerializerMethodField()
+    window = serializers.SerializerMethodField()
+
+    class Meta:
+        model = PreviewScore
+        fields = ["id", "pool", "generation", "preview", "published_at", "published_via", "window", "window_s",
+                  "measure_from", "measure_to", "converged_at", "status", "reason", "predicted", "measured",
+                  "errors", "scored_at"]
+
+    def get_preview(self, obj: PreviewScore) -> dict:
+        return {"id": obj.preview_id, "url": f"/api/v1/pools/{obj.pool.name}/previews/{obj.preview_id}/"}
+
+    def get_window(self, obj: PreviewScore) -> str:
+        return window_label(obj.window_s)

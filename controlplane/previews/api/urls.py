@@ -6,6 +6,7 @@ urlpatterns = [
     path("pools/<poolname:pool>/traffic/", views.PoolTrafficView.as_view(), name="pool-traffic"),
     path("pools/<poolname:pool>/revisions/<generation:generation>/preview/", views.RevisionPreviewView.as_view(),
          name="revision-preview"),
+    path("pools/<poolname:pool>/previews/scores/", views.PreviewScoresView.as_view(), name="preview-scores"),
     path("pools/<poolname:pool>/previews/<generation:preview>/", views.PreviewDetailView.as_view(),
          name="preview-detail"),
 ]

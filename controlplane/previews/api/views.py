@@ -17,7 +17,12 @@ from controlplane.common.views import GENERATION_PARAM, POOL_PARAM, actor_name, 
 from controlplane.policies import selectors as policy_selectors
 
 from .. import selectors, services, traffic
-from .serializers import PreviewRequestSerializer, PreviewSerializer, TrafficQuerySerializer
+from .serializers import (
+    PreviewRequestSerializer,
+    PreviewScoreSerializer,
+    PreviewSerializer,
+    TrafficQuerySerializer,
+)
 
 
 class JsonLinesRenderer(BaseRenderer):
@@ -104,8 +109,29 @@ class PreviewDetailView(APIView):
         description="A preview: `status` queued | running | done | failed, `error` (a sentence when failed), "
         "`result` when done: `live` and `proposed` figures (p99_ms, p50_ms, within_slo_share, "
         "slo_throughput_qps, hbm_peak_bytes, dram_peak_bytes, hit_ratio, preinfer_admitted, "
-        "preinfer_refused by reason), `requests` replayed, `window`, `model_error` and the profile used.",
+        "preinfer_refused by reason), `requests` replayed, `window`, the profile used, and `model_error`: the "
+        "largest |P99 error| of the pool's last 5 scored previews (`scorecard`; null with a note while none was "
+        "scored; see `GET …/previews/scores/`), the simulator's offline figure apart in `sim_validation`.",
     )
     def get(self, request, pool, preview):
         pool_obj = policy_selectors.pool_get(name=pool)
         return Response(PreviewSerializer(selectors.preview_get(pool=pool_obj, preview_id=preview)).data)
+
+
+class PreviewScoresView(APIView):
+    @extend_schema(
+        parameters=[POOL_PARAM], responses={200: OpenApiTypes.OBJECT, **error_responses(401, 403, 404)},
+        description="The pool's prediction scorecard: each previewed revision that was published (all at once "
+        "or a canary promoted) measured over a window as long as its preview's, from the fleet's convergence on "
+        "it. `scores`: the last 20, newest first: `status` waiting | done | failed (`reason`, a sentence), "
+        "`predicted` and `measured` (p99_ms, p50_ms, within_slo_share, hit_ratio, admissions, "
+        "admitted_per_request, requests), `errors` (p99, p50 and admissions relative: (predicted − measured) "
+        "/ measured; within_slo_points and hit_ratio_points). `summary`: over the last 5 done, "
+        "`p99_within_pct` (the largest |P99 error|), `p99_median_abs_pct`, `p50_within_pct`, "
+        "`within_slo_within_points`, `hit_ratio_within_points` and a `note`; `source` \"none\" while no preview "
+        "of the pool was scored. Every preview's `model_error` is this summary's `p99_within_pct`.",
+    )
+    def get(self, request, pool):
+        pool_obj = policy_selectors.pool_get(name=pool)
+        return Response({"pool": pool_obj.name, "summary": selectors.scorecard(pool=pool_obj),
+                         "scores": PreviewScoreSerializer(selectors.score_list(pool=pool_obj), many=True).data})

@@ -613,7 +613,7 @@
       : null;
     const age = Date.now() / 1000 - r.window_to;
     const error = r.model_error === null || r.model_error === undefined
-      ? `Simulator error: unknown (${r.model_error_note}).`
+      ? `Simulator error: unknown on this pool (${r.model_error_note}).`
       : `Simulator error: ±${(100 * r.model_error).toFixed(0)} % on P99 (${r.model_error_note}).`;
     // A prediction on another device's times is not this pool's: said first, in the main text.
     const foreign = r.profile.pools_own === false
@@ -639,6 +639,24 @@
       el("p", { class: "muted small", dataset: { role: "preview-model-error" } }, error)));
   }
 
+  /* The pool's scorecard beside the Preview button: how far its published previews were from what the
+     pool then measured (the last 5 scored), or that none was scored yet. */
+  async function loadScorecard() {
+    const node = part("preview-scorecard");
+    if (!node) return;
+    try {
+      const { summary } = await api(`${base}/previews/scores/`);
+      node.textContent = summary.source !== "scorecard" || summary.p99_within_pct === null
+        ? "no preview of this pool has been scored yet"
+        : `last ${summary.scores} preview${summary.scores > 1 ? "s" : ""} of this pool: P99 within `
+          + `±${summary.p99_within_pct.toFixed(0)} %`
+          + (summary.within_slo_within_points === null ? ""
+            : `, within-SLO share within ±${summary.within_slo_within_points.toFixed(1)} points`);
+    } catch (err) {
+      node.textContent = `scorecard unavailable: ${err.message}`;
+    }
+  }
+
   /* --- wiring ---------------------------------------------------------------------------------- */
 
   fill(state.live.spec);
@@ -662,6 +680,7 @@
     });
     part("publish").addEventListener("click", publish);
     part("preview").addEventListener("click", runPreview);
+    loadScorecard();
     part("reset").addEventListener("click", () => {
       editingOverride = undefined;
       part("editing-file").value = "";
