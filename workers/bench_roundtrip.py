@@ -77,8 +77,25 @@ def time_in_process(runtime: InstanceRuntime, payload: dict, n: int) -> list[flo
     return out
 
 
-def time_celery(client: RelayClient, payload: dict, n: int) -> list[float]:
-    return [client.rank(deadline_s=time.time() + 2.0, **payload).round_trip_ms for _ in range(n)]
+def time_celery(client: RelayClient, payload: dict, n: int, legs: list[dict] | None = None) -> list[float]:
+    out = []
+    for _ in range(n):
+        reply = client.rank(deadline_s=time.time() + 2.0, **payload)
+        out.append(reply.round_trip_ms)
+        if legs is not None and reply.legs_ms:
+            legs.append({**reply.legs_ms, "engine": reply.engine_ms})
+    return out
+
+
+def leg_percentiles(legs: list[dict]) -> dict[str, dict[str, float]]:
+    """P50/P99 of each leg of the round trip; ``in_worker`` less the engine is the task's own work."""
+    if not legs:
+        return {}
+    names = [*legs[0], "task_not_engine"]
+    values = {k: [leg[k] if k != "task_not_engine" else leg["in_worker"] - leg["engine"] for leg in legs]
+              for k in names}
+    return {k: {"p50_ms": round(float(np.percentile(v, 50)), 3), "p99_ms": round(float(np.percentile(v, 99)), 3)}
+            for k, v in values.items()}
 
 
 class Backlog:
@@ -170,13 +187,17 @@ def main(argv: list[str] | None = None) -> int:
                    "n_candidates": args.candidates, "query_index": 1}
         runtime = in_process_runtime(settings)
         backlog = Backlog(client, name, args.backlog, 500.0, args.seq_len)
+        legs: dict[str, list[dict]] = {"celery": [], "backlog": []}
+        timing = [False]  # legs are kept for timed requests only, not the warm-up
         modes = {
             "in_process": lambda n: time_in_process(runtime, payload, n),
-            "celery": lambda n: time_celery(client, payload, n),
-            "backlog": lambda n: _with(backlog, lambda: time_celery(client, payload, n)),
+            "celery": lambda n: time_celery(client, payload, n, legs["celery"] if timing[0] else None),
+            "backlog": lambda n: _with(backlog, lambda: time_celery(client, payload, n,
+                                                                    legs["backlog"] if timing[0] else None)),
         }
         for run in modes.values():  # warm-up: caches, allocator, connections
             run(WARMUP)
+        timing[0] = True
         samples: dict[str, list[float]] = {mode: [] for mode in modes}
         order = list(modes)
         for block in range(args.blocks):
@@ -195,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "overhead_p99_ms_95ci": bootstrap(samples, overhead_p99),
         "backlog_p99_ratio": round(backlog_ratio(samples), 3),
         "backlog_p99_ratio_95ci": bootstrap(samples, backlog_ratio),
+        "legs_ms": {mode: leg_percentiles(v) for mode, v in legs.items()},
         "backlog_signals_sent": backlog.sent, "signal_list_depth_at_end": depth,
         "goals": {"overhead_p99_ms": 3.0, "backlog_p99_ratio": 1.5},
     }

@@ -67,8 +67,9 @@ class TrafficCapture:
 
     # --- the request path: constant time, never blocks ------------------------------------------
 
-    def signal(self, user_id: str) -> None:
-        now = self.clock()
+    def signal(self, user_id: str, sent_s: float | None = None) -> None:
+        """Note a pre-infer signal for ``user_id``: sent at ``sent_s`` (the client's clock), else now."""
+        now = self.clock() if sent_s is None else sent_s
         with self._lock:
             self._signals[user_id] = now
             self._signals.move_to_end(user_id)

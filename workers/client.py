@@ -107,6 +107,9 @@ class RankReply:
     engine_ms: float  # time inside the engine, on the instance
     round_trip_ms: float  # send → answer, at the client
     instance: str
+    # The round trip's legs (ms, by the host clocks): send → task body starts ("to_worker"), the task
+    # body ("in_worker", engine_ms within it), its end → the answer at the client ("back").
+    legs_ms: dict[str, float] | None = None
 
 
 class ReplyList:
@@ -140,12 +143,13 @@ class PendingRank:
     ``result`` is the request's reply list, or (sent without one) its Celery ``AsyncResult``."""
 
     def __init__(self, result: ReplyList | AsyncResult, instance: str, deadline_s: float, sent_at: float,
-                 grace_s: float):
+                 grace_s: float, sent_s: float | None = None):
         self.result = result
         self.instance = instance
         self.deadline_s = deadline_s
         self.sent_at = sent_at
         self.grace_s = grace_s
+        self.sent_s = time.time() if sent_s is None else sent_s  # wall clock, for the legs
 
     def _late(self) -> RankDeadlineExceeded:
         return RankDeadlineExceeded(f"no answer from {self.instance} by the deadline (+{self.grace_s * 1000:.0f} ms "
@@ -182,6 +186,7 @@ class PendingRank:
     def wait(self) -> RankReply:
         data = self._receive(max(0.0, self.deadline_s - time.time()) + self.grace_s)
         round_trip_ms = (time.perf_counter() - self.sent_at) * 1000
+        received_s = time.time()
         if not isinstance(data, dict) or not data.get("ok"):
             data = data if isinstance(data, dict) else {"error": INTERNAL, "message": f"unexpected result {data!r}"}
             if data.get("error") == DEADLINE_EXCEEDED:
@@ -189,7 +194,14 @@ class PendingRank:
             raise RankError(data.get("error", INTERNAL), data.get("message", ""), field=data.get("field"),
                             instance=self.instance)
         return RankReply(data["scores"], data["source"], data["prefix_len"], data["latency_ms"], round_trip_ms,
-                         data["instance"])
+                         data["instance"], _legs(self.sent_s, data.get("worker_s"), received_s))
+
+
+def _legs(sent_s: float, worker_s: object, received_s: float) -> dict[str, float] | None:
+    if not (isinstance(worker_s, list) and len(worker_s) == 2 and all(fields.is_number(t) for t in worker_s)):
+        return None
+    start, end = worker_s
+    return {"to_worker": (start - sent_s) * 1000, "in_worker": (end - start) * 1000, "back": (received_s - end) * 1000}
 
 
 def _stop_waiting(result: AsyncResult) -> None:
@@ -324,11 +336,11 @@ class RelayClient:
             raise RankDeadlineExceeded(f"the deadline passed {(time.time() - deadline_s) * 1000:.1f} ms before "
                                        f"the request could be sent", instance=instance)
         reply = ReplyList(self.replies, self.keys.reply(uuid.uuid4().hex))
-        sent_at = time.perf_counter()
+        sent_at, sent_s = time.perf_counter(), time.time()
         with _sending(instance):
             self.app.send_task(RANK_TASK, args=[data], queue=self.keys.rank_queue(instance), reply_to=reply.key,
                                ignore_result=True, expires=datetime.fromtimestamp(deadline_s, tz=UTC))
-        return PendingRank(reply, instance, deadline_s, sent_at, self.grace_s)
+        return PendingRank(reply, instance, deadline_s, sent_at, self.grace_s, sent_s)
 
     def rank(self, user_id: str, *, deadline_s: float | None = None, **fields: Any) -> RankReply:
         """Rank and wait: a reply by the deadline (default: ``DEFAULT_RANK_TIMEOUT_S`` from now) or an error."""

@@ -7,9 +7,9 @@ A signal only asks the instance to think about a prefix; the trigger answers at 
 prefill runs on the engine's own lane. Through Celery each signal cost a task message, a consumer
 wake-up and a worker thread's time for the whole task protocol (py-spy under a backlog: 46 % of the
 process's GIL time in Celery's pool and main threads, against 6 % in the pre-infer bodies), all on
-the threads that ranking requests need. Here one thread takes signals in batches
-(``BLPOP`` for the first, then ``LRANGE``/``LTRIM`` for up to ``BATCH - 1`` more in one transaction),
-yields the GIL after each, and Celery consumes only the ranking queue.
+the threads that ranking requests need. Here one thread takes signals in batches (``LRANGE``/``LTRIM``
+of up to ``BATCH`` in one transaction, ``BLPOP`` when the list is empty, ``COALESCE_S`` between
+batches), yields the GIL after each signal, and Celery consumes only the ranking queue.
 
 An entry is ``{"p": payload, "t": unix seconds sent}``. One older than ``SIGNAL_TTL_S`` is dropped
 unread (its ranking request has come and gone); the list is trimmed to its newest ``MAX_QUEUED``
@@ -38,6 +38,11 @@ MAX_QUEUED = 10_000
 LIST_TTL_S = 60
 BATCH = 64
 BLOCK_S = 1.0  # how long one BLPOP waits (also how soon ``stop`` is seen)
+# After a batch, the reader waits this long for more to gather. Under a stream of signals, a read per
+# signal (two Redis round trips, their parsing under the GIL) took a third of the instance's GIL time
+# (py-spy --gil, 500 signals/s), more than its ranking threads; a signal waits at most this much more,
+# where its ranking request comes tens of milliseconds later.
+COALESCE_S = 0.005
 REPORT_EVERY_S = 60.0
 
 
@@ -70,9 +75,9 @@ def decode(raw: str) -> tuple[dict[str, Any] | None, float]:
 
 
 class SignalConsumer:
-    """One instance's signal reader: a daemon thread calling ``handle(payload)`` for each fresh signal."""
+    """One instance's signal reader: a daemon thread calling ``handle(payload, sent_s)`` for each fresh signal."""
 
-    def __init__(self, client: redis.Redis, key: str, handle: Callable[[dict[str, Any]], Any],
+    def __init__(self, client: redis.Redis, key: str, handle: Callable[[dict[str, Any], float], Any],
                  *, ttl_s: float = SIGNAL_TTL_S, clock: Callable[[], float] = time.time):
         self.client = client
         self.key = key
@@ -96,15 +101,16 @@ class SignalConsumer:
             self._thread.join(timeout_s)
 
     def take(self, block_s: float = BLOCK_S) -> list[str]:
-        """The next batch of raw entries (empty after ``block_s`` without one)."""
-        first = self.client.blpop([self.key], timeout=block_s)
-        if first is None:
-            return []
+        """The next batch of raw entries: up to ``BATCH`` queued ones in one round trip, else the
+        first to arrive within ``block_s`` (empty when none does)."""
         pipe = self.client.pipeline(transaction=True)
-        pipe.lrange(self.key, 0, BATCH - 2)
-        pipe.ltrim(self.key, BATCH - 1, -1)
-        rest, _ = pipe.execute()
-        return [first[1], *rest]
+        pipe.lrange(self.key, 0, BATCH - 1)
+        pipe.ltrim(self.key, BATCH, -1)
+        batch, _ = pipe.execute()
+        if batch:
+            return batch
+        first = self.client.blpop([self.key], timeout=block_s)
+        return [] if first is None else [first[1]]
 
     def process(self, raws: list[str]) -> None:
         now = self.clock()
@@ -115,7 +121,7 @@ class SignalConsumer:
             elif now - sent_s > self.ttl_s:
                 self.expired += 1
             else:
-                result = self.handle(payload)
+                result = self.handle(payload, sent_s)
                 if isinstance(result, dict) and result.get("ok") is False:
                     self.invalid += 1
                 else:
@@ -138,6 +144,8 @@ class SignalConsumer:
             except Exception:  # noqa: BLE001 — a bug in one signal never stops the reader
                 log.exception("pre-infer signals: a batch of %d failed", len(raws))
             self._report()
+            if raws:  # let the next ones gather: one round trip per batch, not per signal
+                self._stop.wait(COALESCE_S)
 
     def _report(self) -> None:
         if time.monotonic() - self._reported < REPORT_EVERY_S or not (self.expired or self.invalid):

@@ -92,21 +92,19 @@ class InstanceRuntime:
                             short_len=len(request.short_term), candidates=len(request.candidates),
                             outcome=outcome, latency_ms=latency_ms)
 
-    def pre_infer(self, data: Any) -> dict[str, Any]:
+    def pre_infer(self, data: Any, sent_s: float | None = None) -> dict[str, Any]:
+        """One pre-infer signal (``sent_s``: when its sender sent it; the capture's gap starts there)."""
         try:
             payload = PreInferPayload.parse(data)
             request = payload.request(self.features)
-            self.engine.model.check_history(request.prefix, "prefix", allow_empty=False)
         except PayloadError as exc:
             return error_result(INVALID_INPUT, str(exc), field=exc.field, errors=exc.errors, instance=self.name)
-        except EngineInputError as exc:
-            return error_result(INVALID_INPUT, str(exc), field=exc.field, instance=self.name)
-        if self.capture is not None:
-            self.capture.signal(request.user_id)
-        try:
+        try:  # the engine checks the prefix first: an invalid one is neither decided on nor captured
             decision = self.engine.submit_pre_infer(request)
         except EngineInputError as exc:
             return error_result(INVALID_INPUT, str(exc), field=exc.field, instance=self.name)
+        if self.capture is not None:
+            self.capture.signal(request.user_id, sent_s)
         return {"ok": True, "instance": self.name, "admitted": decision.admitted, "reason": decision.reason}
 
     def reply(self, reply_to: object, result: dict[str, Any]) -> None:
@@ -155,7 +153,10 @@ def register_tasks(app: Celery, runtime: InstanceRuntime) -> None:
 
     @app.task(name=RANK_TASK, ignore_result=False, bind=True)
     def rank(task, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        started_s = time.time()
         result = runtime.rank(args, kwargs)
+        if result.get("ok"):  # when the task body ran, for the sender's split of its round trip
+            result["worker_s"] = [started_s, time.time()]
         runtime.reply(task.request.reply_to, result)
         return result
 

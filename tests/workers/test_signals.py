@@ -46,7 +46,7 @@ def test_the_reader_takes_batches_in_order_and_drops_what_is_too_old_or_refused(
     key = keys.preinfer_signals("sig.0")
     now = 1_000_000.0
     handled = []
-    reader = signals.SignalConsumer(client, key, lambda p: handled.append(p["user_id"]) or
+    reader = signals.SignalConsumer(client, key, lambda p, _: handled.append(p["user_id"]) or
                                     ({"ok": False} if p["user_id"] == "refused" else {"ok": True}), clock=lambda: now)
     client.rpush(key, *(signals.entry({"user_id": f"u{i}"}, sent_s=now - 0.5) for i in range(100)))
     client.rpush(key, signals.entry({"user_id": "old"}, sent_s=now - signals.SIGNAL_TTL_S - 0.1), "junk",
@@ -65,7 +65,8 @@ def test_the_reader_thread_handles_signals_as_they_come_and_stops_promptly(keys_
     key = keys.preinfer_signals("sig.0")
     seen, lock = [], threading.Lock()
 
-    def handle(payload):
+    def handle(payload, sent_s):
+        assert abs(sent_s - time.time()) < 5
         with lock:
             seen.append(payload["user_id"])
         if payload["user_id"] == "boom":
