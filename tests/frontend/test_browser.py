@@ -313,6 +313,8 @@ def test_preview_shows_live_and_proposed_side_by_side_then_publishes_that_revisi
     else:
         assert off_p99.endswith(")"), off_p99
     assert "ago" in sre.locator('[data-role="preview"] [data-role="preview-window"]').inner_text()
+    # Beside the Preview button: how the pool's earlier previews scored (none was published yet here).
+    sre.locator('[data-role="preview-scorecard"]', has_text="no preview of this pool has been scored yet").wait_for()
     screenshot(sre, "09b-config-preview")
     previewed = pool_state(stack)["latest_generation"]  # the preview created it, unpublished
     publish = sre.locator('[data-role="publish"]')
@@ -320,6 +322,10 @@ def test_preview_shows_live_and_proposed_side_by_side_then_publishes_that_revisi
     publish.click()
     sre.locator(".ok-box", has_text=f"Published generation {previewed}").wait_for()
     assert pool_state(stack)["desired_generation"] == previewed
+    # A previewed revision, published: the scorecard waits for its window after convergence.
+    status, scores = stack.api("GET", f"/api/v1/pools/{POOL}/previews/scores/")
+    assert status == 200 and scores["scores"][0]["generation"] == previewed, scores
+    assert scores["scores"][0]["status"] == "waiting", scores
     publish_via_api(stack, at_risk_seq_len=int(before))  # the later tests expect the threshold as it was
 
 
