@@ -1,26 +1,29 @@
-"""Round-trip overhead of ``rank`` through Celery and Redis, against the same call in-process,
+"""Round-trip overhead of ``rank`` through Redis to a real instance, against the same call in-process,
 and ranking beside a pre-inference backlog.
 
     python -m workers.bench_roundtrip [--requests 1000] [--backlog 100] [--blocks 10] [--json-out FILE]
 
 Starts one instance (``RELAYGR_MODEL``, default small) against ``REDIS_URL`` or a private
-embedded Redis, and times, one request at a time for the same user (HBM hits), three modes:
+embedded Redis, and times, one request at a time for the same user (HBM hits), four modes:
 
-1. **in-process**: the task body (payload validation, features, ``engine.rank``) called directly
+1. **in_process**: the task body (payload validation, features, ``engine.rank``) called directly
    on an engine built here;
-2. **celery**: ``RelayClient.rank`` → Redis → the instance → the answer back, on loopback;
-3. **backlog**: the same while pre-infer signals keep arriving for other users (``--backlog`` at
+2. **direct**: ``RelayClient.rank`` → the instance's request list (``workers.ranks``, the client's
+   default) → a rank thread → the answer back, on loopback;
+3. **celery**: the same through the Celery task (``RELAYGR_RANK_TRANSPORT=celery``);
+4. **backlog**: as *direct* while pre-infer signals keep arriving for other users (``--backlog`` at
    once, then 500/s), all admitted by the trigger, so the instance's prefill lane is busy throughout.
 
 The modes are interleaved: ``--blocks`` rounds, each timing ``--requests / --blocks`` requests of
-every mode in a rotated order, so a noisy minute of a shared machine falls on all three alike.
-Prints P50/P99 of each, the overhead (celery P99 − in-process P99) and the backlog ratio (backlog
-P99 ÷ celery P99), each with a 95 % bootstrap interval; a benchmark, not a test.
+every mode in a rotated order, so a noisy minute of a shared machine falls on all of them alike.
+Prints P50/P99 of each, the overhead (direct P99 − in-process P99, and Celery's), and the backlog
+ratio (backlog P99 ÷ direct P99), each with a 95 % bootstrap interval; a benchmark, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -77,7 +80,7 @@ def time_in_process(runtime: InstanceRuntime, payload: dict, n: int) -> list[flo
     return out
 
 
-def time_celery(client: RelayClient, payload: dict, n: int, legs: list[dict] | None = None) -> list[float]:
+def time_client(client: RelayClient, payload: dict, n: int, legs: list[dict] | None = None) -> list[float]:
     out = []
     for _ in range(n):
         reply = client.rank(deadline_s=time.time() + 2.0, **payload)
@@ -146,18 +149,22 @@ def p99(values) -> float:
 
 
 def overhead_p99(s: dict) -> float:
+    return p99(s["direct"]) - p99(s["in_process"])
+
+
+def celery_overhead_p99(s: dict) -> float:
     return p99(s["celery"]) - p99(s["in_process"])
 
 
 def backlog_ratio(s: dict) -> float:
-    return p99(s["backlog"]) / p99(s["celery"])
+    return p99(s["backlog"]) / p99(s["direct"])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.bench_roundtrip", description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000, help="timed requests per mode (default 1000)")
     parser.add_argument("--backlog", type=int, default=100, help="signals sent at once when a backlog block starts")
-    parser.add_argument("--blocks", type=int, default=10, help="interleaved rounds of the three modes (default 10)")
+    parser.add_argument("--blocks", type=int, default=10, help="interleaved rounds of the four modes (default 10)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--short-len", type=int, default=16)
     parser.add_argument("--candidates", type=int, default=64)
@@ -183,16 +190,18 @@ def main(argv: list[str] | None = None) -> int:
         rc.set(settings.keys.desired, DesiredRevision(1, spec.sha256(), spec.to_dict(), time.time()).to_json())
         wait_until_live(rc, settings, [name], procs=[proc])
         client = stack.enter_context(RelayClient(settings))
+        via_celery = stack.enter_context(RelayClient(dataclasses.replace(settings, rank_transport="celery")))
         payload = {"user_id": "bench-user", "seq_len": args.seq_len, "short_len": args.short_len,
                    "n_candidates": args.candidates, "query_index": 1}
         runtime = in_process_runtime(settings)
         backlog = Backlog(client, name, args.backlog, 500.0, args.seq_len)
-        legs: dict[str, list[dict]] = {"celery": [], "backlog": []}
+        legs: dict[str, list[dict]] = {"direct": [], "celery": [], "backlog": []}
         timing = [False]  # legs are kept for timed requests only, not the warm-up
         modes = {
             "in_process": lambda n: time_in_process(runtime, payload, n),
-            "celery": lambda n: time_celery(client, payload, n, legs["celery"] if timing[0] else None),
-            "backlog": lambda n: _with(backlog, lambda: time_celery(client, payload, n,
+            "direct": lambda n: time_client(client, payload, n, legs["direct"] if timing[0] else None),
+            "celery": lambda n: time_client(via_celery, payload, n, legs["celery"] if timing[0] else None),
+            "backlog": lambda n: _with(backlog, lambda: time_client(client, payload, n,
                                                                     legs["backlog"] if timing[0] else None)),
         }
         for run in modes.values():  # warm-up: caches, allocator, connections
@@ -201,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         samples: dict[str, list[float]] = {mode: [] for mode in modes}
         order = list(modes)
         for block in range(args.blocks):
-            for mode in order[block % 3:] + order[:block % 3]:
+            for mode in order[block % len(order):] + order[:block % len(order)]:
                 samples[mode] += modes[mode](per_block)
             print(f"block {block + 1}/{args.blocks}: P99 " + ", ".join(
                 f"{m} {p99(v):.2f} ms" for m, v in samples.items()), file=sys.stderr)
@@ -214,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         **{mode: percentiles(values) for mode, values in samples.items()},
         "overhead_p99_ms": round(overhead_p99(samples), 3),
         "overhead_p99_ms_95ci": bootstrap(samples, overhead_p99),
+        "celery_overhead_p99_ms": round(celery_overhead_p99(samples), 3),
+        "celery_overhead_p99_ms_95ci": bootstrap(samples, celery_overhead_p99),
         "backlog_p99_ratio": round(backlog_ratio(samples), 3),
         "backlog_p99_ratio_95ci": bootstrap(samples, backlog_ratio),
         "legs_ms": {mode: leg_percentiles(v) for mode, v in legs.items()},

@@ -10,8 +10,10 @@ signal and the ranking request meet on one instance. ``rank`` never waits past t
 a small grace for the answer in flight): it returns a ``RankReply`` or raises ``RankDeadlineExceeded``
 (a ``relay_engine.core.engine.DeadlineExceeded``), ``RankError`` (with ``kind`` and ``field``), or
 ``RelayUnavailable`` (Redis cannot be reached; ``NoLiveInstances`` is one), never a transport error.
-The request also carries Celery ``expires`` at its deadline, so a request that sat in a queue past
-it is revoked there, not run.
+A ranking request goes on the instance's own request list (``workers.ranks``: one pipelined
+``RPUSH``), carrying its deadline, so one that sat in the list past it is answered with a deadline
+error, not run; ``Settings.rank_transport = "celery"`` sends the Celery task instead (with Celery
+``expires`` at the deadline), which every instance still serves.
 
 The answer comes back on a private reply list (``PoolKeys.reply``, named in the message's
 ``reply_to``): the worker pushes it, the client is blocked on ``BLPOP`` — one Redis round trip each
@@ -44,7 +46,7 @@ from redis.retry import Retry
 from relay_engine.core import fields
 from relay_engine.core.engine import DeadlineExceeded
 from relay_engine.core.router import AffinityRouter
-from workers import signals
+from workers import ranks, signals
 from workers.app import (
     RANK_TASK,
     SOCKET_CONNECT_TIMEOUT_S,
@@ -338,8 +340,11 @@ class RelayClient:
         reply = ReplyList(self.replies, self.keys.reply(uuid.uuid4().hex))
         sent_at, sent_s = time.perf_counter(), time.time()
         with _sending(instance):
-            self.app.send_task(RANK_TASK, args=[data], queue=self.keys.rank_queue(instance), reply_to=reply.key,
-                               ignore_result=True, expires=datetime.fromtimestamp(deadline_s, tz=UTC))
+            if self.settings.rank_transport == "direct":
+                ranks.send(self.redis, self.keys, instance, data, reply.key, deadline_s, sent_s)
+            else:
+                self.app.send_task(RANK_TASK, args=[data], queue=self.keys.rank_queue(instance), reply_to=reply.key,
+                                   ignore_result=True, expires=datetime.fromtimestamp(deadline_s, tz=UTC))
         return PendingRank(reply, instance, deadline_s, sent_at, self.grace_s, sent_s)
 
     def rank(self, user_id: str, *, deadline_s: float | None = None, **fields: Any) -> RankReply:

@@ -4,7 +4,9 @@
 
 Settings not given as flags come from the environment (``workers.settings``). The process builds
 one ``RelayEngine``, applies the pool's desired revision, then runs a Celery worker on the
-``threads`` pool (torch releases the GIL) that consumes ``P.{inst}.rank`` only. Beside it run: the
+``threads`` pool (torch releases the GIL) that consumes ``P.{inst}.rank`` only (the Celery task, for
+senders of that protocol). Beside it run: the rank threads that take the instance's ranking requests
+from their own list (``workers.ranks``, what ``RelayClient`` sends by default), the
 pre-infer signal reader (``workers.signals``: one thread on the instance's signal list, off Celery),
 the engine's pre-inference lane, the reconciler, the telemetry publisher, the traffic
 capture's writer (``workers.capture``), and the heartbeat,
@@ -34,6 +36,7 @@ from workers.capture import TrafficCapture
 from workers.loops import InstanceLoops
 from workers.membership import IndexClaim
 from workers.periodic import Periodic
+from workers.ranks import RankConsumer
 from workers.revision_store import RevisionStore
 from workers.settings import CAPTURE_SECRET_ENV, MODELS, Settings
 from workers.signals import SignalConsumer
@@ -106,10 +109,15 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     register_tasks(app, runtime)
     # Its own connection: the reader blocks on BLPOP, which must not hold the loops' client.
     signal_reader = SignalConsumer(redis_client(settings), keys.preinfer_signals(name), runtime.pre_infer)
+    # Ranking requests off Celery's message protocol (``workers.ranks``); each thread blocks on BLPOP
+    # on a connection of its own (the pool holds one per thread, and one for the answers).
+    rank_reader = RankConsumer(redis_client(settings), keys, keys.rank_requests(name), runtime,
+                               threads=settings.rank_threads)
 
     @signals.worker_ready.connect(weak=False)
     def _join(**_: Any) -> None:
         signal_reader.start()
+        rank_reader.start()
         loops.join()
         log.info("%s serving on %s (model %s, %d rank threads)", name, engine.device, settings.model,
                  settings.rank_threads)
@@ -117,6 +125,7 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     @signals.worker_shutting_down.connect(weak=False)
     def _leave(**_: Any) -> None:
         loops.leave()
+        rank_reader.stop(timeout_s=0)  # take no more; those being ranked finish (joined below)
 
     loops.start()  # applies the desired revision (or the last applied one) before anything is consumed
     # Nothing known yet (no revision on disk, none in Redis): join no live set, serve no schema defaults.
@@ -126,6 +135,7 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     try:
         return app.worker_main(celery_argv(settings, name, loglevel)) or 0
     finally:
+        rank_reader.stop()
         signal_reader.stop()
         if capture:
             capture.stop()

@@ -50,6 +50,9 @@ class SettingsError(ValueError):
         super().__init__(f"{variable}: {message}")
 
 
+RANK_TRANSPORTS = ("direct", "celery")
+
+
 @dataclass(frozen=True)
 class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -64,6 +67,10 @@ class Settings:
     # default is 5 ms). A ranking thread that wakes while the pre-inference lane runs Python between
     # torch ops waits up to this long per hand-over; see README "Ranking beside pre-inference".
     gil_switch_ms: float = 1.0
+    # How the client sends ranking requests: "direct" (a plain Redis list the instance's rank threads
+    # take from, ``workers.ranks``) or "celery" (the Celery task, which every instance still serves:
+    # senders of the Celery protocol, a rolling upgrade). See README "Ranking beside pre-inference".
+    rank_transport: str = "direct"
     heartbeat_interval_s: float = wire.HEARTBEAT_INTERVAL_S
     data_dir: str = ""  # empty: default_data_dir()
     capture_secret: str = field(default="", repr=False)  # empty: the traffic capture is off
@@ -114,6 +121,7 @@ class Settings:
             rank_threads=_int(env, "RELAYGR_RANK_THREADS", d.rank_threads, 1, 256),
             torch_threads=_int(env, "RELAYGR_TORCH_THREADS", None, 1, 1024),
             gil_switch_ms=_float(env, "RELAYGR_GIL_SWITCH_MS", d.gil_switch_ms, 0.1, 100.0),
+            rank_transport=env.get("RELAYGR_RANK_TRANSPORT") or d.rank_transport,
             heartbeat_interval_s=_float(env, "RELAYGR_HEARTBEAT_INTERVAL_S", d.heartbeat_interval_s,
                                         0.05, wire.HEARTBEAT_TIMEOUT_S / 2),
             data_dir=env.get("RELAYGR_DATA_DIR") or d.data_dir,
@@ -130,6 +138,9 @@ class Settings:
         if self.model not in MODELS and not Path(self.model).is_file():
             raise SettingsError("RELAYGR_MODEL", f"{self.model!r} is neither a preset ({', '.join(MODELS)}) nor an "
                                                  f"existing weights file")
+        if self.rank_transport not in RANK_TRANSPORTS:
+            raise SettingsError("RELAYGR_RANK_TRANSPORT", f"must be one of {', '.join(RANK_TRANSPORTS)}, got "
+                                                          f"{self.rank_transport!r}")
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError("REDIS_URL", f"must be a redis:// URL, got {self.redis_url!r}")
         if self.capture_secret and len(self.capture_secret) < MIN_CAPTURE_SECRET_CHARS:
@@ -145,7 +156,7 @@ class Settings:
             "RELAYGR_POOL_SIZE": str(self.pool_size), "RELAYGR_DEVICE": self.device,
             "RELAYGR_MODEL": self.model, "RELAYGR_RANK_THREADS": str(self.rank_threads),
             "RELAYGR_HEARTBEAT_INTERVAL_S": repr(self.heartbeat_interval_s),
-            "RELAYGR_GIL_SWITCH_MS": repr(self.gil_switch_ms),
+            "RELAYGR_GIL_SWITCH_MS": repr(self.gil_switch_ms), "RELAYGR_RANK_TRANSPORT": self.rank_transport,
             "RELAYGR_DATA_DIR": self.data_dir, CAPTURE_SECRET_ENV: self.capture_secret,
         }
         if self.torch_threads is not None:

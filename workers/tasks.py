@@ -121,24 +121,32 @@ class InstanceRuntime:
 
     def on_revoked(self, task_name: str, expired: bool, reply_to: object = None, args: tuple = (),
                    kwargs: dict | None = None) -> None:
-        """A ranking request that expired in the queue never reaches the engine: count it here, tell a
+        """A Celery ranking task revoked in the queue (``expires``: past its deadline)."""
+        if task_name == RANK_TASK:
+            try:
+                data = _single_payload(args, kwargs or {})
+            except PayloadError:
+                data = None
+            self.expired_in_queue(data, reply_to, expired=expired)
+
+    def expired_in_queue(self, data: Any, reply_to: object, *, expired: bool = True) -> None:
+        """A ranking request that queued past its deadline never reaches the engine: count it here, tell a
         sender waiting on a reply list at once, and capture it (it is traffic the pool received;
         its latency is unknown, recorded as 0 — only served requests carry one)."""
-        if task_name == RANK_TASK:
-            if self.capture is not None and expired:
-                try:
-                    payload = RankPayload.parse(_single_payload(args, kwargs or {}))
-                except PayloadError:
-                    payload = None
-                if payload is not None:
-                    prefix_len, short_len, candidates = payload.shape()
-                    self.capture.record(payload.user_id, arrived_s=time.time(), prefix_len=prefix_len,
-                                        short_len=short_len, candidates=candidates, outcome=DEADLINE_EXCEEDED,
-                                        latency_ms=0.0)
-            self.counts.count("rank_requests", "rank_errors", *(("rank_deadline_exceeded",) if expired else ()))
-            self.reply(reply_to, error_result(DEADLINE_EXCEEDED, f"the request expired in {self.name}'s queue "
-                                                                 f"before it was picked up", instance=self.name,
-                                              expired_in_queue=True))
+        if self.capture is not None and expired:
+            try:
+                payload = RankPayload.parse(data)
+            except PayloadError:
+                payload = None
+            if payload is not None:
+                prefix_len, short_len, candidates = payload.shape()
+                self.capture.record(payload.user_id, arrived_s=time.time(), prefix_len=prefix_len,
+                                    short_len=short_len, candidates=candidates, outcome=DEADLINE_EXCEEDED,
+                                    latency_ms=0.0)
+        self.counts.count("rank_requests", "rank_errors", *(("rank_deadline_exceeded",) if expired else ()))
+        self.reply(reply_to, error_result(DEADLINE_EXCEEDED, f"the request expired in {self.name}'s queue "
+                                                             f"before it was picked up", instance=self.name,
+                                          expired_in_queue=True))
 
 
 def _single_payload(args: tuple, kwargs: dict) -> Any:

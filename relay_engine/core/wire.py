@@ -225,6 +225,11 @@ class PoolKeys:
     def rank_queue(self, instance: str) -> str:
         return f"{self.prefix}.{instance}.rank"
 
+    def rank_requests(self, instance: str) -> str:
+        """The instance's list of ranking requests (``workers.ranks``), taken by its rank threads, not Celery;
+        ``rank_queue`` is the Celery task's queue, kept for senders of the Celery protocol."""
+        return f"{self.base}:ranks:{instance}"
+
     def preinfer_signals(self, instance: str) -> str:
         """The instance's list of pre-infer signals (``workers.signals``), read by its own thread, not Celery."""
         return f"{self.base}:signals:{instance}"

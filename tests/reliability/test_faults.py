@@ -351,6 +351,8 @@ def test_malformed_task_payloads_get_clear_errors_and_the_workers_stay_up(stack,
     raw = redis_client(stack.worker_settings)
     try:
         raw.rpush(signal_list, *(signals.entry(payload) for _, payload, _ in MALFORMED_RANK_PAYLOADS), "{not json")
+        # And on the ranking request list, entries that are not requests at all (no reply list, no deadline).
+        raw.rpush(stack.worker_settings.keys.rank_requests(target), "{not json", '{"p": 1}', '{"p": {}, "r": 7, "d": 0}')
     finally:
         raw.close()
     app = make_app(stack.worker_settings)
@@ -358,7 +360,7 @@ def test_malformed_task_payloads_get_clear_errors_and_the_workers_stay_up(stack,
         app.send_task("relaygr.rank", args=[], kwargs={"x": 1}, queue=stack.worker_settings.keys.rank_queue(target))
     finally:
         app.close()
-    FIGURES.hostile("task payloads", 2 * len(MALFORMED_RANK_PAYLOADS) + 2)
+    FIGURES.hostile("task payloads", 2 * len(MALFORMED_RANK_PAYLOADS) + 5)
     time.sleep(1)
     assert stack.workers[target].poll() is None and stack.workers[target].pid == pid
     answered = client.send_rank({"user_id": "after-the-garbage", "seq_len": 16, "short_len": 1, "n_candidates": 4,
