@@ -46,6 +46,7 @@ from torch import nn
 
 from relay_engine.core.config import EditingConfig
 from relay_engine.core.edit_tensors import EditTensors
+from relay_engine.core.model import checks
 from relay_engine.core.model.checkpoint import (
     WeightsFileError,
     copy_weights,
@@ -53,7 +54,6 @@ from relay_engine.core.model.checkpoint import (
     weights_version,
     write_weights,
 )
-from relay_engine.core.model.checks import check_candidates, check_edit, check_editing, check_history
 from relay_engine.core.model.ops import AttentionRows, RelativeBias, attention_kernel, position_buckets
 from relay_engine.core.model.options import ModelConfig
 from relay_engine.core.model.values import History, ModelInputError, PrefixKV
@@ -226,20 +226,20 @@ class HSTUModel(nn.Module):
         """Turn an editing configuration into per-layer biases and low-rank maps, checking it fits this model."""
         if editing is None or editing.is_empty:
             return self.no_edit()
-        check_editing(self.config, editing)
+        checks.check_editing(self.config, editing)
         return EditTensors.from_editing(editing, self.device)
 
     def check_history(self, h: History, name: str, *, allow_empty: bool) -> None:
-        check_history(self.config, h, name, allow_empty=allow_empty)
+        checks.check_history(self.config, h, name, allow_empty=allow_empty)
 
     def check_candidates(self, candidates: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """The candidates as a [C] int64 tensor on the model's device, or ModelInputError."""
-        return check_candidates(self.config, candidates, self.device)
+        return checks.check_candidates(self.config, candidates, self.device)
 
     def _edit_or_none(self, edit: EditTensors | None) -> EditTensors:
         if edit is None:
             return self.no_edit()
-        check_edit(self.config, edit)
+        checks.check_edit(self.config, edit)
         return edit
 
     # --- the shared forward --------------------------------------------------------------------
