@@ -10,7 +10,7 @@ import torch
 from relay_engine.core.config import EDIT_SCOPES, EditingConfig
 from relay_engine.core.edit_tensors import EditTensors
 from relay_engine.core.model.options import ModelConfig
-from relay_engine.core.model.values import History, ModelInputError
+from relay_engine.core.model.values import History, ModelInputError, PrefixKV
 
 
 def check_history(c: ModelConfig, h: History, name: str, *, allow_empty: bool) -> None:
@@ -29,6 +29,25 @@ def check_history(c: ModelConfig, h: History, name: str, *, allow_empty: bool) -
         _check_range(h.actions, f"{name}.actions", 0, c.num_actions - 1)
         if h.timestamps is not None:
             _check_range(h.timestamps, f"{name}.timestamps", 0, 2**62)
+
+
+def check_cached_rank(c: ModelConfig, prefix_kv: PrefixKV, short_term: History, *, model_version: str,
+                      edit_hash: str, device: torch.device) -> None:
+    """That a cached prefix was computed by this model, under the edit in force and on its device,
+    and that the short-term tokens can follow it."""
+    if prefix_kv.model_version != model_version:
+        raise ModelInputError("prefix_kv", f"was computed by model {prefix_kv.model_version}, not {model_version}")
+    if prefix_kv.edit_hash != edit_hash:
+        raise ModelInputError("prefix_kv", f"was computed under edit {prefix_kv.edit_hash}, "
+                                           f"the edit in force is {edit_hash}")
+    if prefix_kv.device != device:
+        raise ModelInputError("prefix_kv", f"is on {prefix_kv.device}, the model on {device}")
+    check_history(c, short_term, "short_term", allow_empty=True)
+    if (prefix_kv.timestamps is None) != (short_term.timestamps is None):
+        raise ModelInputError("short_term.timestamps", "must be given exactly when the prefix had timestamps")
+    if prefix_kv.length + len(short_term) > c.max_seq_len:
+        raise ModelInputError("short_term", f"prefix + short-term is {prefix_kv.length + len(short_term)} "
+                                            f"tokens; the model takes at most {c.max_seq_len}")
 
 
 def check_candidates(c: ModelConfig, candidates: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:

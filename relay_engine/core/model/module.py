@@ -132,19 +132,8 @@ class HSTUModel(nn.Module):
              query_timestamp: int | None = None, edit: EditTensors | None = None) -> torch.Tensor:
         """Score candidates against a cached prefix plus fresh short-term tokens. Returns [C] scores."""
         edit = self._edit_or_none(edit)
-        if prefix_kv.model_version != self.version:
-            raise ModelInputError("prefix_kv", f"was computed by model {prefix_kv.model_version}, not {self.version}")
-        if prefix_kv.edit_hash != edit.content_hash:
-            raise ModelInputError("prefix_kv", f"was computed under edit {prefix_kv.edit_hash}, "
-                                               f"the edit in force is {edit.content_hash}")
-        if prefix_kv.device != self.device:
-            raise ModelInputError("prefix_kv", f"is on {prefix_kv.device}, the model on {self.device}")
-        self.check_history(short_term, "short_term", allow_empty=True)
-        if (prefix_kv.timestamps is None) != (short_term.timestamps is None):
-            raise ModelInputError("short_term.timestamps", "must be given exactly when the prefix had timestamps")
-        if prefix_kv.length + len(short_term) > self.config.max_seq_len:
-            raise ModelInputError("short_term", f"prefix + short-term is {prefix_kv.length + len(short_term)} "
-                                                f"tokens; the model takes at most {self.config.max_seq_len}")
+        checks.check_cached_rank(self.config, prefix_kv, short_term, model_version=self.version,
+                                 edit_hash=edit.content_hash, device=self.device)
         cands = self.check_candidates(candidates)
         _, scores = self._forward(prefix_kv, short_term.to(self.device), cands, query_timestamp, edit)
         return scores
