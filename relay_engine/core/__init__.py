@@ -3,6 +3,7 @@
 ``config`` (the policy schema) and ``fields`` (its field checks), ``wire`` (the Redis contract
 between the control plane and the workers), ``telemetry``, ``model`` (HSTU), ``kvcache`` (HBM
 tier), ``expander`` (DRAM tier), ``trigger``, ``router``, ``engine`` (one instance), ``devices``,
-``trace`` (the trace format), ``features`` (token ids for trace queries) and ``editing_io``
-(editing configurations as files). Nothing here imports ``relay_engine.lab``.
+``trace`` (the trace format), ``features`` (token ids for trace queries), ``editing_io``
+(editing configurations as files) and ``edit_tensors`` (an edit as the model runs it). Nothing
+here imports ``relay_engine.lab``.
 """
