@@ -30,9 +30,19 @@ MAX_EDITS = 4096
 EDIT_SCOPES = ("all", "candidates")
 MAX_LOWRANK_RANK = 64
 MAX_LOWRANK_VALUES = 1 << 20  # numbers in all low-rank maps of a section together (R, W and b)
-# Dataclass field metadata: leave the field out of the plain form while it is empty, so a field added
-# to the schema later does not change the spec (or content) hash of a section that does not use it.
-OMIT_WHEN_EMPTY = "omit_when_empty"
+# Dataclass field metadata of a field added to the schema after revisions were stored: it is left out of
+# the plain form while it holds its default (see ``added_field``).
+OMIT_WHEN_DEFAULT = "omit_when_default"
+
+
+def added_field(default: Any) -> Any:
+    """Declare a field added to the schema after revisions were stored (every field beyond the baseline
+    of ``SCHEMA_VERSION`` 1). While it holds ``default`` it is absent from the plain form — what the
+    control plane stores and hashes, and what a worker hashes again — so a spec stored before the field
+    existed parses, re-serialises and hashes exactly as before: no stored revision changes its sha256, no
+    worker NACKs it, and a worker not yet upgraded still accepts a new revision that leaves the field
+    alone. ``default`` must be immutable (a number, a string, None, a tuple)."""
+    return field(default=default, metadata={OMIT_WHEN_DEFAULT: True})
 
 
 class PolicyError(ValueError):
@@ -167,7 +177,7 @@ class EditingConfig:
     scope: str = "candidates"
     provenance: dict[str, Any] = field(default_factory=dict)
     # input-dependent: low-rank maps of head outputs; every edit of a layer reads its unedited outputs
-    lowrank: tuple[LowRankEdit, ...] = field(default=(), metadata={OMIT_WHEN_EMPTY: True})
+    lowrank: tuple[LowRankEdit, ...] = added_field(())
 
     @property
     def is_empty(self) -> bool:
@@ -223,10 +233,11 @@ def slo_of(spec: dict[str, Any] | None) -> SloTarget:
 
 
 def to_plain(value: Any) -> Any:
-    """Dataclasses → dicts, tuples → lists, recursively (JSON-ready)."""
+    """Dataclasses → dicts, tuples → lists, recursively (JSON-ready); a field declared with
+    ``added_field`` is left out while it holds its default."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if getattr(value, f.name) or not f.metadata.get(OMIT_WHEN_EMPTY)}
+                if not (f.metadata.get(OMIT_WHEN_DEFAULT) and getattr(value, f.name) == f.default)}
     if isinstance(value, (list, tuple)):
         return [to_plain(v) for v in value]
     if isinstance(value, dict):
@@ -600,3 +611,20 @@ def parse_policy(data: Any) -> PolicySpec:
         raise PolicyError(errors)
     assert spec is not None
     return spec
+
+
+class DigestMismatch(ValueError):
+    """A revision whose spec does not hash to the sha256 it carries (corrupted, or tampered with)."""
+
+
+def revision_policy(spec: Any, sha256: str) -> PolicySpec:
+    """The policy of a revision (a stored spec and the sha256 stored with it), validated and its digest
+    checked: what a worker applies. The control plane stores ``PolicySpec.to_dict()`` and hashes it with
+    ``PolicySpec.sha256()``; the same function hashes it here, and by the rule of ``added_field`` a schema
+    that gained fields since hashes it alike. A spec stored before that rule may lack a field then added
+    without it; its hash as stored is accepted too. A spec altered anywhere matches neither."""
+    policy = parse_policy(spec)
+    if sha256 not in (policy.sha256(), sha256_of(spec)):
+        raise DigestMismatch(f"sha256: the revision says {sha256}, its spec hashes to {sha256_of(spec)} "
+                             f"as stored and to {policy.sha256()} as parsed")
+    return policy
