@@ -41,6 +41,7 @@ from relay_engine.core.telemetry import (
     N_BUCKETS,
     REFUSAL_REASONS,
     LatencyHistogram,
+    RefusalReason,
 )
 from relay_engine.core.wire import InstanceStatus, instance_name
 from workers.app import redis_client
@@ -121,7 +122,7 @@ class LoadEngine:
                             ("preinfer_signals", n), ("preinfer_admitted", n // 2), ("preinfer_completed", n // 2),
                             ("evictions", n // 10), ("demotions", n // 10), ("promotions", dram)):
             self._counters[name] += count
-        self._refusals["not_at_risk"] += n - n // 2
+        self._refusals[RefusalReason.NOT_AT_RISK] += n - n // 2
 
     def stats(self) -> EngineStats:
         with self._lock:

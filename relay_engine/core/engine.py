@@ -38,8 +38,8 @@ from relay_engine.core.forward_times import ForwardTimes, TimedForwards, clock_f
 from relay_engine.core.kvcache import CacheKey, HBMCache
 from relay_engine.core.lane import Lane, PreInferLane
 from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
-from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, LatencyHistogram
-from relay_engine.core.trigger import CACHE_BUDGET, CacheFootprint, RankingLoad, SequenceAwareTrigger
+from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, LatencyHistogram, RefusalReason
+from relay_engine.core.trigger import CacheFootprint, RankingLoad, SequenceAwareTrigger
 
 EngineInputError = ModelInputError
 
@@ -331,7 +331,7 @@ class RelayEngine:
                 now_s=now, ranking_wait_ms=ranking_wait_ms,
             )
             if decision.admit and not self.hbm.reserve(key, nbytes):
-                decision = self.trigger.overrule(CACHE_BUDGET)
+                decision = self.trigger.overrule(RefusalReason.CACHE_BUDGET)
             if decision.admit:
                 self.producing.begin(key)
         if not decision.admit:
