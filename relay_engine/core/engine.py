@@ -41,8 +41,6 @@ from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig
 from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, LatencyHistogram, RefusalReason
 from relay_engine.core.trigger import CacheFootprint, RankingLoad, SequenceAwareTrigger
 
-EngineInputError = ModelInputError
-
 
 class DeadlineExceeded(Exception):
     """A ranking request whose deadline passed before its scores were ready."""
@@ -360,7 +358,7 @@ class RelayEngine:
 
     def rank(self, request: RankRequest) -> RankResult:
         """Score the candidates, from the cached prefix when there is one. Raises DeadlineExceeded
-        when the deadline passes first, EngineInputError on bad input."""
+        when the deadline passes first, ModelInputError on bad input."""
         t0 = self.clock()
         state = self._state
         self._count("rank_requests")

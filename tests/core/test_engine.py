@@ -11,13 +11,12 @@ import torch
 from relay_engine.core.config import parse_policy
 from relay_engine.core.engine import (
     DeadlineExceeded,
-    EngineInputError,
     PolicyApplyError,
     PreInferRequest,
     RankRequest,
     RelayEngine,
 )
-from relay_engine.core.model import History, HSTUModel
+from relay_engine.core.model import History, HSTUModel, ModelInputError
 from tests.models import SMALL, make_history
 
 from .test_model import TOLERANCE, random_edit, relative_error
@@ -173,7 +172,7 @@ def test_a_request_past_its_deadline_fails_fast_and_the_engine_stays_usable():
 def test_bad_input_names_the_field_and_leaves_the_engine_usable(request_, field):
     engine = engine_with()
     prefix = make_history(50, SMALL, seed=7)
-    with pytest.raises(EngineInputError) as info:
+    with pytest.raises(ModelInputError) as info:
         engine.rank(request_(prefix))
     assert info.value.field == field
     assert rank(engine, "h", prefix).source == "miss"
