@@ -23,7 +23,9 @@ SCHEMA_VERSION = 1
 
 # Hard limits of the schema; a device may impose tighter ones when a policy is applied.
 MAX_SEQ_LEN = 1 << 20
-MAX_BUDGET_MB = 16 * 1024 * 1024  # 16 TiB: far above any host, still a finite number
+# Budgets are in MiB (2^20 bytes) wherever they are shown; the fields keep their stored names (``_mb``).
+BYTES_PER_MIB = 1024 * 1024
+MAX_BUDGET_MIB = 16 * 1024 * 1024  # 16 TiB: far above any host, still a finite number
 MAX_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_ALPHA = 1000.0
 MAX_EDITS = 4096
@@ -112,18 +114,18 @@ class TriggerPolicy:
 
 @dataclass(frozen=True)
 class CacheBudget:
-    hbm_budget_mb: float = 1024.0
-    dram_budget_mb: float = 4096.0
+    hbm_budget_mb: float = 1024.0  # MiB
+    dram_budget_mb: float = 4096.0  # MiB
     entry_ttl_ms: int = 120_000
     dram_ttl_ms: int = 600_000
 
     @property
     def hbm_budget_bytes(self) -> int:
-        return int(self.hbm_budget_mb * 1024 * 1024)
+        return int(self.hbm_budget_mb * BYTES_PER_MIB)
 
     @property
     def dram_budget_bytes(self) -> int:
-        return int(self.dram_budget_mb * 1024 * 1024)
+        return int(self.dram_budget_mb * BYTES_PER_MIB)
 
 
 @dataclass(frozen=True)
@@ -346,8 +348,8 @@ def _cache(data: Any, path: str, errs: FieldErrors) -> CacheBudget:
     if obj is None:
         return d
     return CacheBudget(
-        hbm_budget_mb=_float(obj, "hbm_budget_mb", path, 0.0, MAX_BUDGET_MB, d.hbm_budget_mb, errs),
-        dram_budget_mb=_float(obj, "dram_budget_mb", path, 0.0, MAX_BUDGET_MB, d.dram_budget_mb, errs),
+        hbm_budget_mb=_float(obj, "hbm_budget_mb", path, 0.0, MAX_BUDGET_MIB, d.hbm_budget_mb, errs),
+        dram_budget_mb=_float(obj, "dram_budget_mb", path, 0.0, MAX_BUDGET_MIB, d.dram_budget_mb, errs),
         entry_ttl_ms=_int(obj, "entry_ttl_ms", path, 1, MAX_TTL_MS, d.entry_ttl_ms, errs),
         dram_ttl_ms=_int(obj, "dram_ttl_ms", path, 1, MAX_TTL_MS, d.dram_ttl_ms, errs),
     )
