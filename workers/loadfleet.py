@@ -101,7 +101,7 @@ class LoadEngine:
 
     def apply_policy(self, policy: PolicySpec) -> None:
         if policy.cache.hbm_budget_bytes > DEVICE_MEMORY_BYTES:
-            raise PolicyApplyError("cache.hbm_budget_mb", f"{policy.cache.hbm_budget_mb:g} MiB exceeds the load "
+            raise PolicyApplyError("cache.hbm_budget_mb", f"{policy.cache.hbm_budget_mb:.10g} MiB exceeds the load "
                                                           f"generator's device, {DEVICE_MEMORY_BYTES / 2**20:.0f} MiB")
         self._policy, self._policy_sha256 = policy, policy.sha256()
 

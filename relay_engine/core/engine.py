@@ -258,10 +258,10 @@ class RelayEngine:
         limit, where = (device_bytes, f"{self.device}'s memory") if device_bytes else \
             (host_memory_bytes(), "host memory (the CPU device's HBM tier lives there)")
         if policy.cache.hbm_budget_bytes > limit:
-            raise PolicyApplyError("cache.hbm_budget_mb", f"{policy.cache.hbm_budget_mb:g} MiB exceeds {where}, "
+            raise PolicyApplyError("cache.hbm_budget_mb", f"{policy.cache.hbm_budget_mb:.10g} MiB exceeds {where}, "
                                                           f"{limit / 2**20:.0f} MiB")
         if policy.cache.dram_budget_bytes > host_memory_bytes():
-            raise PolicyApplyError("cache.dram_budget_mb", f"{policy.cache.dram_budget_mb:g} MiB exceeds host memory, "
+            raise PolicyApplyError("cache.dram_budget_mb", f"{policy.cache.dram_budget_mb:.10g} MiB exceeds host memory, "
                                                            f"{host_memory_bytes() / 2**20:.0f} MiB")
 
     def apply_policy(self, policy: PolicySpec) -> None:

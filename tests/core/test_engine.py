@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -201,6 +202,7 @@ def test_a_policy_the_device_cannot_hold_is_refused_and_the_old_one_kept():
     with pytest.raises(PolicyApplyError) as info:
         engine.apply_policy(parse_policy({"cache": {"hbm_budget_mb": 16_000_000}}))
     assert info.value.field == "cache.hbm_budget_mb"
+    assert re.search(r"16000000 MiB exceeds .*, \d+ MiB$", str(info.value)), str(info.value)  # as the form says
     assert engine.policy == old and engine.hbm.budget_bytes == 64 * 2**20
 
 
