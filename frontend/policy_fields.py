@@ -32,9 +32,9 @@ FIELD_GROUPS: tuple[FieldGroup, ...] = (
                     "Pre-infer a request only when its long-term prefix has at least this many tokens. "
                     "Leave empty to derive it from the latency model below.", nullable=True),
         PolicyField("trigger.max_preinfer_inflight", "Max pre-inferences in flight", "requests", "int",
-                    "Per instance; further signals are refused (reason inflight_limit)."),
+                    "Per instance; further signals are refused, counted by reason on the live page."),
         PolicyField("trigger.max_preinfer_tokens_per_s", "Max pre-infer token rate", "tokens/s", "float",
-                    "Per instance; further signals are refused (reason token_rate_limit)."),
+                    "Per instance; further signals are refused, counted by reason on the live page."),
         PolicyField("trigger.ranking_p99_slo_ms", "Ranking P99 SLO", "ms", "float",
                     "The ranking latency objective; the dashboards draw it as the SLO line."),
         PolicyField("trigger.preinfer_compute_share", "Pre-inference compute share", "ratio (0–1]", "float",

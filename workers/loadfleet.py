@@ -41,6 +41,7 @@ from relay_engine.core.telemetry import (
     N_BUCKETS,
     REFUSAL_REASONS,
     LatencyHistogram,
+    RefusalReason,
 )
 from relay_engine.core.wire import InstanceStatus, instance_name
 from workers.app import redis_client
@@ -100,8 +101,8 @@ class LoadEngine:
 
     def apply_policy(self, policy: PolicySpec) -> None:
         if policy.cache.hbm_budget_bytes > DEVICE_MEMORY_BYTES:
-            raise PolicyApplyError("cache.hbm_budget_mb", f"{policy.cache.hbm_budget_mb:g} MB exceeds the load "
-                                                          f"generator's device, {DEVICE_MEMORY_BYTES / 2**20:.0f} MB")
+            raise PolicyApplyError("cache.hbm_budget_mb", f"{policy.cache.hbm_budget_mb:.10g} MiB exceeds the load "
+                                                          f"generator's device, {DEVICE_MEMORY_BYTES / 2**20:.0f} MiB")
         self._policy, self._policy_sha256 = policy, policy.sha256()
 
     def _advance(self) -> None:
@@ -121,7 +122,7 @@ class LoadEngine:
                             ("preinfer_signals", n), ("preinfer_admitted", n // 2), ("preinfer_completed", n // 2),
                             ("evictions", n // 10), ("demotions", n // 10), ("promotions", dram)):
             self._counters[name] += count
-        self._refusals["not_at_risk"] += n - n // 2
+        self._refusals[RefusalReason.NOT_AT_RISK] += n - n // 2
 
     def stats(self) -> EngineStats:
         with self._lock:

@@ -88,7 +88,7 @@ class IndexClaim:
     def claim(self) -> int:
         live = set(live_members(self.client, self.keys))
         for index in range(self.max_index):
-            if f"{self.keys.pool}.{index}" in live:
+            if wire.instance_name(self.keys.pool, index) in live:
                 continue
             if self.client.set(self.keys.claim(index), self.owner, nx=True, ex=int(self.ttl_s)):
                 self.index = index

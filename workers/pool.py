@@ -42,10 +42,12 @@ def instance_device(device: str, index: int) -> str:
     return device
 
 
-def spawn_instance(settings: Settings, index: int, **popen: Any) -> subprocess.Popen:
-    """Start instance ``index`` of ``settings.pool`` as a child process with these settings."""
+def spawn_instance(settings: Settings, index: int, *, module: str = "workers.instance",
+                   **popen: Any) -> subprocess.Popen:
+    """Start instance ``index`` of ``settings.pool`` as a child process with these settings (``module``:
+    another entry point taking ``workers.instance``'s arguments, e.g. a build under test)."""
     env = {**os.environ, **settings.worker_env(), "RELAYGR_DEVICE": instance_device(settings.device, index)}
-    return subprocess.Popen([sys.executable, "-m", "workers.instance", "--index", str(index)], env=env,
+    return subprocess.Popen([sys.executable, "-m", module, "--index", str(index)], env=env,
                             preexec_fn=die_with_parent(), **popen)
 
 

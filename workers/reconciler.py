@@ -34,7 +34,7 @@ import threading
 
 import redis
 
-from relay_engine.core.config import PolicyError, parse_policy, sha256_of
+from relay_engine.core.config import DigestMismatch, PolicyError, revision_policy
 from relay_engine.core.engine import PolicyApplyError, RelayEngine
 from relay_engine.core.wire import ACK, NACK, PENDING, DesiredRevision, InstanceStatus, PoolKeys, WireError
 from workers.membership import StatusBoard
@@ -44,10 +44,6 @@ from workers.revision_store import RevisionStore
 log = logging.getLogger(__name__)
 
 RECONCILE_PERIOD_S = 1.0
-
-
-class DigestMismatch(ValueError):
-    """A record whose spec does not hash to the sha256 it carries (corrupted, or tampered with)."""
 
 
 class Reconciler:
@@ -99,7 +95,7 @@ class Reconciler:
 
     def _apply(self, current: InstanceStatus, desired: DesiredRevision, digest: str) -> InstanceStatus:
         try:
-            spec = self._validated(desired)
+            spec = revision_policy(desired.spec, desired.sha256)
             self.engine.apply_policy(spec)
         except (PolicyError, PolicyApplyError, DigestMismatch) as exc:
             return self._refuse(current, desired.generation, digest, str(exc))
@@ -113,19 +109,6 @@ class Reconciler:
             nacked_generation=0, error="", hbm_budget_bytes=stats.hbm_budget_bytes,
             dram_budget_bytes=stats.dram_budget_bytes,
         )
-
-    @staticmethod
-    def _validated(revision: DesiredRevision):
-        """The policy of a record whose sha256 is that of its spec: of the spec as stored (the control
-        plane hashes what it stores, defaults filled in as the schema *then* had them), or of the policy
-        it parses to here. The first keeps a revision stored before a field with a default was added
-        valid after the upgrade (parsing adds the new default, which the stored hash never covered); a
-        spec altered anywhere matches neither."""
-        spec = parse_policy(revision.spec)
-        if revision.sha256 not in (sha256_of(revision.spec), spec.sha256()):
-            raise DigestMismatch(f"sha256: the revision says {revision.sha256}, its spec hashes to "
-                                 f"{sha256_of(revision.spec)} as stored and to {spec.sha256()} as parsed")
-        return spec
 
     def _refuse(self, current: InstanceStatus, generation: int, digest: str, error: str) -> InstanceStatus:
         if self._refused != (generation, digest, error):
@@ -155,7 +138,7 @@ class Reconciler:
         revision = self.store.load()
         try:
             if revision is not None:
-                self.engine.apply_policy(self._validated(revision))
+                self.engine.apply_policy(revision_policy(revision.spec, revision.sha256))
         except (PolicyError, PolicyApplyError, DigestMismatch) as exc:
             log.warning("the last applied revision in %s cannot be applied: %s", self.store.path, exc)
             revision = None

@@ -23,8 +23,9 @@ from typing import Any
 import redis
 from celery import Celery, signals
 
-from relay_engine.core.engine import DeadlineExceeded, EngineInputError, RelayEngine
+from relay_engine.core.engine import DeadlineExceeded, RelayEngine
 from relay_engine.core.features import SyntheticFeatures
+from relay_engine.core.model import ModelInputError
 from relay_engine.core.wire import REPLY_TTL_S, PoolKeys
 from workers.app import RANK_TASK
 from workers.capture import TrafficCapture
@@ -72,7 +73,7 @@ class InstanceRuntime:
         except DeadlineExceeded as exc:
             self._capture(request, arrived_s, DEADLINE_EXCEEDED)
             return error_result(DEADLINE_EXCEEDED, str(exc), instance=self.name)
-        except EngineInputError as exc:
+        except ModelInputError as exc:
             self._capture(request, arrived_s, INVALID_INPUT)
             return error_result(INVALID_INPUT, str(exc), field=exc.field, instance=self.name)
         except Exception as exc:  # noqa: BLE001 — report, log, keep serving
@@ -101,7 +102,7 @@ class InstanceRuntime:
             return error_result(INVALID_INPUT, str(exc), field=exc.field, errors=exc.errors, instance=self.name)
         try:  # the engine checks the prefix first: an invalid one is neither decided on nor captured
             decision = self.engine.submit_pre_infer(request)
-        except EngineInputError as exc:
+        except ModelInputError as exc:
             return error_result(INVALID_INPUT, str(exc), field=exc.field, instance=self.name)
         if self.capture is not None:
             self.capture.signal(request.user_id, sent_s)

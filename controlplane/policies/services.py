@@ -145,8 +145,8 @@ def revision_publish(*, pool: Pool, generation: int, actor: str) -> PublishResul
     return _pushed(result)
 
 
-def pool_rollback(*, pool: Pool, to_generation: int, parent_generation: int, actor: str,
-                  comment: str = "") -> PublishResult:
+def pool_roll_back(*, pool: Pool, to_generation: int, parent_generation: int, actor: str,
+                   comment: str = "") -> PublishResult:
     """Publish the spec of ``to_generation`` again, as a new generation on top of ``parent_generation``.
 
     ``parent_generation`` is the pool's latest generation as the caller saw it, as for a create: when

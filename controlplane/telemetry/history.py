@@ -20,7 +20,7 @@ import redis
 from django.conf import settings
 
 from controlplane.common.redis import get_redis, redis_unreachable
-from relay_engine.core.telemetry import COUNTERS, MAX_COUNT, N_BUCKETS, REFUSAL_REASONS, Snapshot
+from relay_engine.core.telemetry import COUNTERS, GAUGES, MAX_COUNT, N_BUCKETS, REFUSAL_REASONS, Snapshot
 from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
 
 from .cache import telemetry_cache
@@ -32,8 +32,7 @@ REFUSAL_COLUMN = {name: REFUSAL_OFFSET + i for i, name in enumerate(REFUSAL_REAS
 BUCKET_OFFSET = REFUSAL_OFFSET + len(REFUSAL_REASONS)
 SUM_COLUMN = BUCKET_OFFSET + N_BUCKETS
 N_COLUMNS = SUM_COLUMN + 1
-# Gauges, kept as sampled (not differenced).
-GAUGES = ("hbm_bytes", "hbm_budget_bytes", "dram_bytes", "dram_budget_bytes", "applied_generation")
+# Gauges (the core's list), kept as sampled (not differenced).
 GAUGE_COLUMN = {name: i for i, name in enumerate(GAUGES)}
 
 # Entries fetched per stream per read; the workers cap streams far below this.

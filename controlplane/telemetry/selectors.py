@@ -20,13 +20,12 @@ import numpy as np
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import AuditEntry, Pool
 from relay_engine.core.config import slo_of
-from relay_engine.core.telemetry import NOT_REFUSALS, REFUSAL_LABELS, REFUSAL_REASONS
+from relay_engine.core.telemetry import GAUGES, REFUSAL_REASONS
 from relay_engine.core.wire import TELEMETRY_TIERS
 
 from .history import (
     COUNTER_COLUMN,
     GAUGE_COLUMN,
-    GAUGES,
     N_COLUMNS,
     REFUSAL_COLUMN,
     SUM_COLUMN,
@@ -56,8 +55,8 @@ def window_grid(window: str, now: float) -> tuple[str, int, float, int]:
 
 def refusal_reasons() -> list[dict]:
     """The pre-infer refusal reasons in the core's order, as the browser names them: ``reason`` (the
-    key of ``preinfer_refused``), ``label``, and ``refusal`` (false for ``already_cached``: no refusal)."""
-    return [{"reason": reason, "label": REFUSAL_LABELS[reason], "refusal": reason not in NOT_REFUSALS}
+    key of ``preinfer_refused``), ``label``, and ``refusal`` (``RefusalReason.is_refusal``)."""
+    return [{"reason": reason.value, "label": reason.label, "refusal": reason.is_refusal}
             for reason in REFUSAL_REASONS]
 
 

@@ -19,10 +19,11 @@ import numpy as np
 import redis
 from django.conf import settings
 
+from relay_engine.core.telemetry import GAUGES
 from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
 
 from .cache import telemetry_cache
-from .history import GAUGES, N_COLUMNS, decode_snapshot, reporting_instances, stream_histories
+from .history import N_COLUMNS, decode_snapshot, reporting_instances, stream_histories
 
 
 @dataclass(frozen=True)

@@ -23,16 +23,28 @@ SCHEMA_VERSION = 1
 
 # Hard limits of the schema; a device may impose tighter ones when a policy is applied.
 MAX_SEQ_LEN = 1 << 20
-MAX_BUDGET_MB = 16 * 1024 * 1024  # 16 TiB: far above any host, still a finite number
+# Budgets are in MiB (2^20 bytes) wherever they are shown; the fields keep their stored names (``_mb``).
+BYTES_PER_MIB = 1024 * 1024
+MAX_BUDGET_MIB = 16 * 1024 * 1024  # 16 TiB: far above any host, still a finite number
 MAX_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_ALPHA = 1000.0
 MAX_EDITS = 4096
 EDIT_SCOPES = ("all", "candidates")
 MAX_LOWRANK_RANK = 64
 MAX_LOWRANK_VALUES = 1 << 20  # numbers in all low-rank maps of a section together (R, W and b)
-# Dataclass field metadata: leave the field out of the plain form while it is empty, so a field added
-# to the schema later does not change the spec (or content) hash of a section that does not use it.
-OMIT_WHEN_EMPTY = "omit_when_empty"
+# Dataclass field metadata of a field added to the schema after revisions were stored: it is left out of
+# the plain form while it holds its default (see ``added_field``).
+OMIT_WHEN_DEFAULT = "omit_when_default"
+
+
+def added_field(default: Any) -> Any:
+    """Declare a field added to the schema after revisions were stored (every field beyond the baseline
+    of ``SCHEMA_VERSION`` 1). While it holds ``default`` it is absent from the plain form — what the
+    control plane stores and hashes, and what a worker hashes again — so a spec stored before the field
+    existed parses, re-serialises and hashes exactly as before: no stored revision changes its sha256, no
+    worker NACKs it, and a worker not yet upgraded still accepts a new revision that leaves the field
+    alone. ``default`` must be immutable (a number, a string, None, a tuple)."""
+    return field(default=default, metadata={OMIT_WHEN_DEFAULT: True})
 
 
 class PolicyError(ValueError):
@@ -102,18 +114,18 @@ class TriggerPolicy:
 
 @dataclass(frozen=True)
 class CacheBudget:
-    hbm_budget_mb: float = 1024.0
-    dram_budget_mb: float = 4096.0
+    hbm_budget_mb: float = 1024.0  # MiB
+    dram_budget_mb: float = 4096.0  # MiB
     entry_ttl_ms: int = 120_000
     dram_ttl_ms: int = 600_000
 
     @property
     def hbm_budget_bytes(self) -> int:
-        return int(self.hbm_budget_mb * 1024 * 1024)
+        return int(self.hbm_budget_mb * BYTES_PER_MIB)
 
     @property
     def dram_budget_bytes(self) -> int:
-        return int(self.dram_budget_mb * 1024 * 1024)
+        return int(self.dram_budget_mb * BYTES_PER_MIB)
 
 
 @dataclass(frozen=True)
@@ -167,7 +179,7 @@ class EditingConfig:
     scope: str = "candidates"
     provenance: dict[str, Any] = field(default_factory=dict)
     # input-dependent: low-rank maps of head outputs; every edit of a layer reads its unedited outputs
-    lowrank: tuple[LowRankEdit, ...] = field(default=(), metadata={OMIT_WHEN_EMPTY: True})
+    lowrank: tuple[LowRankEdit, ...] = added_field(())
 
     @property
     def is_empty(self) -> bool:
@@ -223,10 +235,11 @@ def slo_of(spec: dict[str, Any] | None) -> SloTarget:
 
 
 def to_plain(value: Any) -> Any:
-    """Dataclasses → dicts, tuples → lists, recursively (JSON-ready)."""
+    """Dataclasses → dicts, tuples → lists, recursively (JSON-ready); a field declared with
+    ``added_field`` is left out while it holds its default."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if getattr(value, f.name) or not f.metadata.get(OMIT_WHEN_EMPTY)}
+                if not (f.metadata.get(OMIT_WHEN_DEFAULT) and getattr(value, f.name) == f.default)}
     if isinstance(value, (list, tuple)):
         return [to_plain(v) for v in value]
     if isinstance(value, dict):
@@ -335,8 +348,8 @@ def _cache(data: Any, path: str, errs: FieldErrors) -> CacheBudget:
     if obj is None:
         return d
     return CacheBudget(
-        hbm_budget_mb=_float(obj, "hbm_budget_mb", path, 0.0, MAX_BUDGET_MB, d.hbm_budget_mb, errs),
-        dram_budget_mb=_float(obj, "dram_budget_mb", path, 0.0, MAX_BUDGET_MB, d.dram_budget_mb, errs),
+        hbm_budget_mb=_float(obj, "hbm_budget_mb", path, 0.0, MAX_BUDGET_MIB, d.hbm_budget_mb, errs),
+        dram_budget_mb=_float(obj, "dram_budget_mb", path, 0.0, MAX_BUDGET_MIB, d.dram_budget_mb, errs),
         entry_ttl_ms=_int(obj, "entry_ttl_ms", path, 1, MAX_TTL_MS, d.entry_ttl_ms, errs),
         dram_ttl_ms=_int(obj, "dram_ttl_ms", path, 1, MAX_TTL_MS, d.dram_ttl_ms, errs),
     )
@@ -600,3 +613,20 @@ def parse_policy(data: Any) -> PolicySpec:
         raise PolicyError(errors)
     assert spec is not None
     return spec
+
+
+class DigestMismatch(ValueError):
+    """A revision whose spec does not hash to the sha256 it carries (corrupted, or tampered with)."""
+
+
+def revision_policy(spec: Any, sha256: str) -> PolicySpec:
+    """The policy of a revision (a stored spec and the sha256 stored with it), validated and its digest
+    checked: what a worker applies. The control plane stores ``PolicySpec.to_dict()`` and hashes it with
+    ``PolicySpec.sha256()``; the same function hashes it here, and by the rule of ``added_field`` a schema
+    that gained fields since hashes it alike. A spec stored before that rule may lack a field then added
+    without it; its hash as stored is accepted too. A spec altered anywhere matches neither."""
+    policy = parse_policy(spec)
+    if sha256 not in (policy.sha256(), sha256_of(spec)):
+        raise DigestMismatch(f"sha256: the revision says {sha256}, its spec hashes to {sha256_of(spec)} "
+                             f"as stored and to {policy.sha256()} as parsed")
+    return policy

@@ -38,10 +38,8 @@ from relay_engine.core.forward_times import ForwardTimes, TimedForwards, clock_f
 from relay_engine.core.kvcache import CacheKey, HBMCache
 from relay_engine.core.lane import Lane, PreInferLane
 from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
-from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, LatencyHistogram
-from relay_engine.core.trigger import CACHE_BUDGET, CacheFootprint, RankingLoad, SequenceAwareTrigger
-
-EngineInputError = ModelInputError
+from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, LatencyHistogram, RefusalReason
+from relay_engine.core.trigger import CacheFootprint, RankingLoad, SequenceAwareTrigger
 
 
 class DeadlineExceeded(Exception):
@@ -260,11 +258,11 @@ class RelayEngine:
         limit, where = (device_bytes, f"{self.device}'s memory") if device_bytes else \
             (host_memory_bytes(), "host memory (the CPU device's HBM tier lives there)")
         if policy.cache.hbm_budget_bytes > limit:
-            raise PolicyApplyError("cache.hbm_budget_mb", f"{policy.cache.hbm_budget_mb:g} MB exceeds {where}, "
-                                                          f"{limit / 2**20:.0f} MB")
+            raise PolicyApplyError("cache.hbm_budget_mb", f"{policy.cache.hbm_budget_mb:.10g} MiB exceeds {where}, "
+                                                          f"{limit / 2**20:.0f} MiB")
         if policy.cache.dram_budget_bytes > host_memory_bytes():
-            raise PolicyApplyError("cache.dram_budget_mb", f"{policy.cache.dram_budget_mb:g} MB exceeds host memory, "
-                                                           f"{host_memory_bytes() / 2**20:.0f} MB")
+            raise PolicyApplyError("cache.dram_budget_mb", f"{policy.cache.dram_budget_mb:.10g} MiB exceeds host memory, "
+                                                           f"{host_memory_bytes() / 2**20:.0f} MiB")
 
     def apply_policy(self, policy: PolicySpec) -> None:
         """Apply a validated policy atomically, or raise PolicyApplyError and keep the current one."""
@@ -331,7 +329,7 @@ class RelayEngine:
                 now_s=now, ranking_wait_ms=ranking_wait_ms,
             )
             if decision.admit and not self.hbm.reserve(key, nbytes):
-                decision = self.trigger.overrule(CACHE_BUDGET)
+                decision = self.trigger.overrule(RefusalReason.CACHE_BUDGET)
             if decision.admit:
                 self.producing.begin(key)
         if not decision.admit:
@@ -360,7 +358,7 @@ class RelayEngine:
 
     def rank(self, request: RankRequest) -> RankResult:
         """Score the candidates, from the cached prefix when there is one. Raises DeadlineExceeded
-        when the deadline passes first, EngineInputError on bad input."""
+        when the deadline passes first, ModelInputError on bad input."""
         t0 = self.clock()
         state = self._state
         self._count("rank_requests")

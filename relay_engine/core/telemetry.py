@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 # Upper bounds (ms) of the latency buckets: 0.05 ms … ~60 s, 8 buckets per decade (×1.334 each),
 # followed by an implicit +Inf bucket. Fixed forever: changing them breaks merging with old data.
@@ -46,25 +47,34 @@ COUNTERS: tuple[str, ...] = (
     "dram_evictions",
     "dedup_reloads",
 )
-REFUSAL_REASONS: tuple[str, ...] = (
-    "not_at_risk",
-    "already_cached",
-    "inflight_limit",
-    "token_rate_limit",
-    "cache_budget",
-    "disabled",
-)
-# How people read each reason (the dashboards, the previews). An ``already_cached`` prefix is no refusal
-# at all: its KV is resident already, there is nothing to pre-infer and nothing for an operator to act on.
-REFUSAL_LABELS: dict[str, str] = {
-    "not_at_risk": "not at risk",
-    "already_cached": "already cached",
-    "inflight_limit": "in-flight limit",
-    "token_rate_limit": "token rate limit",
-    "cache_budget": "cache budget",
-    "disabled": "pre-infer disabled",
-}
-NOT_REFUSALS: frozenset[str] = frozenset({"already_cached"})
+
+
+class RefusalReason(StrEnum):
+    """Why a pre-infer signal was not admitted: the one spelling of each reason, with how people read
+    it. The value is the key in telemetry (counters, rollups, Prometheus's ``reason`` label) and in the
+    API; the browser gets values and labels from the server. Order: the wire's column order."""
+
+    NOT_AT_RISK = "not_at_risk", "not at risk"
+    ALREADY_CACHED = "already_cached", "already cached"
+    INFLIGHT_LIMIT = "inflight_limit", "in-flight limit"
+    TOKEN_RATE_LIMIT = "token_rate_limit", "token rate limit"
+    CACHE_BUDGET = "cache_budget", "cache budget"
+    DISABLED = "disabled", "pre-infer disabled"
+
+    def __new__(cls, value: str, label: str) -> RefusalReason:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.label = label
+        return member
+
+    @property
+    def is_refusal(self) -> bool:
+        """False for ``already_cached``: its KV is resident already, there is nothing to pre-infer and
+        nothing for an operator to act on."""
+        return self is not RefusalReason.ALREADY_CACHED
+
+
+REFUSAL_REASONS: tuple[RefusalReason, ...] = tuple(RefusalReason)
 
 
 def bucket_index(value_ms: float) -> int:
@@ -188,7 +198,7 @@ class Snapshot:
             counters={str(k): _count(v, "counters", int, k) for k, v in _mapping(data, "counters").items()},
             refusals={str(k): _count(v, "refusals", int, k) for k, v in _mapping(data, "refusals").items()},
             rank_latency=hist,
-            **{name: _count(data.get(name, 0), name, int) for name in _GAUGES},
+            **{name: _count(data.get(name, 0), name, int) for name in GAUGES},
             slo_ms=_finite(data.get("slo_ms", 0.0), "slo_ms", float),
         )
 
@@ -206,7 +216,8 @@ _EXACT_INT = 2**53  # the largest integer a float holds exactly
 # Counts, byte gauges and the latency sum are at most this (and never negative): a reader sums their
 # differences over thousands of samples and instances, which then stays finite and exact.
 MAX_COUNT = _EXACT_INT
-_GAUGES = ("hbm_bytes", "hbm_budget_bytes", "dram_bytes", "dram_budget_bytes", "applied_generation")
+# A snapshot's gauges, kept as sampled (never differenced): the one list the readers use.
+GAUGES: tuple[str, ...] = ("hbm_bytes", "hbm_budget_bytes", "dram_bytes", "dram_budget_bytes", "applied_generation")
 
 
 def _mapping(data: dict, key: str) -> dict:
@@ -253,7 +264,8 @@ def _count(value: object, name: str, kind: type, key: object = None) -> int | fl
 # Field names of a rollup hash:
 ROLLUP_SUM_FIELD = "sum_ms"  # latency sum (the one float field)
 ROLLUP_INSTANCES_FIELD = "instances"  # instances that reported into the bucket
-ROLLUP_GAUGES: tuple[str, ...] = ("hbm_bytes", "hbm_budget_bytes", "dram_bytes", "dram_budget_bytes")
+# The byte gauges (a pool has no one applied generation: each instance reports its own).
+ROLLUP_GAUGES: tuple[str, ...] = tuple(name for name in GAUGES if name != "applied_generation")
 
 
 def rollup_refusal_field(reason: str) -> str:

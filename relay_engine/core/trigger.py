@@ -17,19 +17,13 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from relay_engine.core.config import TriggerPolicy
-
-NOT_AT_RISK = "not_at_risk"
-ALREADY_CACHED = "already_cached"
-INFLIGHT_LIMIT = "inflight_limit"
-TOKEN_RATE_LIMIT = "token_rate_limit"
-CACHE_BUDGET = "cache_budget"
-DISABLED = "disabled"
+from relay_engine.core.telemetry import RefusalReason
 
 
 @dataclass(frozen=True)
 class Decision:
     admit: bool
-    reason: str | None = None  # why not, when refused
+    reason: RefusalReason | None = None  # why not, when refused
 
 
 @dataclass(frozen=True)
@@ -104,27 +98,27 @@ class SequenceAwareTrigger:
         p = self.policy
         self._refill(now_s)
         if p.max_preinfer_inflight == 0 or p.max_preinfer_tokens_per_s == 0:
-            return self._refuse(DISABLED)
+            return self._refuse(RefusalReason.DISABLED)
         at_risk = self.at_risk_seq_len if ranking_wait_ms <= 0 else p.effective_at_risk_seq_len(ranking_wait_ms)
         if not p.admit_all and seq_len < at_risk:
-            return self._refuse(NOT_AT_RISK)
+            return self._refuse(RefusalReason.NOT_AT_RISK)
         if already_cached:
-            return self._refuse(ALREADY_CACHED)
+            return self._refuse(RefusalReason.ALREADY_CACHED)
         if inflight >= p.max_preinfer_inflight:
-            return self._refuse(INFLIGHT_LIMIT)
+            return self._refuse(RefusalReason.INFLIGHT_LIMIT)
         if footprint.pinned_bytes + footprint.needed_bytes > footprint.budget_bytes:
-            return self._refuse(CACHE_BUDGET)
+            return self._refuse(RefusalReason.CACHE_BUDGET)
         # A prefix longer than the burst may pass only with a full bucket, taking the bucket to zero.
         cost = min(float(seq_len), self._burst)
         if self._tokens < cost:
-            return self._refuse(TOKEN_RATE_LIMIT)
+            return self._refuse(RefusalReason.TOKEN_RATE_LIMIT)
         self._tokens -= cost
         return Decision(True)
 
-    def overrule(self, reason: str) -> Decision:
+    def overrule(self, reason: RefusalReason) -> Decision:
         """Turn the last admission into a refusal (the cache could not reserve after all)."""
         return self._refuse(reason)
 
-    def _refuse(self, reason: str) -> Decision:
+    def _refuse(self, reason: RefusalReason) -> Decision:
         self.refusals[reason] += 1
         return Decision(False, reason)

@@ -11,7 +11,9 @@ import pytest
 
 from controlplane.policies import services as policy_services
 from controlplane.policies.models import AuditEntry, ConfigRevision, Pool
+from relay_engine.core import config
 from relay_engine.core.config import ModelFingerprint, default_policy, parse_policy
+from tests import schema_next
 from tests.models import random_lowrank
 
 POOL = "ranking-a"
@@ -269,3 +271,18 @@ def test_revisions_stored_before_canonical_hashing_verify_after_the_migration(po
     assert ConfigRevision.objects.values("spec", "sha256").get(pool=pool, generation=1) == first
     for revision in ConfigRevision.objects.all():  # what every worker checks before applying
         assert parse_policy(revision.spec).sha256() == revision.sha256
+
+
+def test_after_a_field_with_a_default_is_added_stored_revisions_keep_their_sha256(operator, pool, monkeypatch):
+    """The upgraded control plane (``tests.schema_next``): a revision stored before the field existed reads
+    back, and re-validates, to its own sha256; a rollback to it stores the same spec and the same hash."""
+    before = ConfigRevision.objects.get(pool=pool, generation=1)
+    schema_next.install(monkeypatch)
+    assert config.parse_policy(before.spec).sha256() == before.sha256
+    assert schema_next.NEW_FIELD not in config.parse_policy(before.spec).to_dict()["trigger"]
+    changed = operator.post(REVISIONS, {"parent_generation": 1, "spec": {"trigger": {schema_next.NEW_FIELD: 9}}},
+                            format="json")
+    assert changed.status_code == 201, changed.content
+    assert changed.json()["spec"]["trigger"][schema_next.NEW_FIELD] == 9.0
+    restored = policy_services.revision_create(pool=pool, spec=before.spec, parent_generation=2, author="operator")
+    assert (restored.spec, restored.sha256) == (before.spec, before.sha256)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
+from relay_engine.core import config
 from relay_engine.core.config import PolicyError, default_policy, parse_policy, sha256_of, validate_policy
+from tests import schema_next
 
 FP = {"num_layers": 2, "num_heads": 4, "head_dim": 3}
 
@@ -160,3 +163,74 @@ def test_a_section_without_lowrank_maps_keeps_the_plain_form_and_hash_it_had():
     spec = parse_policy({"editing": section})
     assert spec.to_dict()["editing"] == section
     assert spec.editing.content_hash() == sha256_of(section)
+
+
+# --- adding a field (README, "Adding a policy field") ----------------------------------------
+
+# A revision as the control plane stored it before any field was added: the plain form and its sha256.
+STORED_BEFORE_AN_UPGRADE = {
+    "trigger": {"at_risk_seq_len": 512, "latency_model": None, "admit_all": False, "max_preinfer_inflight": 4,
+                "max_preinfer_tokens_per_s": 2000000.0, "ranking_p99_slo_ms": 40.0, "preinfer_compute_share": 0.25},
+    "cache": {"hbm_budget_mb": 310.0, "dram_budget_mb": 4096.0, "entry_ttl_ms": 120000, "dram_ttl_ms": 600000},
+    "slo": {"target_ratio": 0.99}, "editing": None, "schema_version": 1,
+}
+STORED_SHA256 = "6afe5c0969528c5b3fac7f1d4273c59e33b22421b7d1c533718b278d585a584a"
+# Every field of the schema as revisions were first stored; a field beyond these is an ``added_field``.
+BASELINE_FIELDS = {
+    "PolicySpec": {"trigger", "cache", "slo", "editing", "schema_version"},
+    "TriggerPolicy": {"at_risk_seq_len", "latency_model", "admit_all", "max_preinfer_inflight",
+                      "max_preinfer_tokens_per_s", "ranking_p99_slo_ms", "preinfer_compute_share"},
+    "LatencyModel": {"base_ms", "per_token_ms", "per_token_sq_ms"},
+    "CacheBudget": {"hbm_budget_mb", "dram_budget_mb", "entry_ttl_ms", "dram_ttl_ms"},
+    "SLO": {"target_ratio"},
+    "EditingConfig": {"fingerprint", "edits", "scope", "provenance"},
+    "ModelFingerprint": {"num_layers", "num_heads", "head_dim"},
+    "HeadEdit": {"layer", "head", "direction", "alpha"},
+    "LowRankEdit": {"layer", "heads", "rotation", "source_weight", "source_bias", "alpha"},
+}
+
+
+def test_a_stored_revision_keeps_its_sha256_under_todays_schema():
+    assert sha256_of(STORED_BEFORE_AN_UPGRADE) == STORED_SHA256
+    assert parse_policy(STORED_BEFORE_AN_UPGRADE).sha256() == STORED_SHA256
+    assert parse_policy(STORED_BEFORE_AN_UPGRADE).to_dict() == STORED_BEFORE_AN_UPGRADE
+
+
+def test_a_stored_revision_keeps_its_sha256_after_a_field_with_a_default_is_added(monkeypatch):
+    schema_next.install(monkeypatch)
+    policy = config.parse_policy(STORED_BEFORE_AN_UPGRADE)
+    assert getattr(policy.trigger, schema_next.NEW_FIELD) == schema_next.NEW_DEFAULT
+    assert policy.to_dict() == STORED_BEFORE_AN_UPGRADE
+    assert policy.sha256() == STORED_SHA256
+    assert config.revision_policy(STORED_BEFORE_AN_UPGRADE, STORED_SHA256) == policy
+
+
+def test_a_new_field_set_away_from_its_default_is_stored_and_hashed(monkeypatch):
+    schema_next.install(monkeypatch)
+    changed = config.parse_policy({**STORED_BEFORE_AN_UPGRADE, "trigger": {schema_next.NEW_FIELD: 9.0}})
+    assert changed.to_dict()["trigger"][schema_next.NEW_FIELD] == 9.0
+    assert changed.sha256() != config.parse_policy({}).sha256()
+    assert config.parse_policy({"trigger": {schema_next.NEW_FIELD: schema_next.NEW_DEFAULT}}).sha256() \
+        == config.parse_policy({}).sha256()
+
+
+def test_every_field_beyond_the_baseline_is_declared_as_added():
+    seen = set()
+    for cls in (config.PolicySpec, config.TriggerPolicy, config.LatencyModel, config.CacheBudget, config.SLO,
+                config.EditingConfig, config.ModelFingerprint, config.HeadEdit, config.LowRankEdit):
+        seen.add(cls.__name__)
+        for f in dataclasses.fields(cls):
+            assert f.name in BASELINE_FIELDS[cls.__name__] or f.metadata.get(config.OMIT_WHEN_DEFAULT), (
+                f"{cls.__name__}.{f.name} is new: declare it with config.added_field(default) (README, "
+                "'Adding a policy field'), or every stored revision changes its sha256")
+    assert seen == set(BASELINE_FIELDS)
+
+
+def test_a_revision_whose_spec_is_not_its_sha256_is_refused():
+    with pytest.raises(config.DigestMismatch, match="sha256: the revision says"):
+        config.revision_policy({**STORED_BEFORE_AN_UPGRADE, "slo": {"target_ratio": 0.98}}, STORED_SHA256)
+
+
+def test_a_revision_stored_before_the_rule_hashed_as_stored_is_accepted():
+    legacy = {**STORED_BEFORE_AN_UPGRADE, "trigger": {"at_risk_seq_len": 512, "ranking_p99_slo_ms": 40.0}}
+    assert config.revision_policy(legacy, sha256_of(legacy)).trigger.ranking_p99_slo_ms == 40.0

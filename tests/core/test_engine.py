@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -11,13 +12,12 @@ import torch
 from relay_engine.core.config import parse_policy
 from relay_engine.core.engine import (
     DeadlineExceeded,
-    EngineInputError,
     PolicyApplyError,
     PreInferRequest,
     RankRequest,
     RelayEngine,
 )
-from relay_engine.core.model import History, HSTUModel
+from relay_engine.core.model import History, HSTUModel, ModelInputError
 from tests.models import SMALL, make_history
 
 from .test_model import TOLERANCE, random_edit, relative_error
@@ -173,7 +173,7 @@ def test_a_request_past_its_deadline_fails_fast_and_the_engine_stays_usable():
 def test_bad_input_names_the_field_and_leaves_the_engine_usable(request_, field):
     engine = engine_with()
     prefix = make_history(50, SMALL, seed=7)
-    with pytest.raises(EngineInputError) as info:
+    with pytest.raises(ModelInputError) as info:
         engine.rank(request_(prefix))
     assert info.value.field == field
     assert rank(engine, "h", prefix).source == "miss"
@@ -202,6 +202,7 @@ def test_a_policy_the_device_cannot_hold_is_refused_and_the_old_one_kept():
     with pytest.raises(PolicyApplyError) as info:
         engine.apply_policy(parse_policy({"cache": {"hbm_budget_mb": 16_000_000}}))
     assert info.value.field == "cache.hbm_budget_mb"
+    assert re.search(r"16000000 MiB exceeds .*, \d+ MiB$", str(info.value)), str(info.value)  # as the form says
     assert engine.policy == old and engine.hbm.budget_bytes == 64 * 2**20
 
 

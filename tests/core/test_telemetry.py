@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import random
 
-from relay_engine.core import trigger
 from relay_engine.core.telemetry import (
     LATENCY_BUCKETS_MS,
-    NOT_REFUSALS,
-    REFUSAL_LABELS,
     REFUSAL_REASONS,
     LatencyHistogram,
+    RefusalReason,
     Snapshot,
     quantile_from_counts,
 )
@@ -56,8 +54,10 @@ def test_empty_histogram_has_no_quantile():
     assert LatencyHistogram().quantile(0.99) is None
 
 
-def test_every_reason_the_trigger_refuses_for_is_counted_and_named():
-    given = {trigger.NOT_AT_RISK, trigger.ALREADY_CACHED, trigger.INFLIGHT_LIMIT, trigger.TOKEN_RATE_LIMIT,
-             trigger.CACHE_BUDGET, trigger.DISABLED}
-    assert set(REFUSAL_REASONS) == given == set(REFUSAL_LABELS)
-    assert {trigger.ALREADY_CACHED} == NOT_REFUSALS  # the prefix is resident: nothing to pre-infer
+def test_every_refusal_reason_is_counted_and_named():
+    assert tuple(RefusalReason) == REFUSAL_REASONS
+    assert [r.value for r in REFUSAL_REASONS] == ["not_at_risk", "already_cached", "inflight_limit",
+                                                  "token_rate_limit", "cache_budget", "disabled"]  # wire order
+    assert all(r.label and r.label != r.value for r in REFUSAL_REASONS if "_" in r.value)
+    # the prefix is resident: nothing to pre-infer, nothing for an operator to act on
+    assert [r for r in REFUSAL_REASONS if not r.is_refusal] == [RefusalReason.ALREADY_CACHED]

@@ -157,7 +157,7 @@ class PoolRollbackView(APIView):
         pool_obj = selectors.pool_get(name=pool)
         data = RollbackInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        result = services.pool_rollback(pool=pool_obj, actor=actor_name(request), **data.validated_data)
+        result = services.pool_roll_back(pool=pool_obj, actor=actor_name(request), **data.validated_data)
         return Response(PublishResultSerializer(result).data,
                         status=status.HTTP_201_CREATED if result.changed else status.HTTP_200_OK)
 

@@ -102,7 +102,8 @@
     const counts = t.preinfer_refused || {};
     const sum = (refusal) => REASONS.filter((r) => r.refusal === refusal).reduce((a, r) => a + (counts[r.reason] || 0), 0);
     set("preinfer", `${fmt.count(t.preinfer_admitted)} / ${fmt.count(sum(true))}`);
-    part("preinfer-cached").textContent = `${fmt.count(sum(false))} already cached (no refusal)`;
+    const notRefusals = REASONS.filter((r) => !r.refusal).map((r) => r.label).join(", ");
+    part("preinfer-cached").textContent = `${fmt.count(sum(false))} ${notRefusals} (no refusal)`;
   }
 
   function renderWorst(m) {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-MB = 2**20
+MiB = 2**20
 
 
 def _fmt(x, spec: str = ".1f") -> str:
@@ -34,7 +34,7 @@ def markdown(result: dict) -> str:
         "",
         f"| mode | max seq len @ SLO | SLO throughput @ cap {cap} (QPS here / reference) | P99 there (ms) [95 % CI] "
         "| P99 unscaled (ms) | hit ratio (HBM / DRAM / in flight) | miss | pre-infer admitted / refused "
-        "| peak HBM / budget (MB) | peak DRAM / budget (MB) |",
+        "| peak HBM / budget (MiB) | peak DRAM / budget (MiB) |",
         "|---|---:|---:|---:|---:|---|---:|---|---:|---:|",
     ]
     for name, m in result["modes"].items():
@@ -48,8 +48,8 @@ def markdown(result: dict) -> str:
             f"| {thr} | {_fmt(r.get('p99_ms'))}{_ci(r.get('p99_ci_ms'))} | {_fmt(r.get('p99_ms_unscaled'), '.2f')} "
             f"| {_pct(r.get('hbm_hit_rate'))} / {_pct(r.get('dram_hit_rate'))} / {_pct(r.get('inflight_join_rate'))} "
             f"| {_pct(r.get('miss_rate'))} | {pre.get('admitted', 0)} / {refused} "
-            f"| {r.get('hbm_peak_bytes', 0) / MB:.0f} / {r.get('hbm_budget_bytes', 0) / MB:.0f} "
-            f"| {r.get('dram_peak_bytes', 0) / MB:.0f} / {r.get('dram_budget_bytes', 0) / MB:.0f} |")
+            f"| {r.get('hbm_peak_bytes', 0) / MiB:.0f} / {r.get('hbm_budget_bytes', 0) / MiB:.0f} "
+            f"| {r.get('dram_peak_bytes', 0) / MiB:.0f} / {r.get('dram_budget_bytes', 0) / MiB:.0f} |")
     ratios, overhead = result["ratios"], result["overhead"]
     lines += [
         "",

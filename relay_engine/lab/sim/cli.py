@@ -91,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         point.bootstrap(500, np.random.default_rng(args.seed))
         rows[mode_name] = {**point.summary(), "sim_wall_s": round(time.monotonic() - started, 1)}
     print("| mode | n | P50 ms | P99 ms [95 % CI] | within SLO | hit ratio | pre-infer admitted | peak HBM / "
-          "instance (MB) | sim wall (s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "instance (MiB) | sim wall (s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mode_name, r in rows.items():
         ci = r["p99_ci_ms"] or ["–", "–"]
         print(f"| {mode_name} | {r['n']} | {r['p50_ms']} | {r['p99_ms']} [{ci[0]}, {ci[1]}] | "
