@@ -97,6 +97,8 @@ TABLE_COLUMNS = ("instance", "rank_requests", "rank_per_s", "p50_ms", "p99_ms", 
                  "hbm_hit_ratio", "miss_ratio", "preinfer_admitted", "hbm_bytes", "hbm_budget_bytes",
                  "hbm_pressure", "applied_generation")
 TABLE_DEFAULT_SORT = "-p99_ms"
+TABLE_COUNT_COLUMNS = frozenset(("rank_requests", "preinfer_admitted", "hbm_bytes", "hbm_budget_bytes",
+                                 "applied_generation"))  # whole numbers; the others are figures or null
 _REFUSED = "preinfer_refused_per_s."
 
 
@@ -129,6 +131,11 @@ def _figures(sums: np.ndarray, step_s: float, names: tuple[str, ...] | None = No
         "dedup_reloads_per_s": _counter(sums, "dedup_reloads") / step_s,
     }
     return figures if names is None else {name: figures[name] for name in names}
+
+
+# The per-point figures every series answer may carry, named where they are computed (the API's schema
+# lists them); the refusals by reason nest apart (``_nest_refusals``).
+SERIES_FIGURES = tuple(name for name in _figures(np.zeros((1, N_COLUMNS)), 1.0) if not name.startswith(_REFUSED))
 
 
 def _nest_refusals(rows: dict[str, list]) -> dict[str, object]:
@@ -328,9 +335,8 @@ def instance_table(client, *, pool: Pool, window: str, sort: str = TABLE_DEFAULT
         "hbm_pressure": _ratio(totals.gauges[:, GAUGE_COLUMN["hbm_bytes"]],
                                totals.gauges[:, GAUGE_COLUMN["hbm_budget_bytes"]]),
     }
-    integral = {"rank_requests", "preinfer_admitted", "hbm_bytes", "hbm_budget_bytes", "applied_generation"}
     rows = [{"instance": name, **{column: _number(columns[column][i], 4 if column.endswith("_ms") else 6,
-                                                  column in integral)
+                                                  column in TABLE_COUNT_COLUMNS)
                                   for column in TABLE_COLUMNS[1:]}}
             for i, name in enumerate(totals.names)]
     key = sort.lstrip("-")
