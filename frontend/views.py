@@ -22,13 +22,15 @@ from rest_framework.views import APIView
 
 from controlplane.accounts.authentication import PageSessionAuthentication
 from controlplane.accounts.roles import Role, role_of
+from controlplane.audit import selectors as audit_selectors
+from controlplane.audit.api.serializers import AuditQuerySerializer
+from controlplane.audit.models import AuditEntry
 from controlplane.common.errors import NotFound
 from controlplane.common.throttling import UploadRateThrottle
 from controlplane.common.views import is_instance_of
 from controlplane.policies import checks
 from controlplane.policies import selectors as policy_selectors
-from controlplane.policies.api.serializers import AuditQuerySerializer
-from controlplane.policies.models import AuditEntry, Pool
+from controlplane.policies.models import Pool
 from controlplane.telemetry.selectors import TOP_DEFAULT, TOP_MAX, WINDOWS, refusal_reasons
 
 from .assets import PLOTLY_VERSION, plotly_style_sources
@@ -171,7 +173,7 @@ class AuditView(PageView):
         context = super().get_context_data(**kwargs)
         raw = {key: value for key, value in self.request.GET.items() if key in AuditQuerySerializer().fields and value}
         query = AuditQuerySerializer(data=raw)
-        entries = policy_selectors.audit_list(**query.validated_data) if query.is_valid() else AuditEntry.objects.none()
+        entries = audit_selectors.audit_list(**query.validated_data) if query.is_valid() else AuditEntry.objects.none()
         page = Paginator(entries, AUDIT_PAGE_SIZE).get_page(self.request.GET.get("page"))
         filters = self.request.GET.copy()
         filters.pop("page", None)

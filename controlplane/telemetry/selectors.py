@@ -17,8 +17,10 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from controlplane.audit import selectors as audit_selectors
+from controlplane.audit.models import AuditEntry
 from controlplane.policies import selectors as policy_selectors
-from controlplane.policies.models import AuditEntry, Pool
+from controlplane.policies.models import Pool
 from relay_engine.core.config import slo_of
 from relay_engine.core.telemetry import NOT_REFUSALS, REFUSAL_LABELS, REFUSAL_REASONS
 from relay_engine.core.wire import TELEMETRY_TIERS
@@ -226,7 +228,7 @@ def _annotation(entry: AuditEntry) -> dict | None:
 def _annotations(pool: Pool, start: float) -> list[dict]:
     """The window's marks, oldest first. A promotion publishes its generation: the promotion's mark
     says it, so that publish gets none of its own."""
-    entries = list(policy_selectors.timeline_events(pool=pool.name, since=datetime.fromtimestamp(start, tz=UTC)))
+    entries = list(audit_selectors.timeline_events(pool=pool.name, since=datetime.fromtimestamp(start, tz=UTC)))
     promoted = {(entry.after or {}).get("generation") for entry in entries if entry.action == _Action.ROLLOUT_PROMOTE}
     marks = [_annotation(entry) for entry in entries]
     return [mark for mark in marks if mark is not None
