@@ -22,6 +22,7 @@ api_v1 = [
     path("", include("controlplane.rollouts.api.urls")),
     path("", include("controlplane.previews.api.urls")),
     path("", include("controlplane.accounts.api.urls")),
+    path("", include("controlplane.audit.api.urls")),
 ]
 
 # The browsable API's log-in and log-out links (DRF's ``rest_framework.urls``, whose logout renders

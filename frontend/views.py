@@ -1,34 +1,41 @@
 """Pages: each checks the session and the role, renders a template, and leaves live data to its script,
 which calls the REST API with the session cookie. The audit log renders on the server (it is a
 filtered table, not a live view); the editor's dry-run check and its NumPy upload of editing
-directions are the JSON endpoints of its own (both write nothing)."""
+directions are the JSON endpoints of its own (both write nothing), DRF views like the API's."""
 
 from __future__ import annotations
 
 import json
-import math
 
 from csp.decorators import csp_update
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.views import View
 from django.views.generic import TemplateView
+from drf_spectacular.utils import extend_schema
+from rest_framework.exceptions import Throttled, ValidationError
+from rest_framework.parsers import MultiPartParser
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
+from controlplane.accounts.authentication import PageSessionAuthentication
 from controlplane.accounts.roles import Role, role_of
+from controlplane.audit import selectors as audit_selectors
+from controlplane.audit.api.serializers import AuditQuerySerializer
+from controlplane.audit.models import AuditEntry
 from controlplane.common.errors import NotFound
-from controlplane.common.parsers import loads_bounded
 from controlplane.common.throttling import UploadRateThrottle
 from controlplane.common.views import is_instance_of
 from controlplane.policies import checks
 from controlplane.policies import selectors as policy_selectors
-from controlplane.policies.api.serializers import AuditQuerySerializer
-from controlplane.policies.models import AuditEntry, Pool
+from controlplane.policies.models import Pool
 from controlplane.telemetry.selectors import TOP_DEFAULT, TOP_MAX, WINDOWS, refusal_reasons
 
 from .assets import PLOTLY_VERSION, plotly_style_sources
 from .policy_fields import FIELD_GROUPS
+from .serializers import EditingUploadInputSerializer, SpecCheckInputSerializer
 
 DEFAULT_WINDOW = "1h"
 AUDIT_PAGE_SIZE = 50
@@ -166,7 +173,7 @@ class AuditView(PageView):
         context = super().get_context_data(**kwargs)
         raw = {key: value for key, value in self.request.GET.items() if key in AuditQuerySerializer().fields and value}
         query = AuditQuerySerializer(data=raw)
-        entries = policy_selectors.audit_list(**query.validated_data) if query.is_valid() else AuditEntry.objects.none()
+        entries = audit_selectors.audit_list(**query.validated_data) if query.is_valid() else AuditEntry.objects.none()
         page = Paginator(entries, AUDIT_PAGE_SIZE).get_page(self.request.GET.get("page"))
         filters = self.request.GET.copy()
         filters.pop("page", None)
@@ -183,62 +190,63 @@ def _pretty(value) -> str:
     return "" if value is None else json.dumps(value, indent=2, sort_keys=True)
 
 
-class SpecCheckView(View):
+class PageJsonView(APIView):
+    """An endpoint of a page's script: DRF's request cycle with the browser's session only (a token is for
+    the API), the project's role permission and its error shape. These are no part of the REST API and
+    stay out of its schema."""
+
+    authentication_classes = [PageSessionAuthentication]
+    renderer_classes = [JSONRenderer]
+    write_role = Role.VIEWER  # a POST here is a dry run: any role may ask, nothing is written
+
+
+@extend_schema(exclude=True)
+class SpecCheckView(PageJsonView):
     """Dry run of an edit: the schema's errors by field path and the diff against the live revision.
 
-    POST ``{"spec": {...}}`` → ``{"valid", "errors": {path: [messages]}, "against", "changes"}``; nothing
-    is written. The same ``validate_policy`` judges the spec when the API creates the revision.
+    POST ``{"spec": {...}}`` → ``{"valid", "errors": {path: [messages]}, "against", "changes", "sha256"}``;
+    nothing is written. The same ``validate_policy`` judges the spec when the API creates the revision.
     """
 
-    def post(self, request: HttpRequest, pool: str) -> JsonResponse:
-        if not request.user.is_authenticated:
-            return JsonResponse({"detail": "Log in first."}, status=401)
-        if role_of(request.user) is None:
-            return JsonResponse({"detail": "Your account holds no role."}, status=403)
-        try:
-            body = loads_bounded(request.body)
-        except ValueError:
-            body = None
-        if not isinstance(body, dict) or "spec" not in body:
-            return JsonResponse({"detail": 'The body must be JSON: {"spec": {...}}.'}, status=400)
-        try:
-            check = checks.spec_check(pool=policy_selectors.pool_get(name=pool), spec=body["spec"])
-        except NotFound as exc:
-            return JsonResponse({"detail": exc.detail}, status=404)
-        return JsonResponse(check.to_dict())
+    # The editor checks on every edit and the check writes nothing: not counted as a write.
+    throttle_classes = []
+
+    def post(self, request, pool):
+        body = SpecCheckInputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        check = checks.spec_check(pool=policy_selectors.pool_get(name=pool), spec=body.validated_data["spec"])
+        return Response(check.to_dict())
 
 
-class EditingUploadView(View):
+@extend_schema(exclude=True)
+class EditingUploadView(PageJsonView):
     """Directions as NumPy arrays → the ``editing`` section, validated by the schema; nothing is written.
 
     POST multipart: ``file`` (``.npy`` [n_edits, head_dim] or ``.npz``, see ``relay_engine.core.editing_io``),
     ``rows`` (for ``.npy``: one ``layer head alpha`` line per row), ``num_layers``, ``num_heads``,
-    ``head_dim``, ``scope``, ``provenance`` (JSON). → ``{"valid", "errors": {path: [messages]},
-    "editing", "content_hash"}``. The page puts a valid section into the form, where the dry-run check
-    diffs it and publishing sends it through the API like any other edit.
+    ``head_dim``, ``scope``, ``provenance`` (JSON). → ``{"valid", "errors", "editing", "content_hash"}``;
+    an invalid upload is a 400 with its errors by field path, in the API's error shape. The page puts a
+    valid section into the form, where the dry-run check diffs it and publishing sends it through the
+    API like any other edit.
     """
 
-    def post(self, request: HttpRequest, pool: str) -> JsonResponse:
-        if not request.user.is_authenticated:
-            return JsonResponse({"detail": "Log in first."}, status=401)
-        if role_of(request.user) is None:
-            return JsonResponse({"detail": "Your account holds no role."}, status=403)
-        try:
-            pool_obj = policy_selectors.pool_get(name=pool)
-        except NotFound as exc:
-            return JsonResponse({"detail": exc.detail}, status=404)
-        throttle = UploadRateThrottle()
-        if not throttle.allow_request(request, self):
-            wait_s = math.ceil(throttle.wait() or 1)
-            return JsonResponse({"detail": f"Too many uploads (at most {throttle.rate}); try again in {wait_s} s."},
-                                status=429, headers={"Retry-After": str(wait_s)})
-        upload = request.FILES.get("file")
-        if upload is None:
-            return JsonResponse({"valid": False, "errors": {"file": ["is required: an .npy or .npz file"]},
-                                 "editing": None, "content_hash": None}, status=400)
+    parser_classes = [MultiPartParser]
+    throttle_classes = [UploadRateThrottle]
+
+    def throttled(self, request, wait):
+        raise Throttled(wait, detail=f"Too many uploads: at most {UploadRateThrottle().get_rate()} per user.")
+
+    def post(self, request, pool):
+        pool_obj = policy_selectors.pool_get(name=pool)
+        form = EditingUploadInputSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        fields = form.validated_data
+        upload = fields["file"]
         result = checks.editing_upload_check(
-            pool=pool_obj, name=upload.name, data=upload.read(), rows=request.POST.get("rows", ""),
-            fingerprint={key: request.POST.get(key, "") for key in checks.FINGERPRINT_KEYS},
-            scope=request.POST.get("scope", ""), provenance=request.POST.get("provenance", ""),
+            pool=pool_obj, name=upload.name, data=upload.read(), rows=fields["rows"],
+            fingerprint={key: fields[key] for key in checks.FINGERPRINT_KEYS},
+            scope=fields["scope"], provenance=fields["provenance"],
         )
-        return JsonResponse(result.to_dict(), status=200 if result.valid else 400)
+        if not result.valid:
+            raise ValidationError(result.errors)
+        return Response(result.to_dict())

@@ -39,3 +39,12 @@ class TokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request) -> str:
         return self.keyword
+
+
+class PageSessionAuthentication(authentication.SessionAuthentication):
+    """The pages' own JSON endpoints: the browser's session (with its CSRF check) and nothing else,
+    since a token is for the API. An anonymous call is a 401, as on the API (DRF answers a session
+    without a challenge with a 403)."""
+
+    def authenticate_header(self, request) -> str:
+        return "Session"

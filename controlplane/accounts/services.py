@@ -11,9 +11,9 @@ from django.contrib.auth.models import Group
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.audit.models import AuditEntry
+from controlplane.audit.services import audit_record
 from controlplane.common.errors import Conflict, NotFound
-from controlplane.policies.models import AuditEntry
-from controlplane.policies.services import audit_record
 
 from .models import ApiToken, token_digest
 from .roles import ROLE_NAMES, Role, role_of

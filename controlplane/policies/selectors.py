@@ -1,8 +1,6 @@
-"""Reads of pools, revisions and the audit trail; each returns a queryset or a model instance."""
+"""Reads of pools and revisions; each returns a queryset or a model instance (the audit trail: ``controlplane.audit``)."""
 
 from __future__ import annotations
-
-from datetime import datetime
 
 from django.db.models import (
     BooleanField,
@@ -19,10 +17,11 @@ from django.db.models import (
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
+from controlplane.audit.models import AuditEntry
 from controlplane.common.errors import NotFound
 from controlplane.rollouts.models import Rollout
 
-from .models import AuditEntry, ConfigRevision, Pool
+from .models import ConfigRevision, Pool
 
 
 def pool_list() -> QuerySet[Pool]:
@@ -74,37 +73,3 @@ def revision_latest_generation(*, pool: Pool) -> int:
 
 def revision_desired(*, pool: Pool) -> ConfigRevision:
     return revision_get(pool=pool, generation=pool.desired_generation)
-
-
-def audit_list(
-    *, pool: str | None = None, actor: str | None = None, action: str | None = None,
-    since: datetime | None = None, until: datetime | None = None,
-) -> QuerySet[AuditEntry]:
-    entries = AuditEntry.objects.all()
-    if pool:
-        entries = entries.filter(pool=pool)
-    if actor:
-        entries = entries.filter(actor=actor)
-    if action:
-        entries = entries.filter(action=action)
-    if since:
-        entries = entries.filter(time__gte=since)
-    if until:
-        entries = entries.filter(time__lt=until)
-    return entries
-
-
-# What the charts mark: the pool's creation (its first generation desired), every publish (a rollback
-# and a canary's promotion publish too) and each canary's start and end.
-TIMELINE_ACTIONS = (
-    AuditEntry.Action.POOL_CREATE, AuditEntry.Action.REVISION_PUBLISH, AuditEntry.Action.ROLLOUT_START,
-    AuditEntry.Action.ROLLOUT_PROMOTE, AuditEntry.Action.ROLLOUT_ROLLBACK, AuditEntry.Action.ROLLOUT_ABORT,
-)
-
-
-def timeline_events(*, pool: str, since: datetime) -> QuerySet[AuditEntry]:
-    """The ``TIMELINE_ACTIONS`` of a pool since a time, oldest first."""
-    return (
-        AuditEntry.objects.filter(pool=pool, action__in=TIMELINE_ACTIONS, time__gte=since)
-        .order_by("time", "id")
-    )

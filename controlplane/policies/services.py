@@ -1,4 +1,4 @@
-"""Writes: pools, revisions, publish, rollback, the Redis side of publishing, and audit entries.
+"""Writes: pools, revisions, publish, rollback and the Redis side of publishing, each audited.
 
 Publishing is crash-safe by ordering: the desired generation and its audit entry commit in one
 database transaction first; only then is the revision written to Redis and the pool poked. If Redis
@@ -17,7 +17,8 @@ import redis
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from controlplane.common.context import current_request_id
+from controlplane.audit.models import AuditEntry
+from controlplane.audit.services import audit_record
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.rollouts.selectors import rollout_baking, rollout_latest
@@ -25,20 +26,10 @@ from relay_engine.core.config import default_policy, validate_policy
 from relay_engine.core.wire import DesiredRevision, PoolKeys, pools_key, revoked_ranges
 
 from . import selectors
-from .models import AuditEntry, ConfigRevision, Pool
+from .models import ConfigRevision, Pool
 from .signals import revision_published
 
 logger = logging.getLogger(__name__)
-
-
-def audit_record(
-    *, actor: str, action: str, object_type: str, object_id: str, pool: str = "",
-    before: Any = None, after: Any = None,
-) -> AuditEntry:
-    return AuditEntry.objects.create(
-        actor=actor, request_id=current_request_id(), action=action, object_type=object_type,
-        object_id=object_id, pool=pool, before=before, after=after,
-    )
 
 
 def _pool_state(pool: Pool) -> dict[str, Any]:

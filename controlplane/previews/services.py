@@ -32,12 +32,13 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from controlplane.audit.models import AuditEntry
+from controlplane.audit.services import audit_record
 from controlplane.celery_app import app as celery_app
 from controlplane.common.errors import Conflict, TooManyRequests
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies import selectors as policy_selectors
-from controlplane.policies.models import AuditEntry, Pool
-from controlplane.policies.services import audit_record
+from controlplane.policies.models import Pool
 from controlplane.telemetry.forwards import DEFAULT_WINDOW_S, MAX_WINDOW_S, pool_forward_times
 from relay_engine.core.config import slo_of
 from relay_engine.core.lifetime import die_with_parent

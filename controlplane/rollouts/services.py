@@ -22,12 +22,14 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from controlplane.audit.models import AuditEntry
+from controlplane.audit.services import audit_record
 from controlplane.common.errors import Conflict, ServiceError
 from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.policies import selectors as policy_selectors
-from controlplane.policies.models import AuditEntry, Pool
-from controlplane.policies.services import audit_record, desired_push, desired_set
+from controlplane.policies.models import Pool
+from controlplane.policies.services import desired_push, desired_set
 from relay_engine.core.config import slo_of
 from relay_engine.core.wire import ACK, NACK, DesiredRevision, PoolKeys, live_members
 

@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "axes",
+    "controlplane.audit",
     "controlplane.accounts",
     "controlplane.policies",
     "controlplane.fleet",

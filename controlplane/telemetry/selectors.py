@@ -17,8 +17,10 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from controlplane.audit import selectors as audit_selectors
+from controlplane.audit.models import AuditEntry
 from controlplane.policies import selectors as policy_selectors
-from controlplane.policies.models import AuditEntry, Pool
+from controlplane.policies.models import Pool
 from relay_engine.core.config import slo_of
 from relay_engine.core.telemetry import GAUGES, REFUSAL_REASONS
 from relay_engine.core.wire import TELEMETRY_TIERS
@@ -96,6 +98,8 @@ TABLE_COLUMNS = ("instance", "rank_requests", "rank_per_s", "p50_ms", "p99_ms", 
                  "hbm_hit_ratio", "miss_ratio", "preinfer_admitted", "hbm_bytes", "hbm_budget_bytes",
                  "hbm_pressure", "applied_generation")
 TABLE_DEFAULT_SORT = "-p99_ms"
+TABLE_COUNT_COLUMNS = frozenset(("rank_requests", "preinfer_admitted", "hbm_bytes", "hbm_budget_bytes",
+                                 "applied_generation"))  # whole numbers; the others are figures or null
 _REFUSED = "preinfer_refused_per_s."
 
 
@@ -128,6 +132,11 @@ def _figures(sums: np.ndarray, step_s: float, names: tuple[str, ...] | None = No
         "dedup_reloads_per_s": _counter(sums, "dedup_reloads") / step_s,
     }
     return figures if names is None else {name: figures[name] for name in names}
+
+
+# The per-point figures every series answer may carry, named where they are computed (the API's schema
+# lists them); the refusals by reason nest apart (``_nest_refusals``).
+SERIES_FIGURES = tuple(name for name in _figures(np.zeros((1, N_COLUMNS)), 1.0) if not name.startswith(_REFUSED))
 
 
 def _nest_refusals(rows: dict[str, list]) -> dict[str, object]:
@@ -218,7 +227,7 @@ def _annotation(entry: AuditEntry) -> dict | None:
 def _annotations(pool: Pool, start: float) -> list[dict]:
     """The window's marks, oldest first. A promotion publishes its generation: the promotion's mark
     says it, so that publish gets none of its own."""
-    entries = list(policy_selectors.timeline_events(pool=pool.name, since=datetime.fromtimestamp(start, tz=UTC)))
+    entries = list(audit_selectors.timeline_events(pool=pool.name, since=datetime.fromtimestamp(start, tz=UTC)))
     promoted = {(entry.after or {}).get("generation") for entry in entries if entry.action == _Action.ROLLOUT_PROMOTE}
     marks = [_annotation(entry) for entry in entries]
     return [mark for mark in marks if mark is not None
@@ -327,9 +336,8 @@ def instance_table(client, *, pool: Pool, window: str, sort: str = TABLE_DEFAULT
         "hbm_pressure": _ratio(totals.gauges[:, GAUGE_COLUMN["hbm_bytes"]],
                                totals.gauges[:, GAUGE_COLUMN["hbm_budget_bytes"]]),
     }
-    integral = {"rank_requests", "preinfer_admitted", "hbm_bytes", "hbm_budget_bytes", "applied_generation"}
     rows = [{"instance": name, **{column: _number(columns[column][i], 4 if column.endswith("_ms") else 6,
-                                                  column in integral)
+                                                  column in TABLE_COUNT_COLUMNS)
                                   for column in TABLE_COLUMNS[1:]}}
             for i, name in enumerate(totals.names)]
     key = sort.lstrip("-")

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from controlplane.policies.models import AuditEntry
+import io
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+from controlplane.audit.models import AuditEntry
 
 POOL = "ranking-a"
 BASE = f"/api/v1/pools/{POOL}"
@@ -68,3 +75,39 @@ def test_huge_offsets_are_harmless(viewer, pool):
     response = viewer.get("/api/v1/audit/", {"offset": "9" * 40, "limit": "9" * 40})
     assert response.status_code == 200
     assert response.json()["results"] == []
+
+
+# --- the audit log's move from ``policies`` to the shared ``audit`` app --------------------------
+
+MOVE = [("policies", "0005_audit_entry_moves_to_audit"), ("audit", "0001_initial")]
+
+
+@pytest.mark.django_db(transaction=True)  # SQLite's schema editor runs outside a transaction
+@pytest.mark.parametrize(("app", "migration"), MOVE)
+def test_the_move_touches_no_table(app, migration):
+    """Only Django's state moves: the migrations run no SQL that creates, alters, copies or drops."""
+    out = io.StringIO()
+    call_command("sqlmigrate", app, migration, stdout=out)
+    statements = [line for line in out.getvalue().splitlines()
+                  if line.strip() and not line.startswith("--") and line.strip() not in ("BEGIN;", "COMMIT;")]
+    assert statements == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_entries_written_before_the_move_are_read_after_it_from_the_same_table():
+    policies_before = ("policies", "0004_audit_previews_and_traffic_downloads")
+    executor = MigrationExecutor(connection)
+    executor.migrate([policies_before, ("audit", None)])
+    old_model = executor.loader.project_state(policies_before).apps.get_model("policies", "AuditEntry")
+    written = old_model.objects.create(actor="sre", action="revision.publish", object_type="pool",
+                                       object_id="ranking-a", pool="ranking-a", after={"desired_generation": 2})
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+    read = AuditEntry.objects.get(pk=written.pk)
+    assert (read.actor, read.action, read.pool, read.after) == ("sre", "revision.publish", "ranking-a",
+                                                                {"desired_generation": 2})
+    assert AuditEntry._meta.app_label == "audit" and AuditEntry._meta.db_table == "policies_auditentry"
+    tables = connection.introspection.table_names()
+    assert "policies_auditentry" in tables and "audit_auditentry" not in tables

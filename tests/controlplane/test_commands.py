@@ -14,7 +14,7 @@ from django.core.management import call_command
 from rest_framework.test import APIClient
 
 from controlplane.accounts.models import ApiToken
-from controlplane.policies.models import AuditEntry
+from controlplane.audit.models import AuditEntry
 from relay_engine.core.lifetime import die_with_parent
 from relay_engine.core.wire import DesiredRevision, PoolKeys
 from tests.controlplane.fixtures import PROD_ENV

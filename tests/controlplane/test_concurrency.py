@@ -15,7 +15,8 @@ from rest_framework.test import APIClient
 
 from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
-from controlplane.policies.models import AuditEntry, ConfigRevision, Pool
+from controlplane.audit.models import AuditEntry
+from controlplane.policies.models import ConfigRevision, Pool
 from relay_engine.core.wire import DesiredRevision, PoolKeys
 from tests.reliability.figures import FIGURES
 

@@ -15,9 +15,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from controlplane.audit.models import AuditEntry
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies import services as policy_services
-from controlplane.policies.models import AuditEntry
 from controlplane.previews import services
 from controlplane.previews.models import Preview
 from relay_engine.core.capture import CaptureRecord, capture_key, user_hash

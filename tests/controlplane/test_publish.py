@@ -6,8 +6,9 @@ import time
 
 import pytest
 
+from controlplane.audit.models import AuditEntry
 from controlplane.policies import services
-from controlplane.policies.models import AuditEntry, ConfigRevision, Pool
+from controlplane.policies.models import ConfigRevision, Pool
 from relay_engine.core.config import parse_policy
 from relay_engine.core.wire import HEARTBEAT_TIMEOUT_S, DesiredRevision, PoolKeys, pools_key
 

@@ -9,8 +9,9 @@ import math
 
 import pytest
 
+from controlplane.audit.models import AuditEntry
 from controlplane.policies import services as policy_services
-from controlplane.policies.models import AuditEntry, ConfigRevision, Pool
+from controlplane.policies.models import ConfigRevision, Pool
 from relay_engine.core import config
 from relay_engine.core.config import ModelFingerprint, default_policy, parse_policy
 from tests import schema_next

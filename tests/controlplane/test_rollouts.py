@@ -15,8 +15,9 @@ from django.core.management import call_command
 from django.utils import timezone
 from hypothesis import given
 
+from controlplane.audit.models import AuditEntry
 from controlplane.policies import services as policy_services
-from controlplane.policies.models import AuditEntry, Pool
+from controlplane.policies.models import Pool
 from controlplane.rollouts import services
 from controlplane.rollouts.evaluation import GroupFigures, decide, difference_interval, wilson_interval
 from controlplane.rollouts.models import Rollout

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.controlplane.fixtures import redis_cache  # noqa: F401 - a fixture, found by name
+
 from .stack import PASSWORD, REPO, Stack
 
 SCREENSHOTS = REPO / "artifacts" / "screenshots"

@@ -222,6 +222,35 @@ def test_the_check_needs_a_session_and_a_json_body(pool, operator):
     assert operator.post("/ui/pools/nope/check/", {"spec": {}}, content_type="application/json").status_code == 404
 
 
+def test_the_checks_refusals_come_in_the_apis_error_shape(pool, operator):
+    anonymous = _check(Client(), {})
+    assert anonymous.status_code == 401 and anonymous["WWW-Authenticate"] == "Session"
+    assert set(anonymous.json()) == {"detail"}
+    no_role = _check(_browser("nobody", None), {})
+    assert no_role.status_code == 403
+    assert no_role.json() == {"detail": "Your account holds no role; ask an admin for viewer, operator or admin."}
+    no_spec = operator.post(f"/ui/pools/{POOL}/check/", {"spc": {}}, content_type="application/json")
+    assert no_spec.status_code == 400
+    assert no_spec.json() == {"detail": "Invalid input: spec: This field is required.",
+                              "errors": {"spec": ["This field is required."]}}
+    unknown = operator.post("/ui/pools/nope/check/", {"spec": {}}, content_type="application/json").json()
+    assert set(unknown) == {"detail"} and "nope" in unknown["detail"]
+
+
+def test_the_json_endpoints_take_no_token(pool, db):
+    """They belong to the pages: an API token is no session there (the API takes it)."""
+    user = account_services.user_create(username="bot", role=Role.ADMIN, actor="fixture")
+    key = account_services.token_create(user=user, actor="fixture").key
+    response = Client().post(f"/ui/pools/{POOL}/check/", {"spec": {}}, content_type="application/json",
+                             HTTP_AUTHORIZATION=f"Token {key}")
+    assert response.status_code == 401
+
+
+def test_the_json_endpoints_are_not_in_the_api_schema(pool, viewer):
+    paths = viewer.get("/api/schema/?format=json").json()["paths"]
+    assert paths and not [path for path in paths if path.startswith("/ui/")]
+
+
 def test_audit_log_filters_by_action_and_reports_bad_filters(pool, operator):
     html = operator.get("/audit/", {"action": "pool.create"}).content.decode()
     assert "pool.create" in html and "user.create</span>" not in html
@@ -242,6 +271,14 @@ def _npy(array: np.ndarray, name: str = "directions.npy") -> SimpleUploadedFile:
 
 def _upload(client, file, **form):
     return client.post(f"/ui/pools/{POOL}/editing-upload/", {"file": file, **form})
+
+
+def _refused(response) -> dict:
+    """The body of an upload refused as invalid: a 400 in the API's error shape (detail, errors by path)."""
+    assert response.status_code == 400
+    body = response.json()
+    assert set(body) == {"detail", "errors"} and body["detail"].startswith("Invalid input: ")
+    return body
 
 
 def test_npy_directions_with_rows_become_an_editing_section_the_check_accepts(pool, operator):
@@ -302,8 +339,8 @@ def test_lowrank_arrays_of_inconsistent_shapes_are_a_file_error(pool, operator, 
     arrays["lowrank_source_bias"] = arrays["lowrank_source_bias"][:, :2]  # rank 2 against rotations of rank 4
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    body = _upload(operator, SimpleUploadedFile("maps.npz", buffer.getvalue())).json()
-    assert body["valid"] is False and list(body["errors"]) == ["file"]
+    body = _refused(_upload(operator, SimpleUploadedFile("maps.npz", buffer.getvalue())))
+    assert list(body["errors"]) == ["file"]
     assert "lowrank_rotation" in body["errors"]["file"][0]
     del arrays["lowrank_alphas"]
     buffer = io.BytesIO()
@@ -330,8 +367,7 @@ def test_lowrank_values_the_schema_refuses_are_reported_at_their_paths(pool, ope
 def test_upload_errors_are_reported_by_field(pool, operator):
     directions = np.ones((3, 16))
     directions[1, 4] = np.nan
-    body = _upload(operator, _npy(directions), rows="0 0 1\n5 1 1\n1 1 1e9", **FP).json()
-    assert body["valid"] is False and body["editing"] is None
+    body = _refused(_upload(operator, _npy(directions), rows="0 0 1\n5 1 1\n1 1 1e9", **FP))
     assert body["errors"] == {
         "editing.edits[1].layer": ["must be in [0, 1], got 5"],
         "editing.edits[1].direction": ["must hold finite numbers; bad values at indices [4]"],
@@ -351,8 +387,8 @@ def test_upload_errors_are_reported_by_field(pool, operator):
 def test_upload_refuses_pickles_and_files_that_are_not_numpy(pool, operator):
     pickled = io.BytesIO()
     np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    body = _upload(operator, SimpleUploadedFile("evil.npy", pickled.getvalue()), rows="0 0 1", **FP).json()
-    assert body["valid"] is False and list(body["errors"]) == ["file"] and "pickle" in body["errors"]["file"][0]
+    body = _refused(_upload(operator, SimpleUploadedFile("evil.npy", pickled.getvalue()), rows="0 0 1", **FP))
+    assert list(body["errors"]) == ["file"] and "pickle" in body["errors"]["file"][0]
     body = _upload(operator, SimpleUploadedFile("edit.json", b'{"editing": {}}'), **FP).json()
     assert body["errors"] == {"file": ["edit.json is neither a .npy nor an .npz file (NumPy's formats; "
                                        "for JSON use the JSON upload)"]}
@@ -365,8 +401,18 @@ def test_upload_refuses_pickles_and_files_that_are_not_numpy(pool, operator):
 
 def test_upload_needs_a_session_a_file_and_a_known_pool(pool, operator):
     assert _upload(Client(), _npy(np.ones((1, 16))), rows="0 0 1").status_code == 401
-    assert operator.post(f"/ui/pools/{POOL}/editing-upload/", {"rows": "0 0 1"}).status_code == 400
+    assert _refused(operator.post(f"/ui/pools/{POOL}/editing-upload/", {"rows": "0 0 1"}))["errors"] == {
+        "file": ["is required: an .npy or .npz file"]}
     assert operator.post("/ui/pools/nope/editing-upload/", {"file": _npy(np.ones((1, 16)))}).status_code == 404
+
+
+def test_uploads_over_the_limit_are_refused_naming_it_with_a_retry_after(pool, operator, settings, redis_cache):
+    settings.RELAYGR_UPLOAD_THROTTLE_RATE = "2/min"
+    codes = [_upload(operator, _npy(np.ones((1, 16))), rows="0 0 1", **FP).status_code for _ in range(2)]
+    refused = _upload(operator, _npy(np.ones((1, 16))), rows="0 0 1", **FP)
+    assert codes == [200, 200] and refused.status_code == 429
+    assert 0 < int(refused["Retry-After"]) <= 2 * 60  # the sliding window may hold it into the next minute
+    assert refused.json()["detail"].startswith("Too many uploads: at most 2/min per user. Expected available in ")
 
 
 def test_the_editor_offers_the_numpy_upload_to_operators_only(pool, operator, viewer):

@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 
 from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
-from controlplane.policies.models import AuditEntry
+from controlplane.audit.models import AuditEntry
 
 pytestmark = pytest.mark.integration  # publish and pool status reach the test Redis
 

@@ -13,7 +13,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from controlplane.policies.models import AuditEntry
+from controlplane.audit.models import AuditEntry
 from tests.controlplane.fixtures import PROD_ENV
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from django.test import Client
 from controlplane.accounts import services as account_services
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.roles import Role
-from controlplane.policies.models import AuditEntry, ConfigRevision, Pool
+from controlplane.audit.models import AuditEntry
+from controlplane.policies.models import ConfigRevision, Pool
 from tests.reliability.figures import FIGURES
 
 POOL = "ranking-a"

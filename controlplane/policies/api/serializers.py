@@ -8,7 +8,7 @@ from controlplane.common.fields import StrictCharField, StrictIntegerField, Stri
 from controlplane.common.urls import POOL_NAME_PATTERN
 from controlplane.rollouts.models import Rollout
 
-from ..models import DEVICE_KINDS, MAX_EXPECTED_INSTANCES, AuditEntry, ConfigRevision, Pool
+from ..models import DEVICE_KINDS, MAX_EXPECTED_INSTANCES, ConfigRevision, Pool
 
 
 @extend_schema_field(OpenApiTypes.OBJECT)
@@ -105,21 +105,3 @@ class DiffSerializer(serializers.Serializer):
     generation = serializers.IntegerField()
     against = serializers.IntegerField()
     changes = SpecChangeSerializer(many=True)
-
-
-class AuditQuerySerializer(serializers.Serializer):
-    pool = serializers.CharField(required=False, max_length=63)
-    actor = serializers.CharField(required=False, max_length=150)
-    action = serializers.ChoiceField(choices=AuditEntry.Action.choices, required=False)
-    since = serializers.DateTimeField(required=False)
-    until = serializers.DateTimeField(required=False)
-
-
-class AuditEntrySerializer(serializers.ModelSerializer):
-    before = serializers.JSONField(allow_null=True)
-    after = serializers.JSONField(allow_null=True)
-
-    class Meta:
-        model = AuditEntry
-        fields = ["id", "time", "actor", "request_id", "action", "object_type", "object_id", "pool",
-                  "before", "after"]

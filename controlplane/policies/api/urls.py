@@ -13,5 +13,4 @@ urlpatterns = [
     path("pools/<poolname:pool>/revisions/<generation:generation>/publish/", views.RevisionPublishView.as_view(),
          name="revision-publish"),
     path("pools/<poolname:pool>/rollback/", views.PoolRollbackView.as_view(), name="pool-rollback"),
-    path("audit/", views.AuditListView.as_view(), name="audit-list"),
 ]

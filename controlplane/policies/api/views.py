@@ -17,8 +17,6 @@ from controlplane.rollouts.api.serializers import PublishInputSerializer, Rollou
 from .. import selectors, services
 from ..diff import spec_diff
 from .serializers import (
-    AuditEntrySerializer,
-    AuditQuerySerializer,
     DiffQuerySerializer,
     DiffSerializer,
     PoolCreateInputSerializer,
@@ -160,18 +158,3 @@ class PoolRollbackView(APIView):
         result = services.pool_roll_back(pool=pool_obj, actor=actor_name(request), **data.validated_data)
         return Response(PublishResultSerializer(result).data,
                         status=status.HTTP_201_CREATED if result.changed else status.HTTP_200_OK)
-
-
-class AuditListView(GenericAPIView):
-    serializer_class = AuditEntrySerializer
-
-    def get_queryset(self):  # the browsable API and the schema ask for it; ``get`` filters by the query
-        return selectors.audit_list()
-
-    @extend_schema(parameters=[AuditQuerySerializer], responses={200: AuditEntrySerializer(many=True),
-                                                                 **error_responses(400, 401, 403)})
-    def get(self, request):
-        query = AuditQuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
-        page = self.paginate_queryset(selectors.audit_list(**query.validated_data))
-        return self.get_paginated_response(AuditEntrySerializer(page, many=True).data)

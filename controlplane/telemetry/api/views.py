@@ -11,16 +11,20 @@ from .. import forwards, prometheus, selectors
 from ..history import redis_reads
 from .serializers import (
     ForwardTimesQuerySerializer,
+    ForwardTimesSerializer,
+    InstanceMetricsSerializer,
     InstanceTableQuerySerializer,
+    InstanceTableSerializer,
     MetricsQuerySerializer,
     PoolMetricsQuerySerializer,
+    PoolMetricsSerializer,
 )
 
 
 class PoolMetricsView(APIView):
     @extend_schema(
         parameters=[POOL_PARAM, PoolMetricsQuerySerializer],
-        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description=(
+        responses={200: OpenApiResponse(PoolMetricsSerializer, description=(
             "Aligned series of the pool, from the pool rollups: `timestamps` (point starts, unix s, from "
             "`from`: the whole window, or from `since` on an incremental poll); `fleet` with p50_ms/p99_ms "
             "(from merged histogram buckets), rank_per_s, rank_within_slo_per_s, slo_compliance_ratio, "
@@ -40,7 +44,7 @@ class PoolMetricsView(APIView):
 class InstanceTableView(APIView):
     @extend_schema(
         operation_id="pool_instances_list", parameters=[POOL_PARAM, InstanceTableQuerySerializer],
-        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description=(
+        responses={200: OpenApiResponse(InstanceTableSerializer, description=(
             "Every instance that reported in the window, with its window figures (requests, P50/P99 from "
             "its merged buckets, share within the SLO, HBM hit and miss ratios, pre-infers admitted) and "
             "its newest HBM bytes, budget, pressure and applied generation; sorted by `sort`, paged by "
@@ -57,7 +61,7 @@ class InstanceTableView(APIView):
 class InstanceMetricsView(APIView):
     @extend_schema(
         operation_id="pool_instance_metrics", parameters=[POOL_PARAM, INSTANCE_PARAM, MetricsQuerySerializer],
-        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description=(
+        responses={200: OpenApiResponse(InstanceMetricsSerializer, description=(
             "One instance's series over the window (every figure of the pool view, and its gauges), "
             "its window `totals` and the publishes; incremental with `since` like the pool's.")),
             **error_responses(400, 401, 403, 404, 503)},
@@ -73,7 +77,7 @@ class InstanceMetricsView(APIView):
 class PoolForwardTimesView(APIView):
     @extend_schema(
         operation_id="pool_forward_times", parameters=[POOL_PARAM, ForwardTimesQuerySerializer],
-        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description=(
+        responses={200: OpenApiResponse(ForwardTimesSerializer, description=(
             "How long the pool's own forward passes took over the last `window_s` seconds, by operation "
             "(`prefill`, `rank` against a cached prefix, `rank_full`) and prefix length (quarter-octave "
             "buckets): `summary` rows (forwards, mean tokens, short-term tokens and candidates, mean ms, "
