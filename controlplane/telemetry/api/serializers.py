@@ -118,11 +118,11 @@ def _figure_series(names: tuple[str, ...]) -> dict[str, serializers.Field]:
 
 RefusalSeriesSerializer = _serializer(
     "RefusalSeriesSerializer", "Refused pre-infers per second, by reason.",
-    {reason: _series() for reason in REFUSAL_REASONS})
+    {reason.value: _series() for reason in REFUSAL_REASONS})
 
 RefusalCountsSerializer = _serializer(
     "RefusalCountsSerializer", "Pre-infers refused over the window, by reason.",
-    {reason: serializers.IntegerField() for reason in REFUSAL_REASONS})
+    {reason.value: serializers.IntegerField() for reason in REFUSAL_REASONS})
 
 
 class WindowTotalsSerializer(serializers.Serializer):
