@@ -59,3 +59,24 @@ class Periodic:
         self.stopped.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+
+
+class ReadBackoff:
+    """How a blocking reader of a Redis list rides out an outage: after a failed read it logs and waits
+    0.1 s, doubling up to 2 s, until a read succeeds (or ``stop`` is set)."""
+
+    FIRST_S = 0.1
+    MAX_S = 2.0
+
+    def __init__(self, stop: threading.Event, what: str):
+        self.stop = stop
+        self.what = what
+        self.wait_s = self.FIRST_S
+
+    def succeeded(self) -> None:
+        self.wait_s = self.FIRST_S
+
+    def failed(self, key: str, exc: BaseException) -> None:
+        log.warning("%s: cannot read %s (%s); retrying in %.1f s", self.what, key, exc, self.wait_s)
+        self.stop.wait(self.wait_s)
+        self.wait_s = min(self.MAX_S, self.wait_s * 2)

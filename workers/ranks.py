@@ -33,6 +33,7 @@ import redis
 from relay_engine.core import fields
 from relay_engine.core.wire import PoolKeys
 from workers.payloads import INVALID_INPUT, error_result
+from workers.periodic import ReadBackoff
 
 if TYPE_CHECKING:
     from workers.tasks import InstanceRuntime
@@ -119,15 +120,13 @@ class RankConsumer:
         self.runtime.reply(data["r"], result)
 
     def _run(self) -> None:
-        backoff_s = 0.1
+        backoff = ReadBackoff(self._stop, "ranking requests")
         while not self._stop.is_set():
             try:
                 popped = self.client.blpop([self.key], timeout=BLOCK_S)
-                backoff_s = 0.1
+                backoff.succeeded()
             except redis.RedisError as exc:  # Redis restarting: wait, then read on
-                log.warning("ranking requests: cannot read %s (%s); retrying in %.1f s", self.key, exc, backoff_s)
-                self._stop.wait(backoff_s)
-                backoff_s = min(2.0, backoff_s * 2)
+                backoff.failed(self.key, exc)
                 continue
             if popped is None:
                 continue

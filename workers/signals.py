@@ -30,6 +30,7 @@ from typing import Any
 import redis
 
 from relay_engine.core.wire import PoolKeys
+from workers.periodic import ReadBackoff
 
 log = logging.getLogger(__name__)
 
@@ -129,15 +130,13 @@ class SignalConsumer:
             time.sleep(0)  # let a ranking thread in between signals
 
     def _run(self) -> None:
-        backoff_s = 0.1
+        backoff = ReadBackoff(self._stop, "pre-infer signals")
         while not self._stop.is_set():
             try:
                 raws = self.take()
-                backoff_s = 0.1
+                backoff.succeeded()
             except redis.RedisError as exc:  # Redis restarting: wait, then read on
-                log.warning("pre-infer signals: cannot read %s (%s); retrying in %.1f s", self.key, exc, backoff_s)
-                self._stop.wait(backoff_s)
-                backoff_s = min(2.0, backoff_s * 2)
+                backoff.failed(self.key, exc)
                 continue
             try:
                 self.process(raws)
