@@ -1,8 +1,9 @@
 """The serving core: everything a worker process loads, on stdlib, numpy and torch alone.
 
 ``config`` (the policy schema) and ``fields`` (its field checks), ``wire`` (the Redis contract
-between the control plane and the workers), ``telemetry``, ``model`` (HSTU), ``kvcache`` (HBM
-tier), ``expander`` (DRAM tier), ``trigger``, ``router``, ``engine`` (one instance), ``devices``,
+between the control plane and the workers), ``telemetry``, ``outcomes`` (where a prefix was
+served from, and the per-tier figures), ``tiers`` (the cache tier stack: the one thing outside the core
+asks), ``kvcache`` (HBM tier), ``dram`` and ``disk`` (the tiers under it), ``trigger``, ``router``, ``engine`` (one instance), ``devices``,
 ``trace`` (the trace format), ``features`` (token ids for trace queries) and ``editing_io``
 (editing configurations as files). Nothing here imports ``relay_engine.lab``.
 """
