@@ -224,6 +224,7 @@ class DiskTier:
             return False
         while self.used_bytes + nbytes > self.budget_bytes and self._entries:
             _, victim = self._entries.popitem(last=False)
+            self.used_bytes -= victim.nbytes
             self._delete(victim)
             self.counters.evictions += 1
         return True
