@@ -153,7 +153,7 @@ def _tier_import(name: str, module: str, names: list[str]) -> str | None:
 
 
 def test_nothing_outside_the_core_imports_a_tier_module():
-    assert TIER_MODULES <= set(MODULES), "a tier module was renamed: update TIER_MODULES"
+    assert set(MODULES) >= TIER_MODULES, "a tier module was renamed: update TIER_MODULES"
     assert _violations(_tier_import) == []
 
 

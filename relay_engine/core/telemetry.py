@@ -229,7 +229,9 @@ def _tiers(data: dict) -> dict[str, dict[str, int]]:
         if not isinstance(name, str) or not name.isidentifier() or len(name) > _MAX_TIER_NAME:
             raise ValueError(f"snapshot.tiers: tier names are identifiers of at most {_MAX_TIER_NAME} "
                              f"characters, got {str(name)[:40]!r}")
-        figures = _mapping(tiers, name)
+        figures = tiers[name]
+        if not isinstance(figures, dict):
+            raise ValueError(f"snapshot.tiers.{name} must be an object, got {type(figures).__name__}")
         out[name] = {f: _count(figures[f], f"tiers.{name}", int, f) for f in TIER_FIGURES if f in figures}
     return out
 
