@@ -18,6 +18,7 @@ keys are not indexed, and the budget counts only what this run wrote).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
@@ -142,7 +143,9 @@ class DiskTier:
         entry is larger than the whole budget. Never blocks on the disk."""
         start = False
         with self._lock:
-            if kv.nbytes > self.budget_bytes or (len(self._order) >= MAX_QUEUED and key not in self._queued):
+            # A KV with no storage (the simulator's stand-in, on the meta device) has nothing to write.
+            if kv.nbytes > self.budget_bytes or kv.kv.is_meta or \
+                    (len(self._order) >= MAX_QUEUED and key not in self._queued):
                 self.counters.rejected += 1
                 return False
             self._drop_written(key)
@@ -301,9 +304,12 @@ class DiskTier:
                 self._drop_written(k)
 
     def close(self) -> None:
-        """Let queued writes finish, then delete every file (the tier does not outlive its instance)."""
+        """Let queued writes finish, then delete every file and the directory if that leaves it empty
+        (the tier does not outlive its instance)."""
         self.flush(timeout_s=30)
         self.clear()
+        with contextlib.suppress(OSError):  # not empty (someone else's files), or already gone
+            self.directory.rmdir()
 
     def _drop_written(self, key: CacheKey) -> None:
         entry = self._entries.pop(key, None)

@@ -22,6 +22,7 @@ Two seams make the same policy code run on a virtual clock (the fleet simulator)
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections import Counter
@@ -29,6 +30,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -288,9 +290,11 @@ class RelayEngine:
         dram.resize(c.dram_budget_bytes, c.dram_ttl_ms / 1000)
         lower: list[CacheTier] = [dram]
         if c.disk is not None:
+            # The policy names a directory for the pool; each instance keeps its files in its own below it.
+            directory = Path(c.disk.path) / re.sub(r"[^A-Za-z0-9._-]", "_", self.name)
             disk = by_name.get(Outcome.DISK)
-            if disk is None or str(disk.directory) != c.disk.path:
-                disk = DiskTier(c.disk.path, c.disk.budget_bytes, c.disk.ttl_ms / 1000, clock=self.clock)
+            if disk is None or disk.directory != directory:
+                disk = DiskTier(directory, c.disk.budget_bytes, c.disk.ttl_ms / 1000, clock=self.clock)
             disk.resize(c.disk.budget_bytes, c.disk.ttl_ms / 1000)
             lower.append(disk)
         return lower
