@@ -124,7 +124,7 @@ class PointResult:
             "within_slo_share": None if self.within_slo_share is None else round(self.within_slo_share, 4),
             "deadline_missed": self.outcomes.get("deadline", 0),
             "hit_ratio": self.hit_ratio, **{f"{tier}_hit_rate": self.rate(tier) for tier in TIER_OUTCOMES},
-            "inflight_join_rate": self.rate("inflight"), "miss_rate": self.rate("miss"),
+            "inflight_join_rate": self.rate(Outcome.INFLIGHT), "miss_rate": self.rate(Outcome.MISS),
             "outcomes": dict(self.outcomes),
             "preinfer": {"signals": self.preinfer_signals, "admitted": self.preinfer_admitted,
                          "refused": dict(self.preinfer_refused)},
