@@ -12,6 +12,9 @@ TTL. Off unless the policy names a directory (``cache.disk``).
 * **A full disk is no error on the ranking path**: a write that fails (ENOSPC or any ``OSError``) is
   counted in ``failed_writes`` and the entry dropped.
 
+A KV with no storage (the fleet simulator's stand-in, on the ``meta`` device) is kept as accounting
+only, with no file, so the simulator runs this tier's budget, TTL and order like the real one.
+
 The directory is this instance's own: files of an earlier run are deleted when the tier starts (their
 keys are not indexed, and the budget counts only what this run wrote).
 """
@@ -96,6 +99,7 @@ class _DiskEntry:
     path: Path
     nbytes: int  # the file's size
     stored_at: float
+    stand_in: PrefixKV | None = None  # a storage-less KV, accounted for but never written
 
 
 @dataclass
@@ -143,9 +147,7 @@ class DiskTier:
         entry is larger than the whole budget. Never blocks on the disk."""
         start = False
         with self._lock:
-            # A KV with no storage (the simulator's stand-in, on the meta device) has nothing to write.
-            if kv.nbytes > self.budget_bytes or kv.kv.is_meta or \
-                    (len(self._order) >= MAX_QUEUED and key not in self._queued):
+            if kv.nbytes > self.budget_bytes or (len(self._order) >= MAX_QUEUED and key not in self._queued):
                 self.counters.rejected += 1
                 return False
             self._drop_written(key)
@@ -172,6 +174,9 @@ class DiskTier:
                 continue  # promoted or discarded while queued
             kv, stored_at = queued
             path = self.path_of(key)
+            if kv.kv.is_meta:
+                self._keep_stand_in(key, queued)
+                continue
             try:
                 data = encode(key, kv)
             except Exception:  # noqa: BLE001 — an entry that cannot be serialised is dropped, the tier lives on
@@ -199,6 +204,17 @@ class DiskTier:
                 self._entries[key] = _DiskEntry(path, len(data), stored_at)
                 self.used_bytes += len(data)
                 self.counters.peak_bytes = max(self.counters.peak_bytes, self.used_bytes)
+
+    def _keep_stand_in(self, key: CacheKey, queued: tuple[PrefixKV, float]) -> None:
+        kv, stored_at = queued
+        with self._lock:
+            if self._queued.get(key) is not queued or not self._make_room(kv.nbytes):
+                self._queued.pop(key, None)
+                return
+            del self._queued[key]
+            self._entries[key] = _DiskEntry(self.path_of(key), kv.nbytes, stored_at, stand_in=kv)
+            self.used_bytes += kv.nbytes
+            self.counters.peak_bytes = max(self.counters.peak_bytes, self.used_bytes)
 
     def _write_file(self, path: Path, data: bytes) -> None:
         """Write data to path whole or not at all: a temporary file, synced, renamed into place."""
@@ -252,6 +268,8 @@ class DiskTier:
             return self._served(kv, stored_at)
         if entry is None:
             return None
+        if entry.stand_in is not None:
+            return self._served(entry.stand_in, entry.stored_at)
         try:
             data = entry.path.read_bytes()
         except OSError as exc:
@@ -319,6 +337,8 @@ class DiskTier:
 
     @staticmethod
     def _delete(entry: _DiskEntry) -> None:
+        if entry.stand_in is not None:
+            return
         try:
             entry.path.unlink(missing_ok=True)
         except OSError as exc:

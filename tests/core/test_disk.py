@@ -219,3 +219,15 @@ def test_a_policy_without_the_disk_section_turns_the_tier_off_and_deletes_its_fi
     engine.apply_policy(parse_policy({}))
     assert engine.cache.tier(Outcome.DISK) is None and "disk" not in engine.stats().tiers
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_storage_less_stand_in_is_accounted_for_without_a_file(tmp_path):
+    """The fleet simulator's KV (a meta tensor) runs the tier's budget and order, writing nothing."""
+    tier = DiskTier(tmp_path, 4500, ttl_s=60)
+    stand_in = PrefixKV(torch.empty(2, 2, 2, 16, 4, device="meta"), None, 16, "v", "none")
+    for i in range(3):
+        assert tier.admit(key(i), stand_in)
+    assert tier.flush(timeout_s=30)
+    assert list(tmp_path.iterdir()) == []
+    assert [key(i) in tier for i in range(3)] == [False, True, True]  # 2048 bytes each, 4500 budget
+    assert tier.lookup(key(2)) is stand_in and tier.counters.hits == 1
