@@ -147,12 +147,13 @@ class DiskTier:
         entry is larger than the whole budget. Never blocks on the disk."""
         start = False
         with self._lock:
-            if kv.nbytes > self.budget_bytes or (len(self._order) >= MAX_QUEUED and key not in self._queued):
+            if kv.nbytes > self.budget_bytes or len(self._order) >= MAX_QUEUED:
                 self.counters.rejected += 1
                 return False
             self._drop_written(key)
-            if key not in self._queued:
-                self._order.append(key)
+            # Queued again even when an older version is queued or being written: the writer skips a
+            # key whose version it holds is no longer the queued one, and writes the newest once.
+            self._order.append(key)
             self._queued[key] = (kv, self.clock())
             self.counters.admissions += 1
             start, self._writing = not self._writing, True
@@ -171,7 +172,7 @@ class DiskTier:
                 key = self._order.popleft()
                 queued = self._queued.get(key)
             if queued is None:
-                continue  # promoted or discarded while queued
+                continue  # promoted, discarded or already written while queued
             kv, stored_at = queued
             path = self.path_of(key)
             if kv.kv.is_meta:

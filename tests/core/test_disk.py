@@ -231,3 +231,22 @@ def test_a_storage_less_stand_in_is_accounted_for_without_a_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
     assert [key(i) in tier for i in range(3)] == [False, True, True]  # 2048 bytes each, 4500 budget
     assert tier.lookup(key(2)) is stand_in and tier.counters.hits == 1
+
+
+def test_an_entry_demoted_again_while_its_older_version_is_written_is_written_too(tmp_path):
+    tier = DiskTier(tmp_path, 10**7, ttl_s=60)
+    real_write, writing, release = tier._write_file, threading.Event(), threading.Event()
+
+    def held_write(path, data):
+        writing.set()
+        assert release.wait(30)
+        real_write(path, data)
+
+    tier._write_file = held_write
+    tier.admit(key(1), kv_of(16, seed=1))
+    assert writing.wait(30)  # the first version is being written
+    tier.admit(key(1), kv_of(16, seed=2))
+    release.set()
+    assert tier.flush(timeout_s=30)
+    assert tier.path_of(key(1)).exists() and tier.used_bytes == len(tier.path_of(key(1)).read_bytes())
+    assert torch.equal(tier.lookup(key(1)).kv, kv_of(16, seed=2).kv)
