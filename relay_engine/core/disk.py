@@ -29,7 +29,7 @@ import os
 import struct
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +39,7 @@ import torch
 from relay_engine.core.kvcache import CacheKey
 from relay_engine.core.model import History, PrefixKV
 from relay_engine.core.outcomes import Outcome, TierCounters
+from relay_engine.core.tiers import Drain
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +122,8 @@ class DiskTier:
             stale.unlink(missing_ok=True)
         self._entries: OrderedDict[CacheKey, _DiskEntry] = OrderedDict()  # written, oldest first
         self._queued: dict[CacheKey, tuple[PrefixKV, float]] = {}  # admitted, not yet written
-        self._order: deque[CacheKey] = deque()  # the writer's queue
         self._lock = threading.Lock()
-        self._writing = False
-        self._writes_done = threading.Condition(self._lock)
+        self._to_write: Drain[CacheKey] = Drain(self._lock, self._write, "disk-demotion")  # the writer
         self.used_bytes = 0
 
     def __contains__(self, key: CacheKey) -> bool:
@@ -147,64 +146,57 @@ class DiskTier:
         entry is larger than the whole budget. Never blocks on the disk."""
         start = False
         with self._lock:
-            if kv.nbytes > self.budget_bytes or len(self._order) >= MAX_QUEUED:
+            if kv.nbytes > self.budget_bytes or len(self._to_write) >= MAX_QUEUED:
                 self.counters.rejected += 1
                 return False
             self._drop_written(key)
             # Queued again even when an older version is queued or being written: the writer skips a
             # key whose version it holds is no longer the queued one, and writes the newest once.
-            self._order.append(key)
             self._queued[key] = (kv, self.clock())
             self.counters.admissions += 1
-            start, self._writing = not self._writing, True
+            start = self._to_write.put(key)
         if start:
-            threading.Thread(target=self._write_queued, name="disk-demotion", daemon=True).start()
+            self._to_write.start()
         return True
 
-    def _write_queued(self) -> None:
-        """The writer thread: writes queued entries, then exits when none is left."""
-        while True:
-            with self._lock:
-                if not self._order:
-                    self._writing = False
-                    self._writes_done.notify_all()
-                    return
-                key = self._order.popleft()
-                queued = self._queued.get(key)
-            if queued is None:
-                continue  # promoted, discarded or already written while queued
-            kv, stored_at = queued
-            path = self.path_of(key)
-            if kv.kv.is_meta:
-                self._keep_stand_in(key, queued)
-                continue
-            try:
-                data = encode(key, kv)
-            except Exception:  # noqa: BLE001 — an entry that cannot be serialised is dropped, the tier lives on
-                log.exception("serialising %s for the disk tier failed; the entry is dropped", key.user_id)
-                self._forget_queued(key, queued, failed=True)
-                continue
-            with self._lock:
-                if self._queued.get(key) is not queued:
-                    continue
-                fits = self._make_room(len(data))
-            if not fits:
-                self._forget_queued(key, queued, rejected=True)
-                continue
-            try:
-                self._write_file(path, data)
-            except OSError as exc:  # ENOSPC, EIO, a vanished directory: counted, the entry dropped
-                log.warning("writing %s to the disk tier failed (%s); the entry is dropped", key.user_id, exc)
-                self._forget_queued(key, queued, failed=True)
-                continue
-            with self._lock:
-                if self._queued.get(key) is not queued:  # promoted or discarded while it was written
-                    path.unlink(missing_ok=True)
-                    continue
-                del self._queued[key]
-                self._entries[key] = _DiskEntry(path, len(data), stored_at)
-                self.used_bytes += len(data)
-                self.counters.peak_bytes = max(self.counters.peak_bytes, self.used_bytes)
+    def _write(self, key: CacheKey) -> None:
+        """In the writer thread: write key's queued version to its file."""
+        with self._lock:
+            queued = self._queued.get(key)
+        if queued is None:
+            return  # promoted, discarded or already written while queued
+        kv, stored_at = queued
+        path = self.path_of(key)
+        if kv.kv.is_meta:
+            self._keep_stand_in(key, queued)
+            return
+        try:
+            data = encode(key, kv)
+        except Exception:  # noqa: BLE001 — an entry that cannot be serialised is dropped, the tier lives on
+            log.exception("serialising %s for the disk tier failed; the entry is dropped", key.user_id)
+            self._forget_queued(key, queued, failed=True)
+            return
+        with self._lock:
+            if self._queued.get(key) is not queued:
+                return
+            fits = self._make_room(len(data))
+        if not fits:
+            self._forget_queued(key, queued, rejected=True)
+            return
+        try:
+            self._write_file(path, data)
+        except OSError as exc:  # ENOSPC, EIO, a vanished directory: counted, the entry dropped
+            log.warning("writing %s to the disk tier failed (%s); the entry is dropped", key.user_id, exc)
+            self._forget_queued(key, queued, failed=True)
+            return
+        with self._lock:
+            if self._queued.get(key) is not queued:  # promoted or discarded while it was written
+                path.unlink(missing_ok=True)
+                return
+            del self._queued[key]
+            self._entries[key] = _DiskEntry(path, len(data), stored_at)
+            self.used_bytes += len(data)
+            self.counters.peak_bytes = max(self.counters.peak_bytes, self.used_bytes)
 
     def _keep_stand_in(self, key: CacheKey, queued: tuple[PrefixKV, float]) -> None:
         kv, stored_at = queued
@@ -251,8 +243,7 @@ class DiskTier:
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every admitted entry is written (or dropped); False on timeout."""
-        with self._writes_done:
-            return self._writes_done.wait_for(lambda: not self._writing, timeout_s)
+        return self._to_write.flush(timeout_s)
 
     # --- out ---------------------------------------------------------------------------------
 

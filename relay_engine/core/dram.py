@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +28,7 @@ from relay_engine.core.devices import host_pinning_supported
 from relay_engine.core.kvcache import CacheKey
 from relay_engine.core.model import PrefixKV
 from relay_engine.core.outcomes import Outcome, TierCounters
+from relay_engine.core.tiers import Drain
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,8 @@ class DRAMTier:
         self._lock = threading.Lock()
         self.used_bytes = 0
         self._pin = host_pinning_supported(self.device)
-        self._to_copy: deque[tuple[CacheKey, _DramEntry]] = deque()  # demoted, copy to the host pending
-        self._copying = False  # a copy thread is running
-        self._copies_done = threading.Condition(self._lock)
+        # demoted entries whose copy to the host is pending, and the copy thread
+        self._to_copy: Drain[tuple[CacheKey, _DramEntry]] = Drain(self._lock, self._copy, "dram-demotion")
 
     def __contains__(self, key: CacheKey) -> bool:
         with self._lock:
@@ -91,43 +91,36 @@ class DRAMTier:
             self.used_bytes += entry.nbytes
             self.counters.admissions += 1
             self.counters.peak_bytes = max(self.counters.peak_bytes, self.used_bytes)
-            self._to_copy.append((key, entry))
-            start_copy, self._copying = not self._copying, True
+            start_copy = self._to_copy.put((key, entry))
         if start_copy:
-            threading.Thread(target=self._copy_queued, name="dram-demotion", daemon=True).start()
+            self._to_copy.start()
         self._hand_off(evicted)
         return True
 
-    def _copy_queued(self) -> None:
-        """The copy thread: moves queued demotions to host memory, then exits when none is left."""
-        while True:
-            with self._lock:
-                if not self._to_copy:
-                    self._copying = False
-                    self._copies_done.notify_all()
-                    return
-                key, entry = self._to_copy.popleft()
-                if self._entries.get(key) is not entry or entry.on_host:
-                    continue  # promoted, dropped or replaced since it was queued
-            try:
-                host_kv = self.copy_to_host(entry.kv)
-            except Exception:  # noqa: BLE001 — e.g. pinned memory exhausted: this entry is lost, the tier lives on
-                log.exception("demoting %s to DRAM failed; the entry is dropped", key.user_id)
-                host_kv = None
-            with self._lock:
-                if self._entries.get(key) is not entry:
-                    continue
-                if host_kv is None:
-                    del self._entries[key]
-                    self.used_bytes -= entry.nbytes
-                    self.counters.failed_writes += 1
-                else:
-                    entry.kv, entry.on_host = host_kv, True
+    def _copy(self, item: tuple[CacheKey, _DramEntry]) -> None:
+        """In the copy thread: move one queued demotion to host memory."""
+        key, entry = item
+        with self._lock:
+            if self._entries.get(key) is not entry or entry.on_host:
+                return  # promoted, dropped or replaced since it was queued
+        try:
+            host_kv = self.copy_to_host(entry.kv)
+        except Exception:  # noqa: BLE001 — e.g. pinned memory exhausted: this entry is lost, the tier lives on
+            log.exception("demoting %s to DRAM failed; the entry is dropped", key.user_id)
+            host_kv = None
+        with self._lock:
+            if self._entries.get(key) is not entry:
+                return
+            if host_kv is None:
+                del self._entries[key]
+                self.used_bytes -= entry.nbytes
+                self.counters.failed_writes += 1
+            else:
+                entry.kv, entry.on_host = host_kv, True
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every demotion so far is in host memory (or dropped); False on timeout."""
-        with self._copies_done:
-            return self._copies_done.wait_for(lambda: not self._copying, timeout_s)
+        return self._to_copy.flush(timeout_s)
 
     def lookup(self, key: CacheKey) -> PrefixKV | None:
         """Take key's KV out of DRAM (host memory, or the device KV if its copy has not run yet);

@@ -20,6 +20,7 @@ each tier's storage and eviction order, one manager coordinates them, and a smal
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -68,6 +69,47 @@ class CacheTier(Protocol):
         """Wait until the demotions so far are stored (or dropped); False on timeout."""
 
     def close(self) -> None: ...
+
+
+class Drain(Generic[T]):
+    """Work a tier does off the ranking path (DRAM's copy to the host, disk's writes): a queue under the
+    tier's lock, drained by a thread that starts when work arrives and exits once the queue is empty."""
+
+    def __init__(self, lock: threading.Lock, handle: Callable[[T], None], name: str):
+        self._lock = lock
+        self._handle = handle  # runs outside the lock, in the drain's thread
+        self._name = name
+        self._items: deque[T] = deque()
+        self._running = False
+        self._idle = threading.Condition(lock)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: T) -> bool:
+        """Queue item (the tier's lock held); True when the caller must ``start`` the thread once it has
+        released the lock."""
+        self._items.append(item)
+        start, self._running = not self._running, True
+        return start
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name=self._name, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._items:
+                    self._running = False
+                    self._idle.notify_all()
+                    return
+                item = self._items.popleft()
+            self._handle(item)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until the queue is drained; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._running, timeout_s)
 
 
 class SingleFlight(Generic[T]):

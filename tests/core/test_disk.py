@@ -21,6 +21,8 @@ from relay_engine.core.outcomes import Outcome
 from relay_engine.core.tiers import TierStack
 from tests.models import SMALL, make_history
 
+from .test_dram import all_at_once
+from .test_kvcache import Clock, key
 from .test_model import TOLERANCE, relative_error
 
 CPU = torch.device("cpu")
@@ -30,18 +32,6 @@ def kv_of(n: int, seed: int = 0) -> PrefixKV:
     g = torch.Generator().manual_seed(seed)
     tail = History.from_lists([3], [1])
     return PrefixKV(torch.randn(2, 2, 2, n, 4, generator=g), torch.arange(n), n + 1, "v", "none", tail)
-
-
-def key(i: int) -> CacheKey:
-    return CacheKey(f"user{i}", "d", "v", "none")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def file_bytes(kv: PrefixKV, i: int = 0) -> int:
@@ -175,12 +165,7 @@ def test_concurrent_ranks_promoting_one_disk_entry_read_it_once_and_count_once(t
         return real_lookup(k)
 
     disk.lookup = slow_lookup
-    results = []
-    threads = [threading.Thread(target=lambda: results.append(stack.lookup(key(7)))) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    results = all_at_once(8, lambda: stack.lookup(key(7)))
     assert len(reads) == 1 and disk.counters.hits == 1 and stack.promotions == 1
     assert sorted(r.outcome for r in results) == [Outcome.DISK] + [Outcome.INFLIGHT] * 7
     assert stack.dedup_reloads == 1 and stack.where(key(7)) is Outcome.HBM

@@ -30,6 +30,18 @@ def tiers(hbm_budget: int, dram_budget: int) -> tuple[TierStack, DRAMTier]:
     return TierStack(HBMCache(budget_bytes=hbm_budget, ttl_s=60), [dram], torch.device("cpu")), dram
 
 
+def all_at_once(n: int, call):
+    """call() from n threads started together; their results once all have returned."""
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(call())) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(results) == n, f"{n - len(results)} of {n} calls did not return"
+    return results
+
+
 def test_an_evicted_entry_is_demoted_then_promoted_back():
     stack, dram = tiers(800, 4000)
     stack.insert(key(1), kv_of(400))
@@ -101,12 +113,7 @@ def test_n_threads_promoting_one_entry_reload_it_once_and_each_counts_once():
     dram.admit(key(7), kv_of(400))
     assert stack.flush(timeout_s=30)
     dram.lookup = slow_lookup
-    results = []
-    threads = [threading.Thread(target=lambda: results.append(stack.promote(key(7)))) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(5)
+    results = all_at_once(8, lambda: stack.promote(key(7)))
     assert len(slow_lookups) == 1
     assert stack.promotions == 1
     assert all(r.found for r in results)
