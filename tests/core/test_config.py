@@ -160,3 +160,20 @@ def test_a_section_without_lowrank_maps_keeps_the_plain_form_and_hash_it_had():
     spec = parse_policy({"editing": section})
     assert spec.to_dict()["editing"] == section
     assert spec.editing.content_hash() == sha256_of(section)
+
+
+def test_the_disk_tier_is_off_by_default_and_leaves_the_hash_of_a_spec_without_it_alone():
+    plain = parse_policy({"cache": {"hbm_budget_mb": 512}})
+    assert plain.cache.disk is None and "disk" not in plain.to_dict()["cache"]
+    assert parse_policy({"cache": {"hbm_budget_mb": 512, "disk": None}}).sha256() == plain.sha256()
+    with_disk = parse_policy({"cache": {"hbm_budget_mb": 512, "disk": {"path": "/var/cache/relaygr"}}})
+    assert with_disk.sha256() != plain.sha256()
+    assert with_disk.cache.disk.budget_mb == 16 * 1024 and with_disk.cache.disk.ttl_ms == 3_600_000
+    assert parse_policy(with_disk.to_dict()) == with_disk
+
+
+def test_every_error_of_the_disk_section_is_named_by_field():
+    with pytest.raises(PolicyError) as info:
+        parse_policy({"cache": {"disk": {"path": "relative/dir", "budget_mb": -1, "ttl_ms": 0, "size": 3}}})
+    assert set(info.value.errors) == {"cache.disk.path", "cache.disk.budget_mb", "cache.disk.ttl_ms",
+                                      "cache.disk.size"}
