@@ -3,9 +3,13 @@ every prefix came from in one result type."""
 
 from __future__ import annotations
 
+import tempfile
 from concurrent.futures import Future
+from pathlib import Path
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relay_engine.core.disk import DiskTier
 from relay_engine.core.dram import DRAMTier
@@ -120,3 +124,30 @@ def test_removing_a_lower_tier_clears_and_closes_it(tmp_path):
     stack.set_lower(stack.tiers[1:2])
     assert [t.name for t in stack.tiers] == [Outcome.HBM, Outcome.DRAM]
     assert not (tmp_path / "disk").exists() and stack.where(key(1)) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["insert", "lookup", "hbm_lookup", "expire", "resize"]),
+                              st.integers(0, 5), st.integers(1, 4).map(lambda n: n * 100)), max_size=30))
+def test_across_three_tiers_an_entry_is_in_at_most_one_and_every_tier_keeps_its_budget(ops):
+    with tempfile.TemporaryDirectory() as directory:
+        dram, disk = DRAMTier(CPU, 600, 60), DiskTier(Path(directory), 4000, 60)
+        stack = TierStack(HBMCache(500, 60), [dram, disk], CPU)
+        for op, i, n in ops:
+            if op == "insert":
+                stack.insert(key(i), kv_of(n, fill=i), consumed=True)
+            elif op == "lookup":
+                found = stack.lookup(key(i))
+                assert found.kv is None or torch.equal(found.kv.kv, kv_of(found.kv.kv.numel() * 4, fill=i).kv)
+            elif op == "hbm_lookup":
+                stack.hbm.lookup(key(i))
+            elif op == "expire":
+                stack.expire()
+            else:
+                dram.resize(n * 2, 60)
+            assert stack.flush(timeout_s=30)
+            for j in range(6):
+                assert sum(key(j) in t for t in stack.tiers) <= 1, (j, [t.name for t in stack.tiers if key(j) in t])
+            for tier in stack.tiers:
+                assert tier.used_bytes <= tier.budget_bytes, tier.name
+        stack.close()
