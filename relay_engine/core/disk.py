@@ -125,6 +125,7 @@ class DiskTier:
         self._lock = threading.Lock()
         self._to_write: Drain[CacheKey] = Drain(self._lock, self._write, "disk-demotion")  # the writer
         self.used_bytes = 0
+        self._closed = False  # closed tiers take nothing more (a demotion racing a policy that removed it)
 
     def __contains__(self, key: CacheKey) -> bool:
         with self._lock:
@@ -146,7 +147,7 @@ class DiskTier:
         entry is larger than the whole budget. Never blocks on the disk."""
         start = False
         with self._lock:
-            if kv.nbytes > self.budget_bytes or len(self._to_write) >= MAX_QUEUED:
+            if self._closed or kv.nbytes > self.budget_bytes or len(self._to_write) >= MAX_QUEUED:
                 self.counters.rejected += 1
                 return False
             self._drop_written(key)
@@ -316,6 +317,8 @@ class DiskTier:
     def close(self) -> None:
         """Let queued writes finish, then delete every file and the directory if that leaves it empty
         (the tier does not outlive its instance)."""
+        with self._lock:
+            self._closed = True
         self.flush(timeout_s=30)
         self.clear()
         with contextlib.suppress(OSError):  # not empty (someone else's files), or already gone

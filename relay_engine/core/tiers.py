@@ -246,10 +246,11 @@ class TierStack:
         """The eviction hook of the tier at ``depth``: hand the entry to the next tier down, if any."""
 
         def demote(key: CacheKey, kv: PrefixKV) -> None:
-            if depth < len(self._lower):
+            lower = self._lower  # read once: ``set_lower`` may replace it meanwhile
+            if depth < len(lower):
                 with self._count_lock:
                     self.demotions += 1
-                self._lower[depth].admit(key, kv)
+                lower[depth].admit(key, kv)
 
         return demote
 

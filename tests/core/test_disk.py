@@ -235,3 +235,11 @@ def test_an_entry_demoted_again_while_its_older_version_is_written_is_written_to
     assert tier.flush(timeout_s=30)
     assert tier.path_of(key(1)).exists() and tier.used_bytes == len(tier.path_of(key(1)).read_bytes())
     assert torch.equal(tier.lookup(key(1)).kv, kv_of(16, seed=2).kv)
+
+
+def test_a_closed_tier_takes_nothing_more(tmp_path):
+    """A demotion racing the policy that removed the tier must not leave a file behind."""
+    tier = DiskTier(tmp_path / "disk", 10**7, ttl_s=60)
+    tier.close()
+    assert not tier.admit(key(1), kv_of(16)) and tier.counters.rejected == 1
+    assert tier.flush(timeout_s=30) and not (tmp_path / "disk").exists()
