@@ -5,16 +5,21 @@
 * ``workers``, ``controlplane`` and ``frontend`` never import the lab; ``controlplane`` and
   ``workers`` never import each other; ``frontend`` reaches the domain through ``controlplane``.
 * The lab uses only the core's public names (no ``_private`` ones).
+* Nothing outside the serving core imports a cache tier module: the engine's tier stack
+  (``relay_engine.core.tiers``) is the one way in.
 * No import cycles anywhere in the project.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
 import pytest
+
+from relay_engine.core.outcomes import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("relay_engine", "workers", "controlplane", "frontend")
@@ -135,6 +140,98 @@ def test_the_lab_uses_only_the_cores_public_names():
         return None
 
     assert _violations(rule) == []
+
+
+# The modules of the cache tiers; outside the core, only the stack (``tiers``) and its words (``outcomes``).
+TIER_MODULES = {"relay_engine.core.kvcache", "relay_engine.core.dram", "relay_engine.core.disk"}
+
+
+def _tier_import(name: str, module: str, names: list[str]) -> str | None:
+    if name.startswith("relay_engine.core.") or name.startswith("tests."):
+        return None
+    target = _project_target(module)
+    if target in TIER_MODULES:
+        return f"{name} imports the tier module {target}; ask the engine's tier stack (relay_engine.core.tiers)"
+    return None
+
+
+def test_nothing_outside_the_core_imports_a_tier_module():
+    assert set(MODULES) >= TIER_MODULES, "a tier module was renamed: update TIER_MODULES"
+    assert _violations(_tier_import) == []
+
+
+@pytest.mark.parametrize("module", sorted(TIER_MODULES))
+def test_the_tier_rule_catches_a_direct_import(module):
+    assert _tier_import("relay_engine.lab.bench.warmup", module, [])
+    assert _tier_import("workers.instance", f"{module}.Something", [])
+    assert _tier_import("relay_engine.core.engine", module, []) is None
+
+
+def _tier_reach_ins(path: Path) -> list[int]:
+    """Lines that reach past an engine into its tiers: ``engine.hbm``, ``engine.dram``, ``….cache.hbm``."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in {"hbm", "dram", "disk"}:
+            owner = node.value
+            owner_name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) \
+                else ""
+            if "engine" in owner_name or owner_name == "cache":
+                lines.append(node.lineno)
+    return lines
+
+
+def test_nothing_outside_the_core_reaches_past_the_engine_into_a_tier():
+    bad = [f"{path.relative_to(ROOT)}:{line}" for name, path in sorted(MODULES.items())
+           if not name.startswith("relay_engine.core") for line in _tier_reach_ins(path)]
+    assert bad == []
+
+
+def test_the_reach_in_rule_catches_the_old_warmup(tmp_path):
+    old = tmp_path / "warmup.py"
+    old.write_text("def prime(engine, key):\n    engine.hbm.get(key)\n    engine.dram.promote(key)\n"
+                   "    self.engine.cache.hbm.insert(key)\n")
+    assert _tier_reach_ins(old) == [2, 3, 4]
+
+
+OUTCOME_WORDS = {o.value for o in Outcome}
+_JS_OUTCOME = re.compile(r"\b(source|outcome)\s*[!=]==?\s*[\"'](" + "|".join(sorted(OUTCOME_WORDS)) + r")[\"']")
+
+
+def _named(node: ast.expr) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def _outcome_spellings(path: Path) -> list[int]:
+    """Lines comparing a source or outcome with a bare string (``result.source == "hbm"``) or asking a
+    rate of one (``rate("miss")``): the words live in ``relay_engine.core.outcomes``."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if not any(_named(o) in {"source", "outcome"} for o in operands):
+                continue
+        elif isinstance(node, ast.Call) and _named(node.func) == "rate":
+            operands = node.args
+        else:
+            continue
+        lines += [node.lineno for o in operands if isinstance(o, ast.Constant) and o.value in OUTCOME_WORDS]
+    return lines
+
+
+def test_where_a_rank_was_served_from_is_spelled_only_by_the_outcome_enum():
+    bad = [f"{path.relative_to(ROOT)}:{line}" for name, path in sorted(MODULES.items())
+           if name != "relay_engine.core.outcomes" for line in _outcome_spellings(path)]
+    for js in sorted((ROOT / "frontend").rglob("*.js")):
+        bad += [f"{js.relative_to(ROOT)}:{n}" for n, text in enumerate(js.read_text().splitlines(), 1)
+                if _JS_OUTCOME.search(text)]
+    assert bad == []
+
+
+def test_the_spelling_rule_catches_a_bare_outcome(tmp_path):
+    old = tmp_path / "old.py"
+    old.write_text('if result.source != "hbm":\n    pass\nself.rate("miss")\nx = "hbm_hits"\nchange == "hbm"\n')
+    assert _outcome_spellings(old) == [1, 3]
+    assert _JS_OUTCOME.search('if (row.outcome === "dram") {')
 
 
 def test_there_are_no_import_cycles():

@@ -104,7 +104,7 @@ class RankDeadlineExceeded(RankError, DeadlineExceeded):
 @dataclass(frozen=True)
 class RankReply:
     scores: list[float]
-    source: str  # "hbm" | "inflight" | "dram" | "miss"
+    source: str  # an ``Outcome`` value: where the instance found the prefix
     prefix_len: int
     engine_ms: float  # time inside the engine, on the instance
     round_trip_ms: float  # send → answer, at the client

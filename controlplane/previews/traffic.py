@@ -30,6 +30,7 @@ from relay_engine.core.capture import (
     CaptureRecord,
     to_trace,
 )
+from relay_engine.core.outcomes import Outcome
 from relay_engine.core.wire import PoolKeys
 
 MIN_WINDOW_S = 60
@@ -214,7 +215,7 @@ def summary(window: CaptureWindow, window_s: int, extent: CaptureExtent | None =
     out["slo_ms"] = slo_ms
     out["within_slo_share"] = (round(sum(r.latency_ms <= slo_ms for r in served) / len(records), 4)
                                if records and slo_ms else None)
-    out["hit_ratio"] = round(sum(r.outcome != "miss" for r in served) / len(served), 4) if served else None
+    out["hit_ratio"] = round(sum(r.outcome != Outcome.MISS for r in served) / len(served), 4) if served else None
     if extent is not None:
         out["captured_total"] = extent.records
         out["dropped_total"] = extent.dropped

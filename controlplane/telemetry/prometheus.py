@@ -25,6 +25,7 @@ from controlplane.common.errors import Unavailable
 from controlplane.common.redis import get_redis
 from controlplane.fleet.selectors import pool_status
 from controlplane.policies.selectors import pool_list
+from relay_engine.core.outcomes import TIER_COUNTERS, TIER_GAUGES
 from relay_engine.core.telemetry import COUNTERS, LATENCY_BUCKETS_MS, REFUSAL_REASONS, Snapshot
 from relay_engine.core.wire import ACK, TELEMETRY_TIERS, PoolKeys
 
@@ -86,6 +87,12 @@ class FleetCollector:
                                     labels=inst_labels)
         counters = {name: CounterMetricFamily(f"relaygr_{name}", f"{name.replace('_', ' ')}", labels=inst_labels)
                     for name in COUNTERS}
+        # Every cache tier's figures, one series per tier: a new tier shows here with no code of its own.
+        tier_labels = [*inst_labels, "tier"]
+        tier_gauges = {name: GaugeMetricFamily(f"relaygr_tier_{name}", f"cache tier {name.replace('_', ' ')}",
+                                               labels=tier_labels) for name in TIER_GAUGES}
+        tier_counters = {name: CounterMetricFamily(f"relaygr_tier_{name}", f"cache tier {name.replace('_', ' ')}",
+                                                   labels=tier_labels) for name in TIER_COUNTERS}
         refusals = CounterMetricFamily("relaygr_preinfer_refusals", "Pre-infer signals refused, by reason",
                                        labels=[*inst_labels, "reason"])
         latency = HistogramMetricFamily("relaygr_rank_latency_seconds", "Ranking latency", labels=inst_labels)
@@ -122,6 +129,9 @@ class FleetCollector:
                     counters[name].add_metric(labels, snap.counters.get(name, 0))
                 for reason in REFUSAL_REASONS:
                     refusals.add_metric([*labels, reason], snap.refusals.get(reason, 0))
+                for tier, figures in snap.tiers.items():
+                    for name, family in (*tier_gauges.items(), *tier_counters.items()):
+                        family.add_metric([*labels, tier], figures.get(name, 0))
                 cumulative, buckets = 0, []
                 for le, count in zip(_LE, snap.rank_latency.counts, strict=True):
                     cumulative += count
@@ -130,7 +140,8 @@ class FleetCollector:
                 latency.add_metric(labels, buckets, latency_sum if math.isfinite(latency_sum) else 0.0)
         redis_up.add_metric([], reachable)
         yield from (desired, published, expected, live, converged, up, heartbeat, applied, acked,
-                    *memory.values(), started, *counters.values(), refusals, latency, redis_up)
+                    *memory.values(), started, *counters.values(), *tier_gauges.values(), *tier_counters.values(),
+                    refusals, latency, redis_up)
 
 
 def exposition(now: float | None = None) -> bytes:

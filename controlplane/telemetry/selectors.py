@@ -22,6 +22,7 @@ from controlplane.audit.models import AuditEntry
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import Pool
 from relay_engine.core.config import slo_of
+from relay_engine.core.outcomes import OUTCOME_COUNTERS
 from relay_engine.core.telemetry import GAUGES, REFUSAL_REASONS
 from relay_engine.core.wire import TELEMETRY_TIERS
 
@@ -106,7 +107,7 @@ _REFUSED = "preinfer_refused_per_s."
 def _figures(sums: np.ndarray, step_s: float, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
     """The per-bucket figures of one set of summed differences (the pool's, or one instance's)."""
     counts = latency_counts(sums)
-    lookups = sum(_counter(sums, name) for name in ("hbm_hits", "dram_hits", "inflight_joins", "misses"))
+    lookups = sum(_counter(sums, name) for name in OUTCOME_COUNTERS.values())  # every rank, once
     rank_requests = _counter(sums, "rank_requests")
     p50, p99 = quantiles(counts, (0.50, 0.99))
     figures = {
@@ -150,8 +151,7 @@ def _nest_refusals(rows: dict[str, list]) -> dict[str, object]:
 
 def _window_figures(window: np.ndarray) -> dict[str, np.ndarray]:
     """Whole-window figures of summed counts [..., N_COLUMNS] (quantiles from the merged buckets)."""
-    lookups = sum(window[..., COUNTER_COLUMN[name]] for name in ("hbm_hits", "dram_hits", "inflight_joins",
-                                                                  "misses"))
+    lookups = sum(window[..., COUNTER_COLUMN[name]] for name in OUTCOME_COUNTERS.values())
     p50, p99 = quantiles(latency_counts(window), (0.5, 0.99))
     requests = window[..., COUNTER_COLUMN["rank_requests"]]
     return {

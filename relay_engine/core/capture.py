@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from relay_engine.core import fields
+from relay_engine.core.outcomes import Outcome
 from relay_engine.core.trace import MAX_CANDIDATES, MAX_TRACE_SEQ_LEN, TraceQuery
 
 CAPTURE_MAX_RECORDS = 100_000  # per pool, approximate (MAXLEN ~)
@@ -35,8 +36,8 @@ CAPTURE_MAX_AGE_S = 3600.0  # records older than this are trimmed (MINID)
 DEFAULT_GAP_MS = 40.0  # retrieval→ranking gap assumed when a window has no known gap at all
 USER_HASH_HEX = 16  # 64 bits of sha256: repeats of one user stay apart from other users' in any window
 
-# What served a request ("hbm", "dram", "inflight", "miss": ``engine.RankResult.source``) or why it failed.
-SERVED_OUTCOMES = ("hbm", "dram", "inflight", "miss")
+# What served a request (an ``Outcome``: ``engine.RankResult.source``) or why it failed.
+SERVED_OUTCOMES: tuple[str, ...] = tuple(Outcome)
 ERROR_OUTCOMES = ("deadline_exceeded", "invalid_input", "internal")
 OUTCOMES = SERVED_OUTCOMES + ERROR_OUTCOMES
 

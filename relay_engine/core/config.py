@@ -112,12 +112,32 @@ class TriggerPolicy:
         return None if self.latency_model is None else self.latency_model.predict_ms(seq_len)
 
 
+MAX_PATH_CHARS = 4096
+
+
+@dataclass(frozen=True)
+class DiskTierPolicy:
+    """A local-disk cache tier under DRAM: files in ``path`` (a local directory of the instance's own,
+    created if missing), under their own byte budget and TTL."""
+
+    path: str
+    budget_mb: float = 16 * 1024.0
+    ttl_ms: int = 3_600_000
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.budget_mb * 1024 * 1024)
+
+
 @dataclass(frozen=True)
 class CacheBudget:
     hbm_budget_mb: float = 1024.0  # MiB
     dram_budget_mb: float = 4096.0  # MiB
     entry_ttl_ms: int = 120_000
     dram_ttl_ms: int = 600_000
+    # The disk tier; None (the default) is off. Left out of the plain form while off, so a spec without
+    # it keeps its hash.
+    disk: DiskTierPolicy | None = added_field(None)
 
     @property
     def hbm_budget_bytes(self) -> int:
@@ -352,6 +372,27 @@ def _cache(data: Any, path: str, errs: FieldErrors) -> CacheBudget:
         dram_budget_mb=_float(obj, "dram_budget_mb", path, 0.0, MAX_BUDGET_MIB, d.dram_budget_mb, errs),
         entry_ttl_ms=_int(obj, "entry_ttl_ms", path, 1, MAX_TTL_MS, d.entry_ttl_ms, errs),
         dram_ttl_ms=_int(obj, "dram_ttl_ms", path, 1, MAX_TTL_MS, d.dram_ttl_ms, errs),
+        disk=_disk_tier(obj.get("disk"), join(path, "disk"), errs),
+    )
+
+
+def _disk_tier(data: Any, path: str, errs: FieldErrors) -> DiskTierPolicy | None:
+    if data is None:
+        return None
+    obj = _obj(data, path, {f.name for f in dataclasses.fields(DiskTierPolicy)}, errs)
+    if obj is None:
+        return None
+    directory = obj.get("path")
+    if not isinstance(directory, str) or not directory.startswith("/") or "\x00" in directory \
+            or len(directory) > MAX_PATH_CHARS:
+        errs.add(join(path, "path"), f"must be an absolute directory path (at most {MAX_PATH_CHARS} characters), "
+                                     f"got {fields.show(directory)}")
+        directory = "/"
+    d = DiskTierPolicy(directory)
+    return DiskTierPolicy(
+        path=directory,
+        budget_mb=_float(obj, "budget_mb", path, 0.0, MAX_BUDGET_MIB, d.budget_mb, errs),
+        ttl_ms=_int(obj, "ttl_ms", path, 1, MAX_TTL_MS, d.ttl_ms, errs),
     )
 
 

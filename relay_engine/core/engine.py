@@ -1,13 +1,15 @@
-"""One RelayGR instance: a model on a device, the HBM and DRAM tiers, the trigger and the policy.
+"""One RelayGR instance: a model on a device, its cache tier stack, the trigger and the policy.
 
 ``submit_pre_infer`` runs when the retrieval stage sends its signal: the trigger decides at once,
 and an admitted prefill runs on the engine's pre-inference lane (its own thread and compute share,
 ``lane.PreInferLane``), never on a ranking thread; ``pre_infer`` does the same in the calling
-thread. ``rank`` tens of milliseconds later takes, in order: the HBM entry; a pre-inference or
-reload already in flight for the same key (joined, not repeated — unless it would finish too late:
-a rank that would wait past the point where a recompute could still meet its deadline recomputes
-instead); the DRAM entry promoted back to HBM; or a recompute (a miss, whose prefix KV is then kept
-for the user's next request when the budget allows).
+thread. ``rank`` tens of milliseconds later asks the tier stack (``tiers.TierStack``, which owns the
+order): the HBM entry; a pre-inference or recompute already in flight for the same key (joined, not
+repeated — unless it would finish too late: a rank that would wait past the point where a recompute
+could still meet its deadline recomputes instead); an entry of a lower tier (DRAM, then disk when the
+policy names one) promoted back to HBM, one reload shared by concurrent ranks; or a recompute (a miss,
+whose prefix KV is then kept for the user's next request when the budget allows). Each rank is
+counted once, in the counter of its ``Outcome``.
 
 Thread-safe. ``apply_policy`` swaps one immutable state object; each request reads that reference
 once at its start, so a policy applies between requests, never halfway through one.
@@ -20,25 +22,30 @@ Two seams make the same policy code run on a virtual clock (the fleet simulator)
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from relay_engine.core import devices
 from relay_engine.core.config import PolicySpec, default_policy
-from relay_engine.core.expander import MemoryAwareExpander, SingleFlight
+from relay_engine.core.disk import DiskTier
+from relay_engine.core.dram import DRAMTier
 from relay_engine.core.forward_times import ForwardTimes, TimedForwards, clock_for
 from relay_engine.core.kvcache import CacheKey, HBMCache
 from relay_engine.core.lane import Lane, PreInferLane
 from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
+from relay_engine.core.outcomes import OUTCOME_COUNTERS, Outcome
 from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, LatencyHistogram, RefusalReason
+from relay_engine.core.tiers import CacheTier, TierFigures, TierStack
 from relay_engine.core.trigger import CacheFootprint, RankingLoad, SequenceAwareTrigger
 
 
@@ -107,7 +114,7 @@ class PreInferResult:
 @dataclass(frozen=True)
 class RankResult:
     scores: list[float]
-    source: str  # "hbm" | "inflight" | "dram" | "miss"
+    source: Outcome
     prefix_len: int
     latency_ms: float
 
@@ -131,6 +138,7 @@ class EngineStats:
     dram_peak_bytes: int
     dram_entries: int
     device_allocated_bytes: int | None = None
+    tiers: dict[str, TierFigures] = field(default_factory=dict)  # every tier's figures, by name
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,8 @@ class _Admission:
     state: _State  # the policy and edit it was admitted under
 
 
-_TOO_LATE = "too_late"  # _prefix_kv: a computation is in flight but would finish past the wait limit
+class _TooLate(Exception):
+    """The computation in flight would finish past the point where a recompute could still be on time."""
 
 
 class RankingGate:
@@ -228,11 +237,9 @@ class RelayEngine:
         self.ranking_load = RankingLoad()
         self.ranking_gate = RankingGate()
         self._check_applicable(policy)
-        self.hbm = HBMCache(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000, clock=clock)
-        self.dram = MemoryAwareExpander(self.hbm, self.device, policy.cache.dram_budget_bytes,
-                                        policy.cache.dram_ttl_ms / 1000, clock=clock)
+        self.cache = TierStack(HBMCache(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000, clock=clock),
+                               self._lower_tiers(policy, ()), self.device)
         self.trigger = SequenceAwareTrigger(policy.trigger, now_s=clock())
-        self.producing: SingleFlight[PrefixKV] = SingleFlight()  # prefills in flight, by cache key
         self._admit_lock = threading.Lock()  # trigger decision + reservation are one step
         self._counters: Counter[str] = Counter()
         self._counter_lock = threading.Lock()
@@ -263,6 +270,32 @@ class RelayEngine:
         if policy.cache.dram_budget_bytes > host_memory_bytes():
             raise PolicyApplyError("cache.dram_budget_mb", f"{policy.cache.dram_budget_mb:.10g} MiB exceeds host memory, "
                                                            f"{host_memory_bytes() / 2**20:.0f} MiB")
+        disk = policy.cache.disk
+        if disk is not None:
+            try:
+                os.makedirs(disk.path, exist_ok=True)
+            except OSError as exc:
+                raise PolicyApplyError("cache.disk.path", f"cannot create {disk.path!r}: {exc.strerror}") from None
+            if not os.access(disk.path, os.W_OK | os.X_OK):
+                raise PolicyApplyError("cache.disk.path", f"{disk.path!r} is not a writable directory")
+
+    def _lower_tiers(self, policy: PolicySpec, current: Sequence[CacheTier]) -> list[CacheTier]:
+        """The tiers under HBM the policy asks for: the ones in ``current`` resized, new ones built."""
+        c = policy.cache
+        by_name = {t.name: t for t in current}
+        dram = by_name.get(Outcome.DRAM) or DRAMTier(self.device, c.dram_budget_bytes, c.dram_ttl_ms / 1000,
+                                                     clock=self.clock)
+        dram.resize(c.dram_budget_bytes, c.dram_ttl_ms / 1000)
+        lower: list[CacheTier] = [dram]
+        if c.disk is not None:
+            # The policy names a directory for the pool; each instance keeps its files in its own below it.
+            directory = Path(c.disk.path) / re.sub(r"[^A-Za-z0-9._-]", "_", self.name)
+            disk = by_name.get(Outcome.DISK)
+            if disk is None or disk.directory != directory:
+                disk = DiskTier(directory, c.disk.budget_bytes, c.disk.ttl_ms / 1000, clock=self.clock)
+            disk.resize(c.disk.budget_bytes, c.disk.ttl_ms / 1000)
+            lower.append(disk)
+        return lower
 
     def apply_policy(self, policy: PolicySpec) -> None:
         """Apply a validated policy atomically, or raise PolicyApplyError and keep the current one."""
@@ -275,12 +308,11 @@ class RelayEngine:
             old = self._state
             self.trigger.update_policy(policy.trigger)
             self._lane.set_share(policy.trigger.preinfer_compute_share)
-            self.hbm.resize(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000)
-            self.dram.resize(policy.cache.dram_budget_bytes, policy.cache.dram_ttl_ms / 1000)
+            self.cache.hbm.resize(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000)
+            self.cache.set_lower(self._lower_tiers(policy, self.cache.tiers[1:]))
             if edit.content_hash != old.edit.content_hash:
                 # Keys carry the edit hash, so old entries could never be read again: free them now.
-                self.hbm.clear()
-                self.dram.clear()
+                self.cache.clear()
             self._state = _State(policy, edit, policy.trigger.ranking_p99_slo_ms)
 
     # --- requests ----------------------------------------------------------------------------
@@ -307,8 +339,9 @@ class RelayEngine:
             len(admission.prefix), admission.prefix.timestamps is not None))
 
     def close(self) -> None:
-        """Finish the queued pre-inferences and stop the lane's thread."""
+        """Finish the queued pre-inferences, stop the lane's thread and close the tiers."""
         self._lane.close()
+        self.cache.close()
 
     def _admit(self, request: PreInferRequest) -> _Admission | PreInferResult:
         """The trigger's decision; an admission reserves the bytes and registers the key as producing."""
@@ -322,16 +355,15 @@ class RelayEngine:
         now = self.clock()
         ranking_wait_ms = self.ranking_load.tail_wait_ms(now)
         with self._admit_lock:
-            cached = key in self.hbm or key in self.dram or self.producing.running(key) is not None
             decision = self.trigger.decide(
-                len(prefix), already_cached=cached, inflight=len(self.producing),
-                footprint=CacheFootprint(nbytes, self.hbm.pinned_bytes, self.hbm.budget_bytes),
+                len(prefix), already_cached=self.cache.holds(key), inflight=len(self.cache.producing),
+                footprint=CacheFootprint(nbytes, self.cache.pinned_bytes, self.cache.hbm.budget_bytes),
                 now_s=now, ranking_wait_ms=ranking_wait_ms,
             )
-            if decision.admit and not self.hbm.reserve(key, nbytes):
+            if decision.admit and not self.cache.reserve(key, nbytes):
                 decision = self.trigger.overrule(RefusalReason.CACHE_BUDGET)
             if decision.admit:
-                self.producing.begin(key)
+                self.cache.producing.begin(key)
         if not decision.admit:
             return PreInferResult(False, decision.reason, len(prefix))
         self._count("preinfer_admitted")
@@ -346,13 +378,13 @@ class RelayEngine:
             kv = self.forwards.prefill(admission.prefix, state.edit, between_layers=pace)
             devices.synchronize_current_stream(self.device)  # ranking reads it from another stream
         except BaseException as exc:
-            self.hbm.abort(key)
-            self.producing.finish(key, error=exc)
+            self.cache.abort(key)
+            self.cache.producing.finish(key, error=exc)
             raise
-        if not self._keep_if_edit_in_force(state, lambda: self.hbm.commit(key, kv)):
-            self.hbm.abort(key)  # the edit changed while it ran: no request could read it, so hold nothing
+        if not self._keep_if_edit_in_force(state, lambda: self.cache.commit(key, kv)):
+            self.cache.abort(key)  # the edit changed while it ran: no request could read it, so hold nothing
             self._count("preinfer_stale_edit")
-        self.producing.finish(key, kv)
+        self.cache.producing.finish(key, kv)
         self._count("preinfer_completed")
         return PreInferResult(True, None, len(admission.prefix), kv.nbytes, (self.clock() - t0) * 1000)
 
@@ -373,18 +405,20 @@ class RelayEngine:
                                       f"{len(request.prefix) + len(request.short_term)} tokens; "
                                       f"the model takes at most {m.config.max_seq_len}")
             candidates = m.check_candidates(request.candidates)
-            kv, source = self._prefix_kv(request, state)
-            if source == _TOO_LATE:  # the computation in flight would finish too late: recompute alone
-                source = "miss"
-                self._count("misses")
+            try:
+                kv, source = self._prefix_kv(request, state)
+            except _TooLate:  # the computation in flight would finish too late: recompute alone
+                kv, source = None, Outcome.MISS
+                self._count_outcome(source)
                 scores = self.forwards.rank_full(request.prefix, request.short_term, candidates,
                                                  request.query_timestamp, state.edit)
-            elif kv is None:  # a miss: one full forward gives the scores and the prefix KV to keep
-                scores, source = self._recompute(request, candidates, state)
             else:
-                self._check_deadline(request, f"after fetching the prefix cache ({source})")
-                scores = self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp,
-                                            state.edit)
+                if kv is None:  # a miss: one full forward gives the scores and the prefix KV to keep
+                    scores, source = self._recompute(request, candidates, state)
+                else:
+                    self._check_deadline(request, f"after fetching the prefix cache ({source})")
+                    scores = self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp,
+                                                state.edit)
             result = scores.tolist()
             self._check_deadline(request, "after scoring")
         except DeadlineExceeded:
@@ -405,35 +439,24 @@ class RelayEngine:
                 self._counters["rank_within_slo"] += 1
         return RankResult(result, source, len(request.prefix), latency_ms)
 
-    def _prefix_kv(self, request: RankRequest, state: _State) -> tuple[PrefixKV | None, str]:
-        """The prefix KV from the HBM tier, a computation in flight or the DRAM tier; (None, "miss")
-        when none has it, (None, _TOO_LATE) when the one in flight would finish too late."""
+    def _prefix_kv(self, request: RankRequest, state: _State) -> tuple[PrefixKV | None, Outcome]:
+        """The prefix KV from the tier stack, and where it came from (counted; a miss is counted by
+        ``_recompute``). Raises _TooLate when the computation in flight would finish too late."""
         key = self.cache_key(request.user_id, request.prefix, state.edit)
-        kv = self.hbm.get(key)
-        if kv is not None:
-            self._count("hbm_hits")
-            return kv, "hbm"
-        running = self.producing.running(key)
-        if running is not None:
-            kv = self._join_inflight(request, running, state)
-            if kv is _TOO_LATE:
-                return None, _TOO_LATE
-            if kv is not None:
-                return kv, "inflight"
         try:
-            kv, joined = self.dram.promote(key, timeout_s=self._remaining_s(request))
+            found = self.cache.lookup(key, join=lambda running: self._join_inflight(request, running, state),
+                                      timeout_s=self._remaining_s(request))
         except FutureTimeout:
-            raise DeadlineExceeded(self._late_message(request, "waiting for a DRAM reload in flight")) from None
-        if kv is not None:
-            self._count("inflight_joins" if joined else "dram_hits")
-            return kv, "inflight" if joined else "dram"
-        return None, "miss"
+            raise DeadlineExceeded(self._late_message(request, "waiting for a reload in flight")) from None
+        if found.found:
+            self._count_outcome(found.outcome)
+        return found.kv, found.outcome
 
-    def _join_inflight(self, request: RankRequest, running: Future, state: _State) -> PrefixKV | str | None:
+    def _join_inflight(self, request: RankRequest, running: Future, state: _State) -> PrefixKV | None:
         """Wait for a pre-inference (or another request's recompute) of the key already running.
 
         Waits only while a recompute could still meet the deadline (remaining time minus the latency
-        model's full inference): past that, _TOO_LATE — recomputing now is the better bet than a
+        model's full inference): past that, raises _TooLate — recomputing now is the better bet than a
         prefill that may be queued or starved. None when that computation failed. When even a
         recompute would be late, waits to the deadline and raises DeadlineExceeded."""
         remaining_s = self._remaining_s(request)
@@ -443,53 +466,55 @@ class RelayEngine:
             limit_s = remaining_s - full_ms / 1000
         self.ranking_gate.leave()  # waiting for that computation is not competing with it
         try:
-            kv = self._wait(running, limit_s)
+            return self._wait(running, limit_s)
         except FutureTimeout:
             if limit_s != remaining_s:
-                return _TOO_LATE
+                raise _TooLate from None
             raise DeadlineExceeded(self._late_message(request, "waiting for the prefix computation in flight")) \
                 from None
         except Exception:  # noqa: BLE001 — that computation failed; this request computes its own
             return None
         finally:
             self.ranking_gate.enter()
-        self._count("inflight_joins")
-        return kv
 
     def _recompute(self, request: RankRequest, candidates: torch.Tensor,
-                   state: _State) -> tuple[torch.Tensor, str]:
+                   state: _State) -> tuple[torch.Tensor, Outcome]:
         """A miss: rank with a full forward and keep the prefix KV it computed for the next request.
         Concurrent requests for the same key wait for this one's KV instead of recomputing it. Returns
-        the scores and where the prefix came from: "miss" for the one that computed it."""
+        the scores and where the prefix came from: a miss for the one that computed it."""
         key = self.cache_key(request.user_id, request.prefix, state.edit)
-        future, leader = self.producing.begin(key)
+        future, leader = self.cache.producing.begin(key)
         if not leader:
-            kv = self._join_inflight(request, future, state)
-            if isinstance(kv, PrefixKV):
+            try:
+                kv = self._join_inflight(request, future, state)
+            except _TooLate:
+                kv = None
+            if kv is not None:
+                self._count_outcome(Outcome.INFLIGHT)
                 return self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp,
-                                          state.edit), "inflight"
+                                          state.edit), Outcome.INFLIGHT
         else:
             # The lookup that sent this request here ran before ``begin``: a computation of the key may
             # have started *and* finished in between (this thread descheduled), leaving its KV in HBM.
             # Looked up again under leadership, that KV is found, never computed a second time.
-            kv = self.hbm.get(key)
-            if kv is not None:
-                self.producing.finish(key, kv)
-                self._count("hbm_hits")
-                return self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp,
-                                          state.edit), "hbm"
-        self._count("misses")
+            found = self.cache.lookup(key)
+            if found.found:
+                self.cache.producing.finish(key, found.kv)
+                self._count_outcome(found.outcome)
+                return self.forwards.rank(found.kv, request.short_term, candidates, request.query_timestamp,
+                                          state.edit), found.outcome
+        self._count_outcome(Outcome.MISS)
         try:
             scores, kv = self.forwards.rank_full_keeping_prefix(request.prefix, request.short_term, candidates,
                                                                 request.query_timestamp, state.edit)
         except BaseException as exc:
             if leader:
-                self.producing.finish(key, error=exc)
+                self.cache.producing.finish(key, error=exc)
             raise
         if leader:
-            self._keep_if_edit_in_force(state, lambda: self.hbm.insert(key, kv, consumed=True))
-            self.producing.finish(key, kv)
-        return scores, "miss"
+            self._keep_if_edit_in_force(state, lambda: self.cache.insert(key, kv, consumed=True))
+            self.cache.producing.finish(key, kv)
+        return scores, Outcome.MISS
 
     def _keep_if_edit_in_force(self, state: _State, keep: Callable[[], object]) -> bool:
         """Run ``keep`` (a commit or insert of a KV computed under ``state``) only if that state's
@@ -520,26 +545,30 @@ class RelayEngine:
         with self._counter_lock:
             self._counters[name] += n
 
+    def _count_outcome(self, outcome: Outcome) -> None:
+        self._count(OUTCOME_COUNTERS[outcome])
+
     def _maybe_expire(self) -> None:
         """Free expired entries now and then: a tenth of the shorter TTL, at least every second (a read
         checks its entry's TTL anyway; this only returns the memory)."""
         now = self.clock()
-        if now - self._last_expiry >= max(1.0, min(self.hbm.ttl_s, self.dram.ttl_s) / 10):
+        if now - self._last_expiry >= max(1.0, self.cache.min_ttl_s / 10):
             self._last_expiry = now
-            self.hbm.expire()
-            self.dram.expire()
+            self.cache.expire()
 
     def stats(self) -> EngineStats:
         with self._counter_lock:
             counters = {name: int(self._counters.get(name, 0)) for name in COUNTERS}
             latency = self._rank_latency.copy()
+        tiers = self.cache.figures()
+        hbm, dram = tiers[Outcome.HBM], tiers[Outcome.DRAM]
         counters.update(
-            evictions=self.hbm.counters.evictions,
-            demotions=self.dram.counters.demotions,
-            promotions=self.dram.counters.promotions,
-            expirations=self.hbm.counters.expirations + self.dram.counters.expirations,
-            dram_evictions=self.dram.counters.evictions,
-            dedup_reloads=self.dram.counters.dedup_reloads,
+            evictions=hbm.counters.evictions,
+            demotions=self.cache.demotions,
+            promotions=self.cache.promotions,
+            expirations=sum(t.counters.expirations for t in tiers.values()),
+            dram_evictions=dram.counters.evictions,
+            dedup_reloads=self.cache.dedup_reloads,
         )
         refusals = {reason: int(self.trigger.refusals.get(reason, 0)) for reason in REFUSAL_REASONS}
         state = self._state
@@ -552,13 +581,14 @@ class RelayEngine:
             counters=counters,
             refusals=refusals,
             rank_latency=latency,
-            hbm_bytes=self.hbm.used_bytes,
-            hbm_budget_bytes=self.hbm.budget_bytes,
-            hbm_peak_bytes=self.hbm.counters.peak_bytes,
-            hbm_entries=len(self.hbm),
-            dram_bytes=self.dram.used_bytes,
-            dram_budget_bytes=self.dram.budget_bytes,
-            dram_peak_bytes=self.dram.counters.peak_bytes,
-            dram_entries=len(self.dram),
+            hbm_bytes=hbm.bytes,
+            hbm_budget_bytes=hbm.budget_bytes,
+            hbm_peak_bytes=hbm.peak_bytes,
+            hbm_entries=hbm.entries,
+            dram_bytes=dram.bytes,
+            dram_budget_bytes=dram.budget_bytes,
+            dram_peak_bytes=dram.peak_bytes,
+            dram_entries=dram.entries,
             device_allocated_bytes=devices.device_allocated_bytes(self.device),
+            tiers=tiers,
         )

@@ -3,9 +3,10 @@
 Storage and accounting live here; which entry to evict is the ``EvictionPolicy``'s decision
 (vLLM keeps its block allocator and its eviction policy apart the same way).
 
-Life cycle of an entry: ``reserve`` (producing: bytes held for a pre-inference in flight) →
-``commit`` (ready: the KV is resident) → ``get`` (consumed: a ranking request read it; it stays
-resident for reuse) → evicted (handed to ``on_evict``, the DRAM expander) or expired (TTL).
+The top tier of the stack (``tiers.TierStack``), and the one with a producing state. Life cycle of an
+entry: ``reserve`` (producing: bytes held for a pre-inference in flight) → ``commit`` (ready: the KV
+is resident) → ``lookup`` (consumed: a ranking request read it; it stays resident for reuse) →
+evicted (handed to ``on_evict``: the stack demotes it to the tier below) or expired (TTL).
 Invariant, checked by a property test: ``ready_bytes + reserved_bytes ≤ budget_bytes`` always.
 """
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from relay_engine.core.model import PrefixKV
+from relay_engine.core.outcomes import Outcome, TierCounters
 
 
 @dataclass(frozen=True)
@@ -67,24 +69,14 @@ class LRUPolicy:
 
 
 @dataclass
-class TierCounters:
-    hits: int = 0
-    evictions: int = 0
-    expirations: int = 0
-    rejected: int = 0  # commits/reservations that could not fit even after evicting
-    peak_bytes: int = 0
-
-
-@dataclass
 class HBMCache:
     budget_bytes: int
     ttl_s: float
     policy: EvictionPolicy = field(default_factory=LRUPolicy)
-    # Called (outside the lock) with each entry evicted for space, so the DRAM tier can keep it.
-    on_evict: Callable[[CacheEntry], None] | None = None
-    # Called (outside the lock) with each key that becomes resident, so a lower tier drops its copy.
-    on_resident: Callable[[CacheKey], None] | None = None
+    # Called (outside the lock) with each entry evicted for space, so the tier below can keep it.
+    on_evict: Callable[[CacheKey, PrefixKV], None] | None = None
     clock: Callable[[], float] = time.monotonic
+    name = Outcome.HBM
 
     def __post_init__(self) -> None:
         if self.budget_bytes < 0:
@@ -163,11 +155,10 @@ class HBMCache:
                 self._entries[key] = entry
                 self.ready_bytes += kv.nbytes
                 self.unread_bytes += kv.nbytes
+                self.counters.admissions += 1
                 self._note_peak()
                 ok = True
         self._hand_off(evicted)
-        if ok and self.on_resident is not None:
-            self.on_resident(key)
         return ok
 
     def abort(self, key: CacheKey) -> None:
@@ -178,8 +169,8 @@ class HBMCache:
                 del self._entries[key]
                 self.reserved_bytes -= entry.nbytes
 
-    def insert(self, key: CacheKey, kv: PrefixKV, *, consumed: bool = False) -> bool:
-        """Reserve and commit in one step (a promotion from DRAM, or a recompute on a miss)."""
+    def admit(self, key: CacheKey, kv: PrefixKV, *, consumed: bool = False) -> bool:
+        """Reserve and commit in one step (a promotion from a lower tier, or a recompute on a miss)."""
         if not self.reserve(key, kv.nbytes):
             return False
         ok = self.commit(key, kv)
@@ -190,8 +181,8 @@ class HBMCache:
                     self._consume(entry)
         return ok
 
-    def get(self, key: CacheKey) -> PrefixKV | None:
-        """The resident KV for key (marking it consumed and recently used), or None."""
+    def lookup(self, key: CacheKey) -> PrefixKV | None:
+        """The resident KV for key (marking it consumed and recently used; it stays resident), or None."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None or entry.state is EntryState.PRODUCING:
@@ -209,7 +200,7 @@ class HBMCache:
             return entry.kv
 
     def expire(self) -> int:
-        """Drop entries older than the TTL (not handed to DRAM: they are stale). Returns the count."""
+        """Drop entries older than the TTL (not demoted: they are stale). Returns the count."""
         with self._lock:
             now = self.clock()
             stale = [e for e in self._entries.values()
@@ -220,7 +211,7 @@ class HBMCache:
             return len(stale)
 
     def resize(self, budget_bytes: int, ttl_s: float) -> None:
-        """Apply a new budget: evicts (to DRAM) down to it; if reservations in flight alone exceed
+        """Apply a new budget: evicts (demoting) down to it; if reservations in flight alone exceed
         it, the newest are cancelled (their commit then fails and the KV serves only its waiters)."""
         evicted: list[CacheEntry] = []
         with self._lock:
@@ -231,6 +222,13 @@ class HBMCache:
                 self.counters.rejected += 1
             self._make_room(0, evicted)
         self._hand_off(evicted)
+
+    def discard(self, key: CacheKey) -> None:
+        """Drop key's ready entry, if any (reservations in flight stay)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry.state is not EntryState.PRODUCING:
+                self._drop(entry)
 
     def clear(self) -> None:
         with self._lock:
@@ -279,4 +277,5 @@ class HBMCache:
         if self.on_evict is None:
             return
         for entry in evicted:
-            self.on_evict(entry)
+            if entry.kv is not None:
+                self.on_evict(entry.key, entry.kv)

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from relay_engine.core.outcomes import OUTCOME_COUNTERS, TIER_COUNTERS, TIER_GAUGES
+
 # Upper bounds (ms) of the latency buckets: 0.05 ms … ~60 s, 8 buckets per decade (×1.334 each),
 # followed by an implicit +Inf bucket. Fixed forever: changing them breaks merging with old data.
 _BUCKETS_PER_DECADE = 8
@@ -36,16 +38,13 @@ COUNTERS: tuple[str, ...] = (
     "preinfer_admitted",
     "preinfer_completed",
     "preinfer_stale_edit",  # completed after the edit it ran under was replaced: its KV is not kept
-    "hbm_hits",
-    "dram_hits",
-    "inflight_joins",
-    "misses",
+    *OUTCOME_COUNTERS.values(),  # where each ranking lookup was served from: each counted once, in one
     "evictions",
     "demotions",
     "promotions",
     "expirations",
     "dram_evictions",
-    "dedup_reloads",
+    "dedup_reloads",  # reloads from a lower tier that concurrent ranks joined (the ranks: inflight_joins)
 )
 
 
@@ -158,6 +157,9 @@ class Snapshot:
     dram_budget_bytes: int = 0
     applied_generation: int = 0
     slo_ms: float = 0.0
+    # Every cache tier's figures by tier name (``outcomes.TIER_GAUGES`` + ``TIER_COUNTERS``): the one
+    # generic path per-tier figures take, whatever tiers an instance runs.
+    tiers: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         # Sparse buckets keep 24 h of snapshots small enough to merge on read quickly.
@@ -175,6 +177,7 @@ class Snapshot:
             "dram_budget_bytes": self.dram_budget_bytes,
             "applied_generation": self.applied_generation,
             "slo_ms": self.slo_ms,
+            "tiers": self.tiers,
         }
 
     @classmethod
@@ -200,6 +203,7 @@ class Snapshot:
             rank_latency=hist,
             **{name: _count(data.get(name, 0), name, int) for name in GAUGES},
             slo_ms=_finite(data.get("slo_ms", 0.0), "slo_ms", float),
+            tiers=_tiers(data),
         )
 
     @classmethod
@@ -218,6 +222,29 @@ _EXACT_INT = 2**53  # the largest integer a float holds exactly
 MAX_COUNT = _EXACT_INT
 # A snapshot's gauges, kept as sampled (never differenced): the one list the readers use.
 GAUGES: tuple[str, ...] = ("hbm_bytes", "hbm_budget_bytes", "dram_bytes", "dram_budget_bytes", "applied_generation")
+
+
+TIER_FIGURES: tuple[str, ...] = TIER_GAUGES + TIER_COUNTERS
+_MAX_TIERS = 16
+_MAX_TIER_NAME = 32
+
+
+def _tiers(data: dict) -> dict[str, dict[str, int]]:
+    """snapshot.tiers: at most 16 tiers named by identifiers, each figure a count (unknown figures
+    are dropped, so a newer worker's extra figure does not break an older reader)."""
+    tiers = _mapping(data, "tiers")
+    if len(tiers) > _MAX_TIERS:
+        raise ValueError(f"snapshot.tiers has {len(tiers)} tiers, at most {_MAX_TIERS}")
+    out = {}
+    for name, figures in tiers.items():
+        if not isinstance(name, str) or not name.isidentifier() or len(name) > _MAX_TIER_NAME:
+            raise ValueError(f"snapshot.tiers: tier names are identifiers of at most {_MAX_TIER_NAME} "
+                             f"characters, got {str(name)[:40]!r}")
+        figures = tiers[name]
+        if not isinstance(figures, dict):
+            raise ValueError(f"snapshot.tiers.{name} must be an object, got {type(figures).__name__}")
+        out[name] = {f: _count(figures[f], f"tiers.{name}", int, f) for f in TIER_FIGURES if f in figures}
+    return out
 
 
 def _mapping(data: dict, key: str) -> dict:

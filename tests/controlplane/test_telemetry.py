@@ -218,6 +218,27 @@ def test_prometheus_exposition_parses_with_histograms(viewer, pool, worker_facto
     assert up == {fast.name: 1}
 
 
+def test_prometheus_shows_every_cache_tier_through_the_generic_tier_series(viewer, pool, worker_factory):
+    worker = worker_factory(POOL, 0)
+    now = time.time()
+    snap = snapshot(worker.name, now, now - 10, rank_requests=3, disk_hits=2)
+    snap.tiers = {"hbm": {"bytes": 700, "budget_bytes": 1000, "hits": 5},
+                  "disk": {"bytes": 4096, "budget_bytes": 2**30, "hits": 2, "failed_writes": 1, "corrupt_reads": 1}}
+    worker.publish_snapshot(snap)
+    families = {f.name: f for f in text_string_to_metric_families(viewer.get("/metrics").content.decode())}
+
+    def series(family: str, sample: str) -> dict[str, float]:
+        return {s.labels["tier"]: s.value for s in families[family].samples
+                if s.name == sample and s.labels["instance"] == worker.name}
+
+    assert series("relaygr_tier_bytes", "relaygr_tier_bytes") == {"hbm": 700, "disk": 4096}
+    assert series("relaygr_tier_budget_bytes", "relaygr_tier_budget_bytes") == {"hbm": 1000, "disk": 2**30}
+    assert series("relaygr_tier_hits", "relaygr_tier_hits_total") == {"hbm": 5, "disk": 2}
+    assert series("relaygr_tier_failed_writes", "relaygr_tier_failed_writes_total") == {"hbm": 0, "disk": 1}
+    disk_hits = [s.value for s in families["relaygr_disk_hits"].samples if s.name == "relaygr_disk_hits_total"]
+    assert disk_hits == [2]
+
+
 def test_prometheus_without_redis_still_reports_the_database(viewer, pool, no_redis):
     families = {f.name: f for f in text_string_to_metric_families(viewer.get("/metrics").content.decode())}
     assert families["relaygr_redis_up"].samples[0].value == 0

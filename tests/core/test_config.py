@@ -234,3 +234,20 @@ def test_a_revision_whose_spec_is_not_its_sha256_is_refused():
 def test_a_revision_stored_before_the_rule_hashed_as_stored_is_accepted():
     legacy = {**STORED_BEFORE_AN_UPGRADE, "trigger": {"at_risk_seq_len": 512, "ranking_p99_slo_ms": 40.0}}
     assert config.revision_policy(legacy, sha256_of(legacy)).trigger.ranking_p99_slo_ms == 40.0
+
+
+def test_the_disk_tier_is_off_by_default_and_leaves_the_hash_of_a_spec_without_it_alone():
+    plain = parse_policy({"cache": {"hbm_budget_mb": 512}})
+    assert plain.cache.disk is None and "disk" not in plain.to_dict()["cache"]
+    assert parse_policy({"cache": {"hbm_budget_mb": 512, "disk": None}}).sha256() == plain.sha256()
+    with_disk = parse_policy({"cache": {"hbm_budget_mb": 512, "disk": {"path": "/var/cache/relaygr"}}})
+    assert with_disk.sha256() != plain.sha256()
+    assert with_disk.cache.disk.budget_mb == 16 * 1024 and with_disk.cache.disk.ttl_ms == 3_600_000
+    assert parse_policy(with_disk.to_dict()) == with_disk
+
+
+def test_every_error_of_the_disk_section_is_named_by_field():
+    with pytest.raises(PolicyError) as info:
+        parse_policy({"cache": {"disk": {"path": "relative/dir", "budget_mb": -1, "ttl_ms": 0, "size": 3}}})
+    assert set(info.value.errors) == {"cache.disk.path", "cache.disk.budget_mb", "cache.disk.ttl_ms",
+                                      "cache.disk.size"}

@@ -18,6 +18,7 @@ from relay_engine.core.engine import (
     RelayEngine,
 )
 from relay_engine.core.model import History, HSTUModel, ModelInputError
+from relay_engine.core.outcomes import Outcome
 from tests.models import SMALL, make_history
 
 from .test_model import TOLERANCE, random_edit, relative_error
@@ -98,9 +99,9 @@ def test_rank_joins_a_pre_inference_in_flight():
     worker = threading.Thread(target=engine.pre_infer, args=(PreInferRequest("erin", prefix),))
     worker.start()
     deadline = time.monotonic() + 5
-    while engine.producing.running(key) is None and worker.is_alive() and time.monotonic() < deadline:
+    while engine.cache.producing.running(key) is None and worker.is_alive() and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert engine.producing.running(key) is not None, "pre-inference finished before rank could join it"
+    assert engine.cache.producing.running(key) is not None, "pre-inference finished before rank could join it"
     result = rank(engine, "erin", prefix)
     worker.join()
     assert result.source == "inflight"
@@ -129,17 +130,17 @@ def test_a_rank_whose_lookup_missed_before_another_computed_the_prefix_uses_that
     find A's KV, not compute it a second time."""
     engine = engine_with()
     prefix = make_history(300, SMALL, seed=5)
-    real_get = engine.hbm.get
+    real_lookup = engine.cache.hbm.lookup
     b_looked_up, a_done = threading.Event(), threading.Event()
 
     def get_pausing_b_after_its_first_lookup(key):
-        kv = real_get(key)
+        kv = real_lookup(key)
         if threading.current_thread().name == "B" and not b_looked_up.is_set():
             b_looked_up.set()
             assert a_done.wait(60), "A did not finish"
         return kv
 
-    engine.hbm.get = get_pausing_b_after_its_first_lookup
+    engine.cache.hbm.lookup = get_pausing_b_after_its_first_lookup
     results = {}
     b = threading.Thread(target=lambda: results.update(B=rank(engine, "frank", prefix)), name="B")
     b.start()
@@ -203,7 +204,7 @@ def test_a_policy_the_device_cannot_hold_is_refused_and_the_old_one_kept():
         engine.apply_policy(parse_policy({"cache": {"hbm_budget_mb": 16_000_000}}))
     assert info.value.field == "cache.hbm_budget_mb"
     assert re.search(r"16000000 MiB exceeds .*, \d+ MiB$", str(info.value)), str(info.value)  # as the form says
-    assert engine.policy == old and engine.hbm.budget_bytes == 64 * 2**20
+    assert engine.policy == old and engine.stats().hbm_budget_bytes == 64 * 2**20
 
 
 def test_an_edit_for_another_model_is_refused_on_apply():
@@ -277,10 +278,10 @@ def test_a_pre_inference_under_a_replaced_edit_leaves_nothing_pinned(switches, k
     assert counters["preinfer_completed"] == 1
     assert counters["preinfer_stale_edit"] == (0 if kept else 1)
     if kept:
-        assert engine.hbm.pinned_bytes == engine.hbm.used_bytes == model.prefix_nbytes(200, False)
+        assert engine.cache.pinned_bytes == engine.stats().hbm_bytes == model.prefix_nbytes(200, False)
         assert rank(engine, "jo", prefix).source == "hbm"
     else:
-        assert engine.hbm.pinned_bytes == engine.hbm.used_bytes == 0 and len(engine.hbm) == 0
+        assert engine.cache.pinned_bytes == engine.stats().hbm_bytes == 0 and engine.stats().hbm_entries == 0
         result = rank(engine, "jo", prefix)
         assert result.source == "miss"
         full = model.rank_full(prefix, SHORT, CANDS, edit=engine.edit)
@@ -291,7 +292,8 @@ def test_demoting_an_evicted_prefix_copies_it_off_the_ranking_thread():
     per_prefix = SMALL.kv_bytes_per_token() * 200
     engine = engine_with(cache={"hbm_budget_mb": 1.5 * per_prefix / 2**20})  # room for one
     copy_threads, copying, release = [], threading.Event(), threading.Event()
-    real_copy = engine.dram.copy_to_host
+    dram = engine.cache.tier(Outcome.DRAM)
+    real_copy = dram.copy_to_host
 
     def gated_copy(kv):
         copy_threads.append(threading.get_ident())
@@ -299,7 +301,7 @@ def test_demoting_an_evicted_prefix_copies_it_off_the_ranking_thread():
         assert release.wait(30), "the test never released the copy"
         return real_copy(kv)
 
-    engine.dram.copy_to_host = gated_copy
+    dram.copy_to_host = gated_copy
     a, b = make_history(200, SMALL, seed=1), make_history(200, SMALL, seed=2)
     rank(engine, "a", a)
     ranking = threading.Thread(target=rank, args=(engine, "b", b))  # its prefix evicts a's
@@ -313,10 +315,10 @@ def test_demoting_an_evicted_prefix_copies_it_off_the_ranking_thread():
     assert result.source == "dram"
     assert relative_error(torch.tensor(result.scores), engine.model.rank_full(a, SHORT, CANDS)) <= TOLERANCE
     release.set()
-    assert engine.dram.flush(timeout_s=30)
+    assert engine.cache.flush(timeout_s=30)
     key_a, key_b = engine.cache_key("a", a), engine.cache_key("b", b)
-    assert key_a in engine.hbm and key_a not in engine.dram  # the late copy did not bring it back
-    assert key_b in engine.dram and key_b not in engine.hbm
+    assert engine.cache.where(key_a) is Outcome.HBM and key_a not in dram  # the late copy did not bring it back
+    assert engine.cache.where(key_b) is Outcome.DRAM and key_b not in engine.cache.hbm
 
 
 class _HeldPrefill:
@@ -358,7 +360,7 @@ def test_a_rank_recomputes_instead_of_waiting_on_a_prefill_that_would_finish_too
     try:
         result = rank(engine, "jay", prefix, deadline_s=time.time() + 2.0)  # waits ~1 s, then recomputes
         assert result.source == "miss"
-        assert not forwards.release.is_set() and engine.producing.running(engine.cache_key("jay", prefix))
+        assert not forwards.release.is_set() and engine.cache.producing.running(engine.cache_key("jay", prefix))
     finally:
         forwards.release.set()
         engine.close()

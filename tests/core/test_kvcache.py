@@ -28,7 +28,7 @@ class Clock:
 
 operations = st.lists(
     st.tuples(
-        st.sampled_from(["reserve", "commit", "abort", "get", "insert", "resize", "expire", "tick"]),
+        st.sampled_from(["reserve", "commit", "abort", "lookup", "admit", "resize", "expire", "tick"]),
         st.integers(0, 7),  # which key
         st.integers(1, 64).map(lambda n: n * 4),  # bytes
     ),
@@ -41,7 +41,7 @@ operations = st.lists(
 def test_budget_is_never_exceeded_and_accounting_is_exact(budget, ops):
     clock = Clock()
     evicted: list = []
-    cache = HBMCache(budget_bytes=budget, ttl_s=5.0, clock=clock, on_evict=evicted.append)
+    cache = HBMCache(budget_bytes=budget, ttl_s=5.0, clock=clock, on_evict=lambda k, kv: evicted.append(k))
     for op, i, nbytes in ops:
         if op == "reserve":
             cache.reserve(key(i), nbytes)
@@ -49,10 +49,10 @@ def test_budget_is_never_exceeded_and_accounting_is_exact(budget, ops):
             cache.commit(key(i), kv_of(nbytes))
         elif op == "abort":
             cache.abort(key(i))
-        elif op == "get":
-            cache.get(key(i))
-        elif op == "insert":
-            cache.insert(key(i), kv_of(nbytes), consumed=bool(i % 2))
+        elif op == "lookup":
+            cache.lookup(key(i))
+        elif op == "admit":
+            cache.admit(key(i), kv_of(nbytes), consumed=bool(i % 2))
         elif op == "resize":
             cache.resize(nbytes, ttl_s=5.0)
         elif op == "expire":
@@ -73,28 +73,28 @@ def test_life_cycle_producing_ready_consumed():
     cache = HBMCache(budget_bytes=1000, ttl_s=10)
     k = key(1)
     assert cache.reserve(k, 400)
-    assert cache.state_of(k) is EntryState.PRODUCING and cache.get(k) is None
+    assert cache.state_of(k) is EntryState.PRODUCING and cache.lookup(k) is None
     assert cache.commit(k, kv_of(400))
     assert cache.state_of(k) is EntryState.READY
-    assert cache.get(k) is not None
+    assert cache.lookup(k) is not None
     assert cache.state_of(k) is EntryState.CONSUMED
     assert cache.used_bytes == 400
 
 
 def test_consumed_entries_are_evicted_before_unread_ones():
     evicted = []
-    cache = HBMCache(budget_bytes=1000, ttl_s=10, on_evict=evicted.append)
-    cache.insert(key(1), kv_of(400))
-    cache.insert(key(2), kv_of(400))
-    cache.get(key(2))  # consumed: the first victim although more recently used
-    assert cache.insert(key(3), kv_of(400))
-    assert [e.key for e in evicted] == [key(2)]
+    cache = HBMCache(budget_bytes=1000, ttl_s=10, on_evict=lambda k, kv: evicted.append(k))
+    cache.admit(key(1), kv_of(400))
+    cache.admit(key(2), kv_of(400))
+    cache.lookup(key(2))  # consumed: the first victim although more recently used
+    assert cache.admit(key(3), kv_of(400))
+    assert evicted == [key(2)]
 
 
 def test_nothing_is_evicted_when_the_entry_cannot_fit_anyway():
     evicted = []
-    cache = HBMCache(budget_bytes=1000, ttl_s=10, on_evict=evicted.append)
-    cache.insert(key(1), kv_of(400))
+    cache = HBMCache(budget_bytes=1000, ttl_s=10, on_evict=lambda k, kv: evicted.append(k))
+    cache.admit(key(1), kv_of(400))
     assert cache.reserve(key(2), 500)
     assert not cache.reserve(key(3), 700)  # only 400 evictable, 700 needed beyond the 500 reserved
     assert evicted == [] and key(1) in cache
@@ -103,16 +103,16 @@ def test_nothing_is_evicted_when_the_entry_cannot_fit_anyway():
 def test_entries_expire_after_their_ttl():
     clock = Clock()
     cache = HBMCache(budget_bytes=1000, ttl_s=2.0, clock=clock)
-    cache.insert(key(1), kv_of(100))
+    cache.admit(key(1), kv_of(100))
     clock.now = 3.0
-    assert cache.get(key(1)) is None
+    assert cache.lookup(key(1)) is None
     assert cache.counters.expirations == 1 and cache.used_bytes == 0
 
 
 def test_shrinking_the_budget_evicts_down_to_it():
     evicted = []
-    cache = HBMCache(budget_bytes=1000, ttl_s=10, on_evict=evicted.append)
+    cache = HBMCache(budget_bytes=1000, ttl_s=10, on_evict=lambda k, kv: evicted.append(k))
     for i in range(4):
-        cache.insert(key(i), kv_of(200))
+        cache.admit(key(i), kv_of(200))
     cache.resize(450, ttl_s=10)
     assert cache.used_bytes <= 450 and len(evicted) == 2

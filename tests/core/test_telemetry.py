@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from relay_engine.core.telemetry import (
     LATENCY_BUCKETS_MS,
     REFUSAL_REASONS,
@@ -61,3 +63,24 @@ def test_every_refusal_reason_is_counted_and_named():
     assert all(r.label and r.label != r.value for r in REFUSAL_REASONS if "_" in r.value)
     # the prefix is resident: nothing to pre-infer, nothing for an operator to act on
     assert [r for r in REFUSAL_REASONS if not r.is_refusal] == [RefusalReason.ALREADY_CACHED]
+
+
+def test_a_snapshot_carries_every_tiers_figures_and_drops_figures_it_does_not_know():
+    snap = Snapshot("p.0", 10.0, 1.0, tiers={"disk": {"bytes": 4096, "budget_bytes": 2**30, "corrupt_reads": 1}})
+    data = snap.to_dict()
+    data["tiers"]["disk"]["a_figure_from_a_newer_worker"] = 7
+    assert Snapshot.from_dict(data).tiers == {"disk": {"bytes": 4096, "budget_bytes": 2**30, "corrupt_reads": 1}}
+
+
+@pytest.mark.parametrize(("tiers", "message"), [
+    ({"disk": {"bytes": -1}}, "tiers.disk.bytes"),
+    ({"disk": {"bytes": float("nan")}}, "tiers.disk.bytes"),
+    ({"no spaces": {}}, "tier names"),
+    ({"disk": [1]}, "tiers.disk"),
+    ({f"t{i}": {} for i in range(17)}, "at most 16"),
+])
+def test_bad_tier_figures_are_refused_naming_the_field(tiers, message):
+    data = Snapshot("p.0", 10.0, 1.0).to_dict()
+    data["tiers"] = tiers
+    with pytest.raises(ValueError, match=message):
+        Snapshot.from_dict(data)

@@ -9,6 +9,7 @@ import torch
 from relay_engine.core.config import parse_policy
 from relay_engine.core.engine import RelayEngine
 from relay_engine.core.model import PrefixKV
+from relay_engine.core.outcomes import Outcome
 from relay_engine.lab.bench.stats import PointResult, bootstrap_quantiles, crossing, interval
 from relay_engine.lab.bench.warmup import prime
 from relay_engine.lab.bench.workload import paired_windows
@@ -75,6 +76,8 @@ def test_priming_leaves_the_tiers_as_serving_the_queries_would():
     inserted = prime(engine, ((u, prefixes[u]) for u in order), zeros)
     assert inserted == 4  # a repeat is a hit or a promotion, never a second insert
     keys = {u: engine.cache_key(u, p) for u, p in prefixes.items()}
-    assert keys["a"] in engine.hbm and keys["d"] in engine.hbm  # the most recent stay in HBM
-    assert sum(k in engine.dram for k in keys.values()) == 2  # the others were demoted, none lost
-    assert engine.hbm.used_bytes <= engine.hbm.budget_bytes
+    where = {u: engine.cache.where(k) for u, k in keys.items()}
+    assert where["a"] is where["d"] is Outcome.HBM  # the most recent stay in HBM
+    assert sorted(where.values()) == ["dram", "dram", "hbm", "hbm"]  # the others were demoted, none lost
+    stats = engine.stats()
+    assert stats.hbm_bytes <= stats.hbm_budget_bytes

@@ -46,5 +46,6 @@ def regime_for(settings: BenchSettings, cost: CostModel, k: float, short: int, c
     s = settings
     base = Regime(slo_ms=s.slo_ms, deadline_ms=s.deadline_ms or 2 * s.slo_ms, hbm_budget_mb=s.hbm_budget_mb,
                   dram_budget_mb=s.dram_budget_mb, entry_ttl_ms=s.entry_ttl_ms, dram_ttl_ms=s.dram_ttl_ms,
-                  preinfer_compute_share=s.preinfer_compute_share, max_preinfer_inflight=s.max_preinfer_inflight)
+                  preinfer_compute_share=s.preinfer_compute_share, max_preinfer_inflight=s.max_preinfer_inflight,
+                  disk_budget_mb=s.dram_budget_mb)
     return replace(base.scaled(k), latency_model=cost.full_inference_model(short, candidates))

@@ -11,6 +11,7 @@ from pathlib import Path
 from relay_engine.core import fields
 from relay_engine.core.trace import TraceError, read_trace
 from relay_engine.lab.bench import __doc__ as PACKAGE_DOC
+from relay_engine.lab.bench.modes import MODES, MODES_BY_NAME, Mode
 from relay_engine.lab.bench.run import run
 from relay_engine.lab.bench.settings import BenchSettings, quick_settings
 from relay_engine.lab.traffic import TraceSpec, generate_trace
@@ -32,6 +33,21 @@ def positive_number(text: str) -> float:
 def time_scale_flag(text: str) -> float | None:
     """K, or None for 'auto'."""
     return None if text == "auto" else positive_number(text)
+
+
+# Every run measures these: the headline ratios and the regime are theirs.
+REQUIRED_MODES = ("baseline", "relay")
+
+
+def modes_flag(text: str) -> tuple[Mode, ...]:
+    """A comma-separated subset of the modes (in the benchmark's order, baseline and relay always in)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODES_BY_NAME]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown mode(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"choose from {', '.join(MODES_BY_NAME)}")
+    wanted = set(names) | set(REQUIRED_MODES)
+    return tuple(m for m in MODES if m.name in wanted)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap-sweep", action="store_true",
                         help="also measure SLO throughput at every cap of 512, 1024, 2048, 4096 (baseline, relay)")
     parser.add_argument("--no-ablations", action="store_true", help="skip the ablations' throughput sweeps")
+    parser.add_argument("--modes", type=modes_flag, default=MODES, metavar="A,B,…",
+                        help=f"measure only these modes, side by side on the same windows (default: all of "
+                             f"{', '.join(MODES_BY_NAME)}); {' and '.join(REQUIRED_MODES)} are always measured")
     parser.add_argument("--no-sim-guide", action="store_true",
                         help="bisect every sweep instead of starting at the simulator's prediction")
     parser.add_argument("--timestamps", action="store_true", help="give tokens timestamps (time-bucket bias)")
@@ -101,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if per_window > len(queries):
         print(f"error: a window needs {per_window} queries; the trace has {len(queries)}", file=sys.stderr)
         return 2
-    result = run(settings, queries, name, Path(args.out))
+    result = run(settings, queries, name, Path(args.out), modes=args.modes)
     print(result["markdown"])
     print(f"\nwrote {args.out} and {', '.join(result['plots']) or 'no plots'} in {result['runtime_s']:.0f} s")
     return 0

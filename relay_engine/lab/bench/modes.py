@@ -5,18 +5,24 @@ all run under.
 ``relay`` (trigger + affinity router + HBM tier + DRAM expander), and the ablations
 ``relay_cache_only`` (no pre-inference: a miss keeps its prefix for the user's next request, so
 this is what caching alone buys), ``relay_no_dram`` (DRAM budget 0), ``relay_random_route``
-(pre-infer signal and ranking routed independently at random) and ``relay_preinfer_all`` (the
-trigger admits every length; budgets still apply).
+(pre-infer signal and ranking routed independently at random), ``relay_preinfer_all`` (the
+trigger admits every length; budgets still apply), and a pair that measures the local-disk tier side by
+side: ``relay_small_dram`` (an eighth of the DRAM budget) and ``relay_disk`` (the same small DRAM with
+the disk tier under it).
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from relay_engine.core.config import CacheBudget, LatencyModel, PolicySpec, TriggerPolicy
+from relay_engine.core.config import CacheBudget, DiskTierPolicy, LatencyModel, PolicySpec, TriggerPolicy
 from relay_engine.core.engine import DeadlineExceeded, Forwards, RankRequest
+
+SMALL_DRAM_SHARE = 1 / 8
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,8 @@ class Mode:
     dram: bool = True
     affinity: bool = True
     admit_all: bool = False
+    dram_share: float = 1.0  # of the regime's DRAM budget
+    disk: bool = False  # the local-disk tier under DRAM
     what: str = ""
 
 
@@ -37,6 +45,9 @@ MODES: tuple[Mode, ...] = (
     Mode("relay_no_dram", dram=False, what="relay without the DRAM tier"),
     Mode("relay_random_route", affinity=False, what="relay, pre-infer signal and ranking routed at random"),
     Mode("relay_preinfer_all", admit_all=True, what="relay, the trigger admits every prefix"),
+    Mode("relay_small_dram", dram_share=SMALL_DRAM_SHARE, what="relay with an eighth of the DRAM budget"),
+    Mode("relay_disk", dram_share=SMALL_DRAM_SHARE, disk=True,
+         what="relay with an eighth of the DRAM budget and the local-disk tier under it"),
 )
 MODES_BY_NAME = {m.name: m for m in MODES}
 
@@ -57,6 +68,9 @@ class Regime:
     at_risk_seq_len: int | None = None  # a fixed threshold instead (None: derived)
     preinfer_compute_share: float = TriggerPolicy().preinfer_compute_share
     max_preinfer_inflight: int = TriggerPolicy().max_preinfer_inflight
+    # The disk tier of the modes that have one: each instance keeps its files in its own subdirectory.
+    disk_path: str = str(Path(tempfile.gettempdir()) / "relaygr-bench-disk")
+    disk_budget_mb: float = CacheBudget().dram_budget_mb  # small DRAM + disk hold what relay's DRAM does
 
     def scaled(self, k: float) -> Regime:
         """The same regime on a device k times slower: every time constant × k."""
@@ -75,8 +89,11 @@ def mode_policy(mode: Mode, regime: Regime) -> PolicySpec | None:
         latency_model=regime.latency_model, admit_all=mode.admit_all,
         max_preinfer_inflight=regime.max_preinfer_inflight if mode.preinfer else 0,
         ranking_p99_slo_ms=regime.slo_ms, preinfer_compute_share=regime.preinfer_compute_share)
-    cache = CacheBudget(hbm_budget_mb=regime.hbm_budget_mb, dram_budget_mb=regime.dram_budget_mb if mode.dram else 0.0,
-                        entry_ttl_ms=max(1, round(regime.entry_ttl_ms)), dram_ttl_ms=max(1, round(regime.dram_ttl_ms)))
+    dram_ttl_ms = max(1, round(regime.dram_ttl_ms))
+    disk = DiskTierPolicy(regime.disk_path, regime.disk_budget_mb, dram_ttl_ms) if mode.disk else None
+    cache = CacheBudget(hbm_budget_mb=regime.hbm_budget_mb,
+                        dram_budget_mb=regime.dram_budget_mb * mode.dram_share if mode.dram else 0.0,
+                        entry_ttl_ms=max(1, round(regime.entry_ttl_ms)), dram_ttl_ms=dram_ttl_ms, disk=disk)
     return PolicySpec(trigger=trigger, cache=cache)
 
 

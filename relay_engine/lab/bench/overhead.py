@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from relay_engine.core.engine import RankRequest, RelayEngine
 from relay_engine.core.features import SyntheticFeatures
 from relay_engine.core.model import History, HSTUModel
+from relay_engine.core.outcomes import Outcome
 from relay_engine.core.trace import TraceQuery
 from relay_engine.lab.bench.modes import MODES_BY_NAME, Regime, mode_policy
 from relay_engine.lab.bench.settings import BenchSettings
@@ -34,7 +35,7 @@ def measure_overhead(settings: BenchSettings, queries: Sequence[TraceQuery], cap
         short = features.short_term(q.user_id, i, q.short_len)
         cands = features.candidates(i, q.n_candidates)
         kv = model.prefill(prefix)
-        engine.hbm.insert(engine.cache_key(q.user_id, prefix), kv)
+        engine.cache.insert(engine.cache_key(q.user_id, prefix), kv)
         request = RankRequest(q.user_id, prefix, short, cands)
         best_engine = best_bare = math.inf
         for _ in range(s.overhead_repeats):
@@ -43,7 +44,7 @@ def measure_overhead(settings: BenchSettings, queries: Sequence[TraceQuery], cap
             t1 = time.thread_time()
             model.rank(kv, short, cands)
             t2 = time.thread_time()
-            if result.source != "hbm":
+            if result.source is not Outcome.HBM:
                 raise RuntimeError(f"overhead measurement expected an HBM hit, got {result.source}")
             best_engine, best_bare = min(best_engine, t1 - t0), min(best_bare, t2 - t1)
         engine_ms += best_engine * 1000

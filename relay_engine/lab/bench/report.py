@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from relay_engine.lab.bench.stats import TIER_OUTCOMES
+
 MiB = 2**20
 
 
@@ -33,7 +35,8 @@ def markdown(result: dict) -> str:
         f"{result['windows']['count']} paired windows; P99 with a bootstrap 95 % interval.",
         "",
         f"| mode | max seq len @ SLO | SLO throughput @ cap {cap} (QPS here / reference) | P99 there (ms) [95 % CI] "
-        "| P99 unscaled (ms) | hit ratio (HBM / DRAM / in flight) | miss | pre-infer admitted / refused "
+        f"| P99 unscaled (ms) | hit ratio ({' / '.join(t.upper() for t in TIER_OUTCOMES)} / in flight) | miss "
+        "| pre-infer admitted / refused "
         "| peak HBM / budget (MiB) | peak DRAM / budget (MiB) |",
         "|---|---:|---:|---:|---:|---|---:|---|---:|---:|",
     ]
@@ -46,7 +49,7 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {name} | {_fmt(m['max_seq_len_at_slo'], 'd') if m['max_seq_len_at_slo'] is not None else '–'} "
             f"| {thr} | {_fmt(r.get('p99_ms'))}{_ci(r.get('p99_ci_ms'))} | {_fmt(r.get('p99_ms_unscaled'), '.2f')} "
-            f"| {_pct(r.get('hbm_hit_rate'))} / {_pct(r.get('dram_hit_rate'))} / {_pct(r.get('inflight_join_rate'))} "
+            f"| {' / '.join(_pct(r.get(f'{t}_hit_rate')) for t in TIER_OUTCOMES)} / {_pct(r.get('inflight_join_rate'))} "
             f"| {_pct(r.get('miss_rate'))} | {pre.get('admitted', 0)} / {refused} "
             f"| {r.get('hbm_peak_bytes', 0) / MiB:.0f} / {r.get('hbm_budget_bytes', 0) / MiB:.0f} "
             f"| {r.get('dram_peak_bytes', 0) / MiB:.0f} / {r.get('dram_budget_bytes', 0) / MiB:.0f} |")

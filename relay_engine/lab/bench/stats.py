@@ -16,11 +16,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from relay_engine.core.outcomes import Outcome
 from relay_engine.lab.bench.workload import InstanceReport
 
 SLO_QUANTILE = 0.99
 BOOTSTRAP_REPLICATES = 1000
-RANKED = ("hbm", "dram", "inflight", "miss", "full")
+FULL = "full"  # the baseline's outcome: ranked by a full forward, no cache asked
+RANKED: tuple[str, ...] = (*Outcome, FULL)
+CACHED: tuple[str, ...] = tuple(o for o in Outcome if o is not Outcome.MISS)
+TIER_OUTCOMES: tuple[str, ...] = tuple(o for o in CACHED if o is not Outcome.INFLIGHT)  # served from a tier
 
 
 def quantile(values: np.ndarray, q: float) -> float | None:
@@ -97,9 +101,9 @@ class PointResult:
 
     @property
     def hit_ratio(self) -> float | None:
-        """Share of ranked requests that found their prefix cached (HBM, DRAM or in flight)."""
+        """Share of ranked requests that found their prefix cached (in any tier, or in flight)."""
         ranked = sum(n for k, n in self.outcomes.items() if k in RANKED)
-        hits = sum(self.outcomes.get(k, 0) for k in ("hbm", "dram", "inflight"))
+        hits = sum(self.outcomes.get(k, 0) for k in CACHED)
         return None if not ranked else round(hits / ranked, 4)
 
     def summary(self) -> dict:
@@ -119,8 +123,8 @@ class PointResult:
             "p99_ci_ms_unscaled": None if ci is None else [round(x / k, 3) for x in ci],
             "within_slo_share": None if self.within_slo_share is None else round(self.within_slo_share, 4),
             "deadline_missed": self.outcomes.get("deadline", 0),
-            "hit_ratio": self.hit_ratio, "hbm_hit_rate": self.rate("hbm"), "dram_hit_rate": self.rate("dram"),
-            "inflight_join_rate": self.rate("inflight"), "miss_rate": self.rate("miss"),
+            "hit_ratio": self.hit_ratio, **{f"{tier}_hit_rate": self.rate(tier) for tier in TIER_OUTCOMES},
+            "inflight_join_rate": self.rate(Outcome.INFLIGHT), "miss_rate": self.rate(Outcome.MISS),
             "outcomes": dict(self.outcomes),
             "preinfer": {"signals": self.preinfer_signals, "admitted": self.preinfer_admitted,
                          "refused": dict(self.preinfer_refused)},

@@ -2,7 +2,7 @@
 
 Serving a query leaves its prefix resident (a pre-inference or a miss's recompute both keep it):
 ``prime`` takes the queries in order and does to the tiers what serving them would — an HBM hit
-refreshes the entry, a DRAM entry is promoted, anything else is inserted (evicting to DRAM as the
+refreshes the entry, an entry of a lower tier is promoted, anything else is inserted (demoting down the tiers as the
 budgets demand) — without running a forward pass. The KV put in has the right shape and size but
 no meaningful values (``kv_for(prefix)``: zeros in the benchmark, a sizeless stand-in in the simulator):
 ranking on it costs exactly what ranking on a real one does. Requests of the measured windows
@@ -22,10 +22,7 @@ def prime(engine: RelayEngine, prefixes: Iterable[tuple[str, History]], kv_for: 
     inserted = 0
     for user_id, prefix in prefixes:
         key = engine.cache_key(user_id, prefix)
-        if engine.hbm.get(key) is not None:
-            continue
-        kv, _ = engine.dram.promote(key)
-        if kv is None:
-            engine.hbm.insert(key, kv_for(prefix), consumed=True)
+        if not engine.cache.lookup(key).found:
+            engine.cache.insert(key, kv_for(prefix), consumed=True)
             inserted += 1
     return inserted

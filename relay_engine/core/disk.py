@@ -1,0 +1,340 @@
+"""The local-disk tier: prefix KV caches demoted from DRAM into files of a local directory.
+
+Under DRAM in the stack (``tiers.TierStack``), with its own byte budget (the bytes of its files) and
+TTL. Off unless the policy names a directory (``cache.disk``).
+
+* **Off the ranking path**: ``admit`` only queues the entry; a writer thread serialises it, writes it
+  to a temporary file and renames it into place, then exits when its queue is empty. An entry still
+  queued is served from memory.
+* **Checksummed**: a file is ``MAGIC``, the payload's length and its sha256, then the payload. A file
+  that is short, torn, of another format, fails its checksum or holds another key is a miss (counted
+  in ``corrupt_reads`` and deleted), never a wrong score.
+* **A full disk is no error on the ranking path**: a write that fails (ENOSPC or any ``OSError``) is
+  counted in ``failed_writes`` and the entry dropped.
+
+A KV with no storage (the fleet simulator's stand-in, on the ``meta`` device) is kept as accounting
+only, with no file, so the simulator runs this tier's budget, TTL and order like the real one.
+
+The directory is this instance's own: files of an earlier run are deleted when the tier starts (their
+keys are not indexed, and the budget counts only what this run wrote).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import struct
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from relay_engine.core.kvcache import CacheKey
+from relay_engine.core.model import History, PrefixKV
+from relay_engine.core.outcomes import Outcome, TierCounters
+from relay_engine.core.tiers import Drain
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"RGRKV\x00\x01\n"  # format name and version
+_HEADER = struct.Struct(f"<{len(MAGIC)}sQ32s")  # magic, payload length, sha256 of the payload
+SUFFIX = ".kv"
+MAX_QUEUED = 256  # demotions waiting for the writer; past this a demotion is refused (counted)
+
+
+class CorruptEntry(ValueError):
+    """A file that does not hold what its name promises."""
+
+
+def encode(key: CacheKey, kv: PrefixKV) -> bytes:
+    """A file's bytes: header (magic, length, sha256) and the payload (tensors on the CPU, plain values)."""
+    tail = None if kv.tail is None else {"items": kv.tail.items.cpu(), "actions": kv.tail.actions.cpu(),
+                                         "timestamps": _cpu(kv.tail.timestamps)}
+    payload = io.BytesIO()
+    torch.save({"key": [key.user_id, key.prefix_digest, key.model_version, key.edit_hash],
+                "kv": kv.kv.detach().cpu(), "timestamps": _cpu(kv.timestamps), "length": kv.length,
+                "model_version": kv.model_version, "edit_hash": kv.edit_hash, "tail": tail}, payload)
+    body = payload.getvalue()
+    return _HEADER.pack(MAGIC, len(body), hashlib.sha256(body).digest()) + body
+
+
+def decode(key: CacheKey, data: bytes) -> PrefixKV:
+    """The PrefixKV in a file's bytes, on the CPU; CorruptEntry when they are not a whole, intact
+    entry of key."""
+    if len(data) < _HEADER.size:
+        raise CorruptEntry(f"{len(data)} bytes, shorter than the {_HEADER.size}-byte header")
+    magic, length, digest = _HEADER.unpack_from(data)
+    body = data[_HEADER.size:]
+    if magic != MAGIC:
+        raise CorruptEntry("not a RelayGR KV file (bad magic)")
+    if len(body) != length:
+        raise CorruptEntry(f"payload is {len(body)} bytes, the header says {length}")
+    if hashlib.sha256(body).digest() != digest:
+        raise CorruptEntry("payload fails its sha256")
+    try:
+        d = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+        stored_key = CacheKey(*d["key"])
+        tail = None if d["tail"] is None else History(d["tail"]["items"], d["tail"]["actions"],
+                                                      d["tail"]["timestamps"])
+        kv = PrefixKV(d["kv"], d["timestamps"], int(d["length"]), str(d["model_version"]), str(d["edit_hash"]), tail)
+    except Exception as exc:  # noqa: BLE001 — a payload with a valid checksum but not our layout
+        raise CorruptEntry(f"payload does not decode: {exc}") from None
+    if stored_key != key:
+        raise CorruptEntry("file holds another key")
+    return kv
+
+
+def _cpu(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().cpu()
+
+
+@dataclass
+class _DiskEntry:
+    path: Path
+    nbytes: int  # the file's size
+    stored_at: float
+    stand_in: PrefixKV | None = None  # a storage-less KV, accounted for but never written
+
+
+@dataclass
+class DiskTier:
+    directory: Path
+    budget_bytes: int
+    ttl_s: float
+    clock: Callable[[], float] = time.monotonic
+    on_evict: Callable[[CacheKey, PrefixKV], None] | None = None  # the bottom tier: evictions are gone
+    counters: TierCounters = field(default_factory=TierCounters)
+    name = Outcome.DISK
+
+    def __post_init__(self) -> None:
+        if self.budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be ≥ 0, got {self.budget_bytes}")
+        self.directory = Path(self.directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob(f"*{SUFFIX}*"):
+            stale.unlink(missing_ok=True)
+        self._entries: OrderedDict[CacheKey, _DiskEntry] = OrderedDict()  # written, oldest first
+        self._queued: dict[CacheKey, tuple[PrefixKV, float]] = {}  # admitted, not yet written
+        self._lock = threading.Lock()
+        self._to_write: Drain[CacheKey] = Drain(self._lock, self._write, "disk-demotion")  # the writer
+        self.used_bytes = 0
+        self._closed = False  # closed tiers take nothing more (a demotion racing a policy that removed it)
+
+    def __contains__(self, key: CacheKey) -> bool:
+        with self._lock:
+            return key in self._entries or key in self._queued
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries) + len(self._queued)
+
+    def path_of(self, key: CacheKey) -> Path:
+        name = hashlib.sha256("\x00".join((key.user_id, key.prefix_digest, key.model_version,
+                                           key.edit_hash)).encode()).hexdigest()[:40]
+        return self.directory / f"{name}{SUFFIX}"
+
+    # --- in ----------------------------------------------------------------------------------
+
+    def admit(self, key: CacheKey, kv: PrefixKV) -> bool:
+        """Queue an entry demoted from DRAM for the writer thread; False when the queue is full or the
+        entry is larger than the whole budget. Never blocks on the disk."""
+        start = False
+        with self._lock:
+            if self._closed or kv.nbytes > self.budget_bytes or len(self._to_write) >= MAX_QUEUED:
+                self.counters.rejected += 1
+                return False
+            self._drop_written(key)
+            # Queued again even when an older version is queued or being written: the writer skips a
+            # key whose version it holds is no longer the queued one, and writes the newest once.
+            self._queued[key] = (kv, self.clock())
+            self.counters.admissions += 1
+            start = self._to_write.put(key)
+        if start:
+            self._to_write.start()
+        return True
+
+    def _write(self, key: CacheKey) -> None:
+        """In the writer thread: write key's queued version to its file."""
+        with self._lock:
+            queued = self._queued.get(key)
+        if queued is None:
+            return  # promoted, discarded or already written while queued
+        kv, stored_at = queued
+        path = self.path_of(key)
+        if kv.kv.is_meta:
+            self._keep_stand_in(key, queued)
+            return
+        try:
+            data = encode(key, kv)
+        except Exception:  # noqa: BLE001 — an entry that cannot be serialised is dropped, the tier lives on
+            log.exception("serialising %s for the disk tier failed; the entry is dropped", key.user_id)
+            self._forget_queued(key, queued, failed=True)
+            return
+        with self._lock:
+            if self._queued.get(key) is not queued:
+                return
+            fits = self._make_room(len(data))
+        if not fits:
+            self._forget_queued(key, queued, rejected=True)
+            return
+        try:
+            self._write_file(path, data)
+        except OSError as exc:  # ENOSPC, EIO, a vanished directory: counted, the entry dropped
+            log.warning("writing %s to the disk tier failed (%s); the entry is dropped", key.user_id, exc)
+            self._forget_queued(key, queued, failed=True)
+            return
+        with self._lock:
+            if self._queued.get(key) is not queued:  # promoted or discarded while it was written
+                path.unlink(missing_ok=True)
+                return
+            del self._queued[key]
+            self._entries[key] = _DiskEntry(path, len(data), stored_at)
+            self.used_bytes += len(data)
+            self.counters.peak_bytes = max(self.counters.peak_bytes, self.used_bytes)
+
+    def _keep_stand_in(self, key: CacheKey, queued: tuple[PrefixKV, float]) -> None:
+        kv, stored_at = queued
+        with self._lock:
+            if self._queued.get(key) is not queued or not self._make_room(kv.nbytes):
+                self._queued.pop(key, None)
+                return
+            del self._queued[key]
+            self._entries[key] = _DiskEntry(self.path_of(key), kv.nbytes, stored_at, stand_in=kv)
+            self.used_bytes += kv.nbytes
+            self.counters.peak_bytes = max(self.counters.peak_bytes, self.used_bytes)
+
+    def _write_file(self, path: Path, data: bytes) -> None:
+        """Write data to path whole or not at all: a temporary file, synced, renamed into place."""
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _forget_queued(self, key: CacheKey, queued: tuple[PrefixKV, float], *, failed: bool = False,
+                       rejected: bool = False) -> None:
+        with self._lock:
+            if self._queued.get(key) is queued:
+                del self._queued[key]
+                self.counters.failed_writes += failed
+                self.counters.rejected += rejected
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Delete the oldest files until nbytes more fit (lock held); False when they never would."""
+        if nbytes > self.budget_bytes:
+            return False
+        while self.used_bytes + nbytes > self.budget_bytes and self._entries:
+            _, victim = self._entries.popitem(last=False)
+            self.used_bytes -= victim.nbytes
+            self._delete(victim)
+            self.counters.evictions += 1
+        return True
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every admitted entry is written (or dropped); False on timeout."""
+        return self._to_write.flush(timeout_s)
+
+    # --- out ---------------------------------------------------------------------------------
+
+    def lookup(self, key: CacheKey) -> PrefixKV | None:
+        """Take key's KV out of the tier (from memory while its write is queued, else read back and
+        verified; the file is deleted either way); None when absent, expired or corrupt."""
+        with self._lock:
+            queued = self._queued.pop(key, None)
+            entry = None if queued is not None else self._entries.pop(key, None)
+            if entry is not None:
+                self.used_bytes -= entry.nbytes
+        if queued is not None:
+            kv, stored_at = queued
+            return self._served(kv, stored_at)
+        if entry is None:
+            return None
+        if entry.stand_in is not None:
+            return self._served(entry.stand_in, entry.stored_at)
+        try:
+            data = entry.path.read_bytes()
+        except OSError as exc:
+            log.warning("reading %s from the disk tier failed (%s): a miss", key.user_id, exc)
+            data = b""
+        finally:
+            entry.path.unlink(missing_ok=True)
+        if self.clock() - entry.stored_at > self.ttl_s:
+            return self._served(None, entry.stored_at)
+        try:
+            kv = decode(key, data)
+        except CorruptEntry as exc:
+            log.warning("disk tier entry of %s is corrupt (%s): a miss", key.user_id, exc)
+            with self._lock:
+                self.counters.corrupt_reads += 1
+            return None
+        return self._served(kv, entry.stored_at)
+
+    def _served(self, kv: PrefixKV | None, stored_at: float) -> PrefixKV | None:
+        with self._lock:
+            if kv is None or self.clock() - stored_at > self.ttl_s:
+                self.counters.expirations += 1
+                return None
+            self.counters.hits += 1
+            return kv
+
+    def discard(self, key: CacheKey) -> None:
+        with self._lock:
+            self._queued.pop(key, None)
+            self._drop_written(key)
+
+    def expire(self) -> int:
+        with self._lock:
+            now = self.clock()
+            stale = [k for k, e in self._entries.items() if now - e.stored_at > self.ttl_s]
+            for k in stale:
+                self._drop_written(k)
+            self.counters.expirations += len(stale)
+            return len(stale)
+
+    def resize(self, budget_bytes: int, ttl_s: float) -> None:
+        with self._lock:
+            self.budget_bytes, self.ttl_s = budget_bytes, ttl_s
+            self._make_room(0)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._queued.clear()
+            for k in list(self._entries):
+                self._drop_written(k)
+
+    def close(self) -> None:
+        """Let queued writes finish, then delete every file and the directory if that leaves it empty
+        (the tier does not outlive its instance)."""
+        with self._lock:
+            self._closed = True
+        self.flush(timeout_s=30)
+        self.clear()
+        with contextlib.suppress(OSError):  # not empty (someone else's files), or already gone
+            self.directory.rmdir()
+
+    def _drop_written(self, key: CacheKey) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.used_bytes -= entry.nbytes
+            self._delete(entry)
+
+    @staticmethod
+    def _delete(entry: _DiskEntry) -> None:
+        if entry.stand_in is not None:
+            return
+        try:
+            entry.path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("deleting %s failed (%s)", entry.path, exc)

@@ -1,0 +1,36 @@
+"""The benchmark's modes: the disk ablation is measured beside the same small DRAM without the disk,
+and ``--modes`` picks a paired subset (baseline and relay always in)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from relay_engine.lab.bench.cli import modes_flag
+from relay_engine.lab.bench.modes import MODES, MODES_BY_NAME, Regime, mode_policy
+
+
+def test_relay_disk_differs_from_relay_small_dram_only_by_the_disk_tier():
+    regime = Regime(slo_ms=50, deadline_ms=100, dram_budget_mb=800, disk_path="/tmp/relaygr-test-disk",
+                    disk_budget_mb=800)
+    small = mode_policy(MODES_BY_NAME["relay_small_dram"], regime)
+    disk = mode_policy(MODES_BY_NAME["relay_disk"], regime)
+    relay = mode_policy(MODES_BY_NAME["relay"], regime)
+    assert small.cache.dram_budget_mb == disk.cache.dram_budget_mb == 100 < relay.cache.dram_budget_mb
+    assert small.cache.disk is None and relay.cache.disk is None
+    assert disk.cache.disk.path == "/tmp/relaygr-test-disk" and disk.cache.disk.budget_mb == 800
+    assert disk.trigger == small.trigger
+    assert disk.cache.disk.ttl_ms == disk.cache.dram_ttl_ms
+
+
+def test_modes_flag_keeps_the_benchmark_order_and_always_measures_baseline_and_relay():
+    chosen = modes_flag("relay_disk,relay_small_dram")
+    assert [m.name for m in chosen] == ["baseline", "relay", "relay_small_dram", "relay_disk"]
+    assert modes_flag(",".join(m.name for m in MODES)) == MODES
+
+
+@pytest.mark.parametrize("text", ["relay_dsk", "", ","])
+def test_modes_flag_names_the_unknown_mode_and_the_choices(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="choose from baseline, relay"):
+        modes_flag(text)
