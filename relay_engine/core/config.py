@@ -126,7 +126,7 @@ class DiskTierPolicy:
 
     @property
     def budget_bytes(self) -> int:
-        return int(self.budget_mb * 1024 * 1024)
+        return int(self.budget_mb * BYTES_PER_MIB)
 
 
 @dataclass(frozen=True)
