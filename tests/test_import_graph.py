@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from relay_engine.core.outcomes import Outcome
+from relay_engine.core.outcomes import LOWER_TIER_MODULES, Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("relay_engine", "workers", "controlplane", "frontend")
@@ -165,6 +165,15 @@ def test_the_tier_rule_catches_a_direct_import(module):
     assert _tier_import("relay_engine.lab.bench.warmup", module, [])
     assert _tier_import("workers.instance", f"{module}.Something", [])
     assert _tier_import("relay_engine.core.engine", module, []) is None
+
+
+def test_the_engine_builds_its_lower_tiers_through_their_registration_only():
+    """A new tier is its module and its line in ``outcomes.LOWER_TIER_MODULES``: the engine imports none."""
+    lower = set(LOWER_TIER_MODULES.values())
+    assert lower <= set(MODULES)
+    imported = {_project_target(module) for module, _, _ in _imports("relay_engine.core.engine",
+                                                                      MODULES["relay_engine.core.engine"])}
+    assert imported & lower == set()
 
 
 def _tier_reach_ins(path: Path) -> list[int]:

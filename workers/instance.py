@@ -28,7 +28,7 @@ import torch
 from celery import signals
 
 from relay_engine.core import devices
-from relay_engine.core.engine import RelayEngine, host_memory_bytes
+from relay_engine.core.engine import RelayEngine
 from relay_engine.core.features import SyntheticFeatures
 from relay_engine.core.wire import HEARTBEAT_TIMEOUT_S, InstanceStatus, instance_name
 from workers.app import make_app, redis_client
@@ -53,7 +53,7 @@ PER_TASK_LOGGERS = ("celery.app.trace", "celery.worker.strategy", "celery.worker
 def engine_gauges(engine: RelayEngine) -> dict[str, Any]:
     stats = engine.stats()
     # On the CPU the "HBM" tier lives in host memory, which is then the device's memory.
-    device_bytes = devices.device_memory_bytes(engine.device) or host_memory_bytes()
+    device_bytes = devices.device_memory_bytes(engine.device) or devices.host_memory_bytes()
     return {"hbm_bytes": stats.hbm_bytes, "hbm_budget_bytes": stats.hbm_budget_bytes,
             "dram_bytes": stats.dram_bytes, "dram_budget_bytes": stats.dram_budget_bytes,
             "device_memory_bytes": device_bytes}

@@ -55,6 +55,11 @@ def device_memory_bytes(device: torch.device) -> int | None:
     return None
 
 
+def host_memory_bytes() -> int:
+    """The host's physical memory (what the DRAM tier, and the CPU device's HBM tier, live in)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def device_allocated_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device)

@@ -26,6 +26,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import struct
 import threading
 import time
@@ -36,10 +37,11 @@ from pathlib import Path
 
 import torch
 
+from relay_engine.core.config import CacheBudget
 from relay_engine.core.kvcache import CacheKey
 from relay_engine.core.model import History, PrefixKV
 from relay_engine.core.outcomes import Outcome, TierCounters
-from relay_engine.core.tiers import Drain
+from relay_engine.core.tiers import Drain, LowerTier, TierSite
 
 log = logging.getLogger(__name__)
 
@@ -338,3 +340,35 @@ class DiskTier:
             entry.path.unlink(missing_ok=True)
         except OSError as exc:
             log.warning("deleting %s failed (%s)", entry.path, exc)
+
+
+def _build(cache: CacheBudget, site: TierSite, current: DiskTier | None) -> DiskTier | None:
+    """The disk tier while the policy names a directory: the one the engine runs if it keeps its files
+    there, resized, else a new one; None (off) without ``cache.disk``."""
+    policy = cache.disk
+    if policy is None:
+        return None
+    # The policy names a directory for the pool; each instance keeps its files in its own below it.
+    directory = Path(policy.path) / re.sub(r"[^A-Za-z0-9._-]", "_", site.engine_name)
+    tier = current
+    if tier is None or tier.directory != directory:
+        tier = DiskTier(directory, policy.budget_bytes, policy.ttl_ms / 1000, clock=site.clock)
+    tier.resize(policy.budget_bytes, policy.ttl_ms / 1000)
+    return tier
+
+
+def _check(cache: CacheBudget) -> tuple[str, str] | None:
+    """The directory the policy names must exist (it is created) and be writable here."""
+    policy = cache.disk
+    if policy is None:
+        return None
+    try:
+        os.makedirs(policy.path, exist_ok=True)
+    except OSError as exc:
+        return "cache.disk.path", f"cannot create {policy.path!r}: {exc.strerror}"
+    if not os.access(policy.path, os.W_OK | os.X_OK):
+        return "cache.disk.path", f"{policy.path!r} is not a writable directory"
+    return None
+
+
+LOWER_TIER = LowerTier(Outcome.DISK, build=_build, check=_check)

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relay_engine.core.devices import host_pinning_supported
+from relay_engine.core.config import CacheBudget
+from relay_engine.core.devices import host_memory_bytes, host_pinning_supported
 from relay_engine.core.kvcache import CacheKey
 from relay_engine.core.model import PrefixKV
 from relay_engine.core.outcomes import Outcome, TierCounters
-from relay_engine.core.tiers import Drain
+from relay_engine.core.tiers import Drain, LowerTier, TierSite
 
 log = logging.getLogger(__name__)
 
@@ -180,3 +181,21 @@ class DRAMTier:
             return
         for key, kv in evicted:
             self.on_evict(key, kv)
+
+
+def _build(cache: CacheBudget, site: TierSite, current: DRAMTier | None) -> DRAMTier:
+    """DRAM is always there: the one the engine runs, resized, or a new one."""
+    tier = current or DRAMTier(site.device, cache.dram_budget_bytes, cache.dram_ttl_ms / 1000, clock=site.clock)
+    tier.resize(cache.dram_budget_bytes, cache.dram_ttl_ms / 1000)
+    return tier
+
+
+def _check(cache: CacheBudget) -> tuple[str, str] | None:
+    host_bytes = host_memory_bytes()
+    if cache.dram_budget_bytes > host_bytes:
+        return "cache.dram_budget_mb", (f"{cache.dram_budget_mb:.10g} MiB exceeds host memory, "
+                                        f"{host_bytes / 2**20:.0f} MiB")
+    return None
+
+
+LOWER_TIER = LowerTier(Outcome.DRAM, build=_build, check=_check)

@@ -21,8 +21,6 @@ Two seams make the same policy code run on a virtual clock (the fleet simulator)
 
 from __future__ import annotations
 
-import os
-import re
 import threading
 import time
 from collections import Counter
@@ -30,22 +28,19 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from relay_engine.core import devices
 from relay_engine.core.config import PolicySpec, default_policy
-from relay_engine.core.disk import DiskTier
-from relay_engine.core.dram import DRAMTier
 from relay_engine.core.forward_times import ForwardTimes, TimedForwards, clock_for
 from relay_engine.core.kvcache import CacheKey, HBMCache
 from relay_engine.core.lane import Lane, PreInferLane
 from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
 from relay_engine.core.outcomes import OUTCOME_COUNTERS, Outcome
 from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, LatencyHistogram, RefusalReason
-from relay_engine.core.tiers import CacheTier, TierFigures, TierStack
+from relay_engine.core.tiers import TierFigures, TierSite, TierStack, build_lower_tiers, lower_tiers_problem
 from relay_engine.core.trigger import CacheFootprint, RankingLoad, SequenceAwareTrigger
 
 
@@ -206,10 +201,6 @@ class RankingGate:
         return between_layers
 
 
-def host_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 class RelayEngine:
     def __init__(self, model_config: ModelConfig | None = None, *, device: str | torch.device | None = None,
                  policy: PolicySpec | None = None, name: str = "engine", model: HSTUModel | None = None,
@@ -236,9 +227,10 @@ class RelayEngine:
             PreInferLane(self.device, policy.trigger.preinfer_compute_share, name=f"{name}-preinfer")
         self.ranking_load = RankingLoad()
         self.ranking_gate = RankingGate()
+        self._tier_site = TierSite(name, self.device, clock)
         self._check_applicable(policy)
         self.cache = TierStack(HBMCache(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000, clock=clock),
-                               self._lower_tiers(policy, ()), self.device)
+                               build_lower_tiers(policy.cache, self._tier_site, ()), self.device)
         self.trigger = SequenceAwareTrigger(policy.trigger, now_s=clock())
         self._admit_lock = threading.Lock()  # trigger decision + reservation are one step
         self._counters: Counter[str] = Counter()
@@ -263,39 +255,13 @@ class RelayEngine:
     def _check_applicable(self, policy: PolicySpec) -> None:
         device_bytes = devices.device_memory_bytes(self.device)
         limit, where = (device_bytes, f"{self.device}'s memory") if device_bytes else \
-            (host_memory_bytes(), "host memory (the CPU device's HBM tier lives there)")
+            (devices.host_memory_bytes(), "host memory (the CPU device's HBM tier lives there)")
         if policy.cache.hbm_budget_bytes > limit:
             raise PolicyApplyError("cache.hbm_budget_mb", f"{policy.cache.hbm_budget_mb:.10g} MiB exceeds {where}, "
                                                           f"{limit / 2**20:.0f} MiB")
-        if policy.cache.dram_budget_bytes > host_memory_bytes():
-            raise PolicyApplyError("cache.dram_budget_mb", f"{policy.cache.dram_budget_mb:.10g} MiB exceeds host memory, "
-                                                           f"{host_memory_bytes() / 2**20:.0f} MiB")
-        disk = policy.cache.disk
-        if disk is not None:
-            try:
-                os.makedirs(disk.path, exist_ok=True)
-            except OSError as exc:
-                raise PolicyApplyError("cache.disk.path", f"cannot create {disk.path!r}: {exc.strerror}") from None
-            if not os.access(disk.path, os.W_OK | os.X_OK):
-                raise PolicyApplyError("cache.disk.path", f"{disk.path!r} is not a writable directory")
-
-    def _lower_tiers(self, policy: PolicySpec, current: Sequence[CacheTier]) -> list[CacheTier]:
-        """The tiers under HBM the policy asks for: the ones in ``current`` resized, new ones built."""
-        c = policy.cache
-        by_name = {t.name: t for t in current}
-        dram = by_name.get(Outcome.DRAM) or DRAMTier(self.device, c.dram_budget_bytes, c.dram_ttl_ms / 1000,
-                                                     clock=self.clock)
-        dram.resize(c.dram_budget_bytes, c.dram_ttl_ms / 1000)
-        lower: list[CacheTier] = [dram]
-        if c.disk is not None:
-            # The policy names a directory for the pool; each instance keeps its files in its own below it.
-            directory = Path(c.disk.path) / re.sub(r"[^A-Za-z0-9._-]", "_", self.name)
-            disk = by_name.get(Outcome.DISK)
-            if disk is None or disk.directory != directory:
-                disk = DiskTier(directory, c.disk.budget_bytes, c.disk.ttl_ms / 1000, clock=self.clock)
-            disk.resize(c.disk.budget_bytes, c.disk.ttl_ms / 1000)
-            lower.append(disk)
-        return lower
+        problem = lower_tiers_problem(policy.cache)
+        if problem is not None:
+            raise PolicyApplyError(*problem)
 
     def apply_policy(self, policy: PolicySpec) -> None:
         """Apply a validated policy atomically, or raise PolicyApplyError and keep the current one."""
@@ -309,7 +275,7 @@ class RelayEngine:
             self.trigger.update_policy(policy.trigger)
             self._lane.set_share(policy.trigger.preinfer_compute_share)
             self.cache.hbm.resize(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000)
-            self.cache.set_lower(self._lower_tiers(policy, self.cache.tiers[1:]))
+            self.cache.set_lower(build_lower_tiers(policy.cache, self._tier_site, self.cache.tiers[1:]))
             if edit.content_hash != old.edit.content_hash:
                 # Keys carry the edit hash, so old entries could never be read again: free them now.
                 self.cache.clear()

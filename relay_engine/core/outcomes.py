@@ -2,10 +2,11 @@
 
 ``Outcome`` is the one spelling of "served from": ``RankResult.source``, the capture's outcome, the
 telemetry counter each outcome is counted in (``OUTCOME_COUNTERS``) and the tier names of the stack
-(a tier is named by the outcome of a prefix it served) all come from here. ``TierCounters`` is the
-one counter type of every tier; ``TIER_COUNTERS`` and ``TIER_GAUGES`` name the per-tier figures that
-flow, generically, to telemetry and Prometheus. Stdlib only, so the control plane reads these words
-without loading torch.
+(a tier is named by the outcome of a prefix it served) all come from here. ``LOWER_TIER_MODULES`` is
+the one registration of a tier under HBM: its name and the core module that builds it, in lookup
+order. ``TierCounters`` is the one counter type of every tier; ``TIER_COUNTERS`` and ``TIER_GAUGES``
+name the per-tier figures that flow, generically, to telemetry and Prometheus. Stdlib only, so the
+control plane reads these words without loading torch.
 """
 
 from __future__ import annotations
@@ -16,13 +17,20 @@ from dataclasses import dataclass
 
 
 class Outcome(enum.StrEnum):
-    """Where a ranking request's prefix KV came from (a string: ``Outcome.HBM == "hbm"``)."""
+    """Where a ranking request's prefix KV came from (a string: ``Outcome.HBM == "hbm"``), with how
+    people read it (``label``; the browser gets both from the server)."""
 
-    HBM = "hbm"  # resident in accelerator memory
-    INFLIGHT = "inflight"  # joined a pre-inference, a recompute or a reload already running
-    DRAM = "dram"  # promoted from host memory
-    DISK = "disk"  # promoted from local disk
-    MISS = "miss"  # recomputed by a full forward
+    HBM = "hbm", "HBM hit"  # resident in accelerator memory
+    INFLIGHT = "inflight", "joined a computation in flight"  # a pre-inference, a recompute or a reload running
+    DRAM = "dram", "DRAM hit"  # promoted from host memory
+    DISK = "disk", "disk hit"  # promoted from local disk
+    MISS = "miss", "miss (recompute)"  # recomputed by a full forward
+
+    def __new__(cls, value: str, label: str) -> Outcome:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.label = label
+        return member
 
 
 # The telemetry counter each outcome is counted in: every ranking lookup is counted once, in one of them.
@@ -33,6 +41,15 @@ OUTCOME_COUNTERS: dict[Outcome, str] = {
     Outcome.DISK: "disk_hits",
     Outcome.MISS: "misses",
 }
+
+# The tiers under HBM, in lookup order, each with the core module that builds it from a policy (its
+# ``LOWER_TIER``, a ``tiers.LowerTier``): a new tier is its module and one line here.
+LOWER_TIER_MODULES: dict[Outcome, str] = {
+    Outcome.DRAM: "relay_engine.core.dram",
+    Outcome.DISK: "relay_engine.core.disk",
+}
+# Every tier the core can run, in lookup order (HBM, the top tier, is always there).
+TIERS: tuple[Outcome, ...] = (Outcome.HBM, *LOWER_TIER_MODULES)
 
 
 @dataclass

@@ -11,6 +11,10 @@ The stack (``TierStack``) is what the engine asks; nothing outside the core touc
 * **single-flight promotion**: concurrent ranks of one key share one reload from a lower tier; a rank
   that joins a reload another started is served ``Outcome.INFLIGHT`` and counted once, as a join.
 
+How each tier under HBM is built from a policy is registered by its module (``LowerTier``, named in
+``outcomes.LOWER_TIER_MODULES``); ``build_lower_tiers`` builds the ones a policy asks for, so the engine
+names none of them.
+
 The top tier is the HBM tier (``kvcache.HBMCache``: it alone has a producing state, for pre-inferences
 in flight); every tier below implements ``CacheTier``. The shape follows vLLM v1's core: one pool owns
 each tier's storage and eviction order, one manager coordinates them, and a small result type
@@ -19,6 +23,8 @@ each tier's storage and eviction order, one manager coordinates them, and a smal
 
 from __future__ import annotations
 
+import functools
+import importlib
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -28,9 +34,10 @@ from typing import Generic, Protocol, TypeVar
 
 import torch
 
+from relay_engine.core.config import CacheBudget
 from relay_engine.core.kvcache import CacheKey, HBMCache
 from relay_engine.core.model import PrefixKV
-from relay_engine.core.outcomes import Outcome, TierCounters
+from relay_engine.core.outcomes import LOWER_TIER_MODULES, Outcome, TierCounters
 
 T = TypeVar("T")
 
@@ -69,6 +76,53 @@ class CacheTier(Protocol):
         """Wait until the demotions so far are stored (or dropped); False on timeout."""
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class TierSite:
+    """Where one engine's tiers live: what a lower tier is built from besides the policy."""
+
+    engine_name: str  # the instance's name (a tier keeping files keeps them in a directory of its own)
+    device: torch.device  # the accelerator HBM is on (demotions come from it, promotions go back to it)
+    clock: Callable[[], float]
+
+
+@dataclass(frozen=True)
+class LowerTier:
+    """How one tier under HBM comes from a policy: what its module registers, as ``LOWER_TIER`` (the
+    module is named in ``outcomes.LOWER_TIER_MODULES``). The engine names no tier; it asks these."""
+
+    name: Outcome
+    # The tier the cache section asks for: ``current`` (this tier as the engine runs it, None if it runs
+    # none) resized, or a new one; None when the policy turns the tier off.
+    build: Callable[[CacheBudget, TierSite, CacheTier | None], CacheTier | None]
+    # Why this host cannot apply the cache section: (field path, what is wrong), None when it can.
+    check: Callable[[CacheBudget], tuple[str, str] | None]
+
+
+@functools.cache
+def lower_tier_kinds() -> tuple[LowerTier, ...]:
+    """Every registered tier under HBM, in lookup order."""
+    kinds = []
+    for name, module in LOWER_TIER_MODULES.items():
+        kind = importlib.import_module(module).LOWER_TIER
+        if kind.name != name:
+            raise TypeError(f"{module}.LOWER_TIER builds the {kind.name} tier, registered as {name}")
+        kinds.append(kind)
+    return tuple(kinds)
+
+
+def lower_tiers_problem(cache: CacheBudget) -> tuple[str, str] | None:
+    """The first reason this host cannot run the lower tiers ``cache`` asks for: (field path, message)."""
+    return next((problem for kind in lower_tier_kinds() if (problem := kind.check(cache)) is not None), None)
+
+
+def build_lower_tiers(cache: CacheBudget, site: TierSite, current: Sequence[CacheTier]) -> list[CacheTier]:
+    """The tiers under HBM ``cache`` asks for, in lookup order: those of ``current`` it keeps resized,
+    new ones built (``TierStack.set_lower`` closes the ones left out)."""
+    running = {tier.name: tier for tier in current}
+    built = (kind.build(cache, site, running.get(kind.name)) for kind in lower_tier_kinds())
+    return [tier for tier in built if tier is not None]
 
 
 class Drain(Generic[T]):

@@ -11,13 +11,28 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relay_engine.core.config import parse_policy
 from relay_engine.core.disk import DiskTier
 from relay_engine.core.dram import DRAMTier
 from relay_engine.core.kvcache import CacheKey, HBMCache
 from relay_engine.core.model import PrefixKV
-from relay_engine.core.outcomes import OUTCOME_COUNTERS, TIER_COUNTERS, TIER_GAUGES, Outcome
+from relay_engine.core.outcomes import (
+    LOWER_TIER_MODULES,
+    OUTCOME_COUNTERS,
+    TIER_COUNTERS,
+    TIER_GAUGES,
+    TIERS,
+    Outcome,
+)
 from relay_engine.core.telemetry import COUNTERS
-from relay_engine.core.tiers import MISS, TierStack
+from relay_engine.core.tiers import (
+    MISS,
+    TierSite,
+    TierStack,
+    build_lower_tiers,
+    lower_tier_kinds,
+    lower_tiers_problem,
+)
 
 CPU = torch.device("cpu")
 
@@ -151,3 +166,50 @@ def test_across_three_tiers_an_entry_is_in_at_most_one_and_every_tier_keeps_its_
             for tier in stack.tiers:
                 assert tier.used_bytes <= tier.budget_bytes, tier.name
         stack.close()
+
+
+# --- the registry: how a policy's lower tiers are built -------------------------------------------
+
+
+def site(name: str = "pool.0") -> TierSite:
+    return TierSite(name, CPU, lambda: 0.0)
+
+
+def test_every_registered_tier_is_built_by_its_module_under_its_name():
+    kinds = lower_tier_kinds()
+    assert [kind.name for kind in kinds] == list(LOWER_TIER_MODULES) == list(TIERS[1:])
+    assert TIERS[0] is Outcome.HBM and len(kinds) >= 2
+
+
+def test_the_default_policy_builds_dram_alone():
+    built = build_lower_tiers(parse_policy({}).cache, site(), ())
+    assert [tier.name for tier in built] == [Outcome.DRAM]
+    assert built[0].budget_bytes == parse_policy({}).cache.dram_budget_bytes
+
+
+def test_a_policy_naming_a_disk_directory_builds_disk_under_dram_in_a_directory_of_the_instance(tmp_path):
+    cache = parse_policy({"cache": {"disk": {"path": str(tmp_path), "budget_mb": 2, "ttl_ms": 5000}}}).cache
+    dram, disk = build_lower_tiers(cache, site("pool/0"), ())
+    assert (dram.name, disk.name) == (Outcome.DRAM, Outcome.DISK)
+    assert disk.directory == tmp_path / "pool_0" and disk.budget_bytes == 2 * 2**20 and disk.ttl_s == 5.0
+    disk.close()
+
+
+def test_tiers_the_engine_runs_are_kept_and_resized_not_rebuilt(tmp_path):
+    first = parse_policy({"cache": {"disk": {"path": str(tmp_path), "budget_mb": 2}}}).cache
+    running = build_lower_tiers(first, site(), ())
+    smaller = parse_policy({"cache": {"dram_budget_mb": 1, "dram_ttl_ms": 700,
+                                      "disk": {"path": str(tmp_path), "budget_mb": 1}}}).cache
+    again = build_lower_tiers(smaller, site(), running)
+    assert all(new is old for new, old in zip(again, running, strict=True))
+    assert again[0].budget_bytes == 2**20 and again[0].ttl_s == 0.7 and again[1].budget_bytes == 2**20
+    running[1].close()
+
+
+def test_a_disk_directory_this_host_cannot_write_is_named_by_field(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cache = parse_policy({"cache": {"disk": {"path": str(blocker / "kv")}}}).cache
+    field_path, message = lower_tiers_problem(cache)
+    assert field_path == "cache.disk.path" and "cannot create" in message
+    assert lower_tiers_problem(parse_policy({}).cache) is None
