@@ -31,7 +31,14 @@ from controlplane.common.views import is_instance_of
 from controlplane.policies import checks
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import Pool
-from controlplane.telemetry.selectors import TOP_DEFAULT, TOP_MAX, WINDOWS, refusal_reasons
+from controlplane.telemetry.selectors import (
+    TOP_DEFAULT,
+    TOP_MAX,
+    WINDOWS,
+    cache_tiers,
+    lookup_outcomes,
+    refusal_reasons,
+)
 
 from .assets import PLOTLY_VERSION, plotly_style_sources
 from .policy_fields import FIELD_GROUPS
@@ -60,6 +67,7 @@ class PageView(LoginRequiredMixin, TemplateView):
             pool_names=list(Pool.objects.order_by("name").values_list("name", flat=True)),
             role_label=self.role.label, can_edit=self.role >= Role.OPERATOR, is_admin=self.role >= Role.ADMIN,
             tab=self.tab, plotly_version=PLOTLY_VERSION, refusal_reasons=json.dumps(refusal_reasons()),
+            outcomes=json.dumps(lookup_outcomes()), cache_tiers=json.dumps(cache_tiers()),
         )
         return context
 

@@ -20,7 +20,15 @@ import redis
 from django.conf import settings
 
 from controlplane.common.redis import get_redis, redis_unreachable
-from relay_engine.core.telemetry import COUNTERS, GAUGES, MAX_COUNT, N_BUCKETS, REFUSAL_REASONS, Snapshot
+from relay_engine.core.telemetry import (
+    COUNTERS,
+    GAUGES,
+    MAX_COUNT,
+    N_BUCKETS,
+    REFUSAL_REASONS,
+    Snapshot,
+    gauges_of,
+)
 from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
 
 from .cache import telemetry_cache
@@ -59,7 +67,7 @@ def _fast_values(raw: str) -> np.ndarray | None:
             buckets[index] = count
         values += buckets
         values.append(latency.get("sum_ms", 0.0))
-        values += [data.get(name, 0) for name in GAUGES]
+        values += gauges_of(data.get("tiers") or {}, lambda name: data.get(name, 0))
         values += [data["ts"], data.get("started_at", 0.0)]
         if "instance" not in data or not _PLAIN_NUMBERS.issuperset(map(type, values)):
             return None
@@ -91,7 +99,7 @@ def decode_snapshot(raw: str) -> tuple[float, float, np.ndarray, np.ndarray]:
     row += [float(snap.refusals.get(reason, 0)) for reason in REFUSAL_REASONS]
     row += [float(c) for c in snap.rank_latency.counts]
     row.append(snap.rank_latency.sum_ms)
-    gauges = [float(getattr(snap, name)) for name in GAUGES]
+    gauges = [float(value) for value in snap.gauges().values()]
     return snap.ts, snap.started_at, np.array(row), np.array(gauges)
 
 

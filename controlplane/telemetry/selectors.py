@@ -22,8 +22,8 @@ from controlplane.audit.models import AuditEntry
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import Pool
 from relay_engine.core.config import slo_of
-from relay_engine.core.outcomes import OUTCOME_COUNTERS
-from relay_engine.core.telemetry import GAUGES, REFUSAL_REASONS
+from relay_engine.core.outcomes import OUTCOME_COUNTERS, TIERS, Outcome
+from relay_engine.core.telemetry import GAUGES, REFUSAL_REASONS, TIER_LEVEL_GAUGES
 from relay_engine.core.wire import TELEMETRY_TIERS
 
 from .history import (
@@ -61,6 +61,20 @@ def refusal_reasons() -> list[dict]:
     key of ``preinfer_refused``), ``label``, and ``refusal`` (``RefusalReason.is_refusal``)."""
     return [{"reason": reason.value, "label": reason.label, "refusal": reason.is_refusal}
             for reason in REFUSAL_REASONS]
+
+
+def lookup_outcomes() -> list[dict]:
+    """Where a lookup can be served from, in the core's order, as the browser names it: ``outcome`` (the
+    key of ``lookup_ratio``) and ``label``."""
+    return [{"outcome": outcome.value, "label": outcome.label} for outcome in Outcome]
+
+
+def cache_tiers() -> list[dict]:
+    """Every cache tier the core can run, in lookup order, as the browser reads it: ``tier`` and the names
+    of its level gauges in the series answers (``bytes``: used, ``budget_bytes``)."""
+    gauge_of = {levels: name for name, levels in TIER_LEVEL_GAUGES.items()}
+    return [{"tier": tier.value, "bytes": gauge_of[tier.value, "bytes"],
+             "budget_bytes": gauge_of[tier.value, "budget_bytes"]} for tier in TIERS]
 
 
 def _json_rows(series: dict[str, np.ndarray], as_int: bool = False) -> dict[str, list]:
@@ -101,7 +115,10 @@ TABLE_COLUMNS = ("instance", "rank_requests", "rank_per_s", "p50_ms", "p99_ms", 
 TABLE_DEFAULT_SORT = "-p99_ms"
 TABLE_COUNT_COLUMNS = frozenset(("rank_requests", "preinfer_admitted", "hbm_bytes", "hbm_budget_bytes",
                                  "applied_generation"))  # whole numbers; the others are figures or null
+# Figures by a word of the core, sent nested (``{"preinfer_refused_per_s": {reason: […]}}``).
 _REFUSED = "preinfer_refused_per_s."
+_LOOKUPS = "lookup_ratio."  # the share of lookups served each way, by outcome (every one the core knows)
+_NESTED = (_REFUSED, _LOOKUPS)
 
 
 def _figures(sums: np.ndarray, step_s: float, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
@@ -121,9 +138,7 @@ def _figures(sums: np.ndarray, step_s: float, names: tuple[str, ...] | None = No
         "rank_deadline_exceeded_per_s": _counter(sums, "rank_deadline_exceeded") / step_s,
         "slo_compliance_ratio": _ratio(_counter(sums, "rank_within_slo"), rank_requests),
         "hbm_hit_ratio": _ratio(_counter(sums, "hbm_hits"), lookups),
-        "dram_hit_ratio": _ratio(_counter(sums, "dram_hits"), lookups),
-        "inflight_join_ratio": _ratio(_counter(sums, "inflight_joins"), lookups),
-        "miss_ratio": _ratio(_counter(sums, "misses"), lookups),
+        **{_LOOKUPS + outcome: _ratio(_counter(sums, counter), lookups) for outcome, counter in OUTCOME_COUNTERS.items()},
         "preinfer_signals_per_s": _counter(sums, "preinfer_signals") / step_s,
         "preinfer_admitted_per_s": _counter(sums, "preinfer_admitted") / step_s,
         **{_REFUSED + reason: sums[..., REFUSAL_COLUMN[reason]] / step_s for reason in REFUSAL_REASONS},
@@ -136,16 +151,18 @@ def _figures(sums: np.ndarray, step_s: float, names: tuple[str, ...] | None = No
 
 
 # The per-point figures every series answer may carry, named where they are computed (the API's schema
-# lists them); the refusals by reason nest apart (``_nest_refusals``).
-SERIES_FIGURES = tuple(name for name in _figures(np.zeros((1, N_COLUMNS)), 1.0) if not name.startswith(_REFUSED))
+# lists them); the figures by a word of the core nest apart (``_nest``).
+SERIES_FIGURES = tuple(name for name in _figures(np.zeros((1, N_COLUMNS)), 1.0)
+                       if not name.startswith(_NESTED))
 
 
-def _nest_refusals(rows: dict[str, list]) -> dict[str, object]:
-    """``preinfer_refused_per_s.<reason>`` keys → one ``preinfer_refused_per_s: {reason: […]}``."""
-    out: dict[str, object] = {k: v for k, v in rows.items() if not k.startswith(_REFUSED)}
-    refused = {k[len(_REFUSED):]: v for k, v in rows.items() if k.startswith(_REFUSED)}
-    if refused:
-        out["preinfer_refused_per_s"] = refused
+def _nest(rows: dict[str, list]) -> dict[str, object]:
+    """``<figure>.<word>`` keys (``lookup_ratio.disk``) → one ``<figure>: {word: […]}`` each."""
+    out: dict[str, object] = {k: v for k, v in rows.items() if not k.startswith(_NESTED)}
+    for prefix in _NESTED:
+        nested = {k[len(prefix):]: v for k, v in rows.items() if k.startswith(prefix)}
+        if nested:
+            out[prefix.rstrip(".")] = nested
     return out
 
 
@@ -281,7 +298,7 @@ def _instance_series(history, start: float, step_s: int, n_points: int, first: i
     sums, levels = bucketed(history, start, step_s, n_points)
     series = _json_rows({name: values[first:] for name, values in _figures(sums, step_s, figures).items()})
     series.update(_json_rows({name: levels[first:, GAUGE_COLUMN[name]] for name in gauges}, as_int=True))
-    return _nest_refusals(series), sums
+    return _nest(series), sums
 
 
 @redis_reads
@@ -297,7 +314,7 @@ def pool_metrics(client, *, pool: Pool, window: str, since: float | None = None,
     sums = rows.reshape(n_points, per_point, N_COLUMNS).sum(axis=1)
     reported = gauges[:, POOL_GAUGE_COLUMN["instances"]] > 0
     levels = _per_point_gauges(gauges, per_point, reported)
-    fleet = _nest_refusals(_json_rows({name: values[first:] for name, values in _figures(sums, step_s).items()}))
+    fleet = _nest(_json_rows({name: values[first:] for name, values in _figures(sums, step_s).items()}))
     fleet.update(_json_rows({name: levels[first:, POOL_GAUGE_COLUMN[name]] for name in POOL_GAUGES}, as_int=True))
     fleet["totals"] = _totals(sums)
     answer = {**_frame(pool, window, now), "from": start + first * step_s,

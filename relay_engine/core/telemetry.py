@@ -10,11 +10,11 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from relay_engine.core.outcomes import OUTCOME_COUNTERS, TIER_COUNTERS, TIER_GAUGES
+from relay_engine.core.outcomes import OUTCOME_COUNTERS, TIER_COUNTERS, TIER_GAUGES, TIERS
 
 # Upper bounds (ms) of the latency buckets: 0.05 ms … ~60 s, 8 buckets per decade (×1.334 each),
 # followed by an implicit +Inf bucket. Fixed forever: changing them breaks merging with old data.
@@ -201,10 +201,14 @@ class Snapshot:
             counters={str(k): _count(v, "counters", int, k) for k, v in _mapping(data, "counters").items()},
             refusals={str(k): _count(v, "refusals", int, k) for k, v in _mapping(data, "refusals").items()},
             rank_latency=hist,
-            **{name: _count(data.get(name, 0), name, int) for name in GAUGES},
+            **{name: _count(data.get(name, 0), name, int) for name in GAUGES if name in _GAUGE_FIELDS},
             slo_ms=_finite(data.get("slo_ms", 0.0), "slo_ms", float),
             tiers=_tiers(data),
         )
+
+    def gauges(self) -> dict[str, int]:
+        """Every gauge by name (``GAUGES``): the tiers' levels from ``tiers``, the others its fields."""
+        return dict(zip(GAUGES, gauges_of(self.tiers, lambda name: getattr(self, name, 0)), strict=True))
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Snapshot:
@@ -220,9 +224,30 @@ _EXACT_INT = 2**53  # the largest integer a float holds exactly
 # Counts, byte gauges and the latency sum are at most this (and never negative): a reader sums their
 # differences over thousands of samples and instances, which then stays finite and exact.
 MAX_COUNT = _EXACT_INT
+# The levels of a tier the readers keep as gauges, for every tier the core can run (``outcomes.TIERS``),
+# named ``<tier>_<level>`` (``disk_bytes``): two per tier, so what a reader holds per instance and a rollup
+# per period stays bounded whatever tiers the instances run.
+TIER_LEVELS: tuple[str, ...] = ("bytes", "budget_bytes")
+TIER_LEVEL_GAUGES: dict[str, tuple[str, str]] = {f"{tier}_{level}": (str(tier), level)
+                                                 for tier in TIERS for level in TIER_LEVELS}
 # A snapshot's gauges, kept as sampled (never differenced): the one list the readers use.
-GAUGES: tuple[str, ...] = ("hbm_bytes", "hbm_budget_bytes", "dram_bytes", "dram_budget_bytes", "applied_generation")
+GAUGES: tuple[str, ...] = (*TIER_LEVEL_GAUGES, "applied_generation")
 
+
+def gauges_of(tiers: dict, own: Callable[[str], object]) -> list[object]:
+    """The value of every gauge (``GAUGES``), in order: a tier's level from a snapshot's ``tiers`` (the
+    generic path), else ``own(name)`` (the snapshot's own field of that name; a tier it does not run
+    reads 0). One reading for a decoded ``Snapshot`` and for a stream entry's raw JSON alike."""
+    values = []
+    for name in GAUGES:
+        tier, level = TIER_LEVEL_GAUGES.get(name, ("", ""))
+        figures = tiers.get(tier) if tier else None
+        values.append(figures[level] if isinstance(figures, dict) and level in figures else own(name))
+    return values
+
+
+# The gauges a snapshot keeps as its own fields (from before per-tier figures, and applied_generation).
+_GAUGE_FIELDS = frozenset(name for name in GAUGES if name in Snapshot.__dataclass_fields__)
 
 TIER_FIGURES: tuple[str, ...] = TIER_GAUGES + TIER_COUNTERS
 _MAX_TIERS = 16
@@ -324,7 +349,8 @@ def rollup_contribution(current: Snapshot, previous: Snapshot | None) -> dict[st
         fields[rollup_bucket_field(i)] = delta(now, was)
     fields[ROLLUP_SUM_FIELD] = round(delta(current.rank_latency.sum_ms,
                                            previous.rank_latency.sum_ms if same_run else 0.0), 6)
+    gauges = current.gauges()
     for name in ROLLUP_GAUGES:
-        fields[name] = getattr(current, name)
+        fields[name] = gauges[name]
     fields[ROLLUP_INSTANCES_FIELD] = 1
     return {name: value for name, value in fields.items() if value}

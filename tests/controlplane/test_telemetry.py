@@ -12,8 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane.policies import services as policy_services
 from controlplane.telemetry.history import BUCKET_OFFSET, COUNTER_COLUMN, InstanceHistory
 from controlplane.telemetry.merge import quantiles
-from controlplane.telemetry.selectors import window_grid
-from relay_engine.core.telemetry import N_BUCKETS, LatencyHistogram, quantile_from_counts
+from controlplane.telemetry.selectors import cache_tiers, lookup_outcomes, window_grid
+from relay_engine.core.outcomes import TIERS, Outcome
+from relay_engine.core.telemetry import GAUGES, N_BUCKETS, LatencyHistogram, quantile_from_counts
 
 from .fleet_helpers import snapshot
 
@@ -237,6 +238,57 @@ def test_prometheus_shows_every_cache_tier_through_the_generic_tier_series(viewe
     assert series("relaygr_tier_failed_writes", "relaygr_tier_failed_writes_total") == {"hbm": 0, "disk": 1}
     disk_hits = [s.value for s in families["relaygr_disk_hits"].samples if s.name == "relaygr_disk_hits_total"]
     assert disk_hits == [2]
+
+
+def _publish_with_and_without_disk(worker_factory, now):
+    """Instance 0 runs a disk tier (1 GiB, 4 KiB used), instance 1 none; 20 one-second samples, each
+    second 10 lookups on 0 (6 HBM hits, 3 disk hits, 1 miss) and 10 HBM hits on 1."""
+    with_disk, without = worker_factory(POOL, 0), worker_factory(POOL, 1)
+    started = now - 30
+    for i in range(21):
+        ts = now - 20 + i
+        snap = snapshot(with_disk.name, ts, started, rank_requests=10 * i, hbm_hits=6 * i, disk_hits=3 * i, misses=i)
+        snap.tiers = {"hbm": {"bytes": 700, "budget_bytes": 1000}, "dram": {"bytes": 0, "budget_bytes": 2000},
+                      "disk": {"bytes": 4096, "budget_bytes": 2**30, "hits": 3 * i}}
+        with_disk.publish_snapshot(snap)
+        snap = snapshot(without.name, ts, started, rank_requests=10 * i, hbm_hits=10 * i)
+        snap.tiers = {"hbm": {"bytes": 300, "budget_bytes": 1000}, "dram": {"bytes": 0, "budget_bytes": 2000}}
+        without.publish_snapshot(snap)
+    return with_disk, without
+
+
+def _newest(values: list) -> object:
+    return [v for v in values if v is not None][-1]
+
+
+def test_the_pool_series_carry_every_tiers_levels_and_every_outcomes_share(viewer, pool, worker_factory):
+    _publish_with_and_without_disk(worker_factory, time.time())
+    fleet = viewer.get(f"{BASE}/metrics/?window=5m&top=0").json()["fleet"]
+    newest = {name: _newest(fleet[name]) for name in ("hbm_bytes", "hbm_budget_bytes", "disk_bytes", "disk_budget_bytes")}
+    assert newest == {"hbm_bytes": 1000, "hbm_budget_bytes": 2000, "disk_bytes": 4096, "disk_budget_bytes": 2**30}
+    shares = fleet["lookup_ratio"]
+    assert set(shares) == {outcome.value for outcome in Outcome}
+    points = [i for i, v in enumerate(shares["disk"]) if v is not None]
+    assert len(points) >= 10
+    assert {round(shares["disk"][i], 6) for i in points} == {0.15}  # 3 of the pool's 20 lookups a second
+    assert {round(shares["hbm"][i] + shares["miss"][i] + shares["disk"][i], 6) for i in points} == {1.0}
+
+
+def test_an_instances_series_carry_its_disk_tier_and_one_without_reads_zero(viewer, pool, worker_factory):
+    with_disk, without = _publish_with_and_without_disk(worker_factory, time.time())
+    own = viewer.get(f"{BASE}/instances/{with_disk.name}/metrics/?window=5m").json()["series"]
+    assert (_newest(own["disk_bytes"]), _newest(own["disk_budget_bytes"])) == (4096, 2**30)
+    assert {round(v, 6) for v in own["lookup_ratio"]["disk"] if v is not None} == {0.3}
+    other = viewer.get(f"{BASE}/instances/{without.name}/metrics/?window=5m").json()["series"]
+    assert (_newest(other["disk_bytes"]), _newest(other["disk_budget_bytes"])) == (0, 0)
+
+
+def test_the_pages_get_every_outcome_and_every_tier_from_the_server():
+    outcomes = [o["outcome"] for o in lookup_outcomes()]
+    assert outcomes == [o.value for o in Outcome] and all(o["label"] for o in lookup_outcomes())
+    tiers = cache_tiers()
+    assert [t["tier"] for t in tiers] == [t.value for t in TIERS]
+    assert {name for t in tiers for name in (t["bytes"], t["budget_bytes"])} <= set(GAUGES)
 
 
 def test_prometheus_without_redis_still_reports_the_database(viewer, pool, no_redis):

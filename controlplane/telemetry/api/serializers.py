@@ -14,6 +14,7 @@ from rest_framework import serializers
 from controlplane.common.fields import QueryIntegerField, QueryNumberField
 from controlplane.common.urls import INSTANCE_NAME_PATTERN
 from relay_engine.core.forward_times import OPS, SUMS
+from relay_engine.core.outcomes import Outcome
 from relay_engine.core.telemetry import REFUSAL_REASONS
 
 from ..forwards import DEFAULT_WINDOW_S, MAX_WINDOW_S
@@ -120,6 +121,11 @@ RefusalSeriesSerializer = _serializer(
     "RefusalSeriesSerializer", "Refused pre-infers per second, by reason.",
     {reason.value: _series() for reason in REFUSAL_REASONS})
 
+LookupRatioSeriesSerializer = _serializer(
+    "LookupRatioSeriesSerializer", "The share of cache lookups served each way, by outcome (every one the core "
+    "knows; each lookup is counted once, in one of them).",
+    {outcome.value: _series() for outcome in Outcome})
+
 RefusalCountsSerializer = _serializer(
     "RefusalCountsSerializer", "Pre-infers refused over the window, by reason.",
     {reason.value: serializers.IntegerField() for reason in REFUSAL_REASONS})
@@ -172,6 +178,7 @@ FleetSeriesSerializer = _serializer(
     "FleetSeriesSerializer", "The pool's series (the pool rollups) and its window totals; levels are sums over "
     "the instances reporting (`instances`).",
     {**_figure_series(SERIES_FIGURES), "preinfer_refused_per_s": RefusalSeriesSerializer(),
+     "lookup_ratio": LookupRatioSeriesSerializer(),
      **{name: _level_series() for name in POOL_GAUGES}, "totals": WindowTotalsSerializer()})
 
 TopInstanceSerializer = _serializer(
@@ -198,6 +205,7 @@ PoolMetricsSerializer = _serializer(
 InstanceSeriesSerializer = _serializer(
     "InstanceSeriesSerializer", "One instance's series: every figure, and its gauges.",
     {**_figure_series(SERIES_FIGURES), "preinfer_refused_per_s": RefusalSeriesSerializer(),
+     "lookup_ratio": LookupRatioSeriesSerializer(),
      **{name: _level_series() for name in GAUGES}})
 
 InstanceMetricsSerializer = _serializer(

@@ -23,16 +23,37 @@ const Charts = (() => {
              connectgaps: false, ...extra };
   }
 
-  /* Cache lookups as stacked shares: HBM hit, DRAM hit, joined a reload, miss (s: the pool's series
-     or one instance's). */
+  /* Cache lookups as stacked shares, one area per outcome the server knows, in its order and with its
+     labels (s: the pool's series or one instance's). */
   function lookups(container, m, x, s) {
-    const area = (y, name, c) => line(x, scale(y, 100), name, { stackgroup: "lookups", line: { color: c, width: 0.5 } });
-    draw(container, [
-      area(s.hbm_hit_ratio, "HBM hit", "#059669"),
-      area(s.dram_hit_ratio, "DRAM hit", "#2563eb"),
-      area(s.inflight_join_ratio, "joined a reload in flight", "#a855f7"),
-      area(s.miss_ratio, "miss (recompute)", "#dc2626"),
-    ], layout(m, { yTitle: "% of lookups", ySuffix: "%", yRange: [0, 100] }));
+    const shares = s.lookup_ratio || {};
+    draw(container, RelayGR.outcomes().map((o, i) => line(x, scale(shares[o.outcome] || [], 100), o.label, {
+      stackgroup: "lookups", line: { color: color(i), width: 0.5 } })),
+    layout(m, { yTitle: "% of lookups", ySuffix: "%", yRange: [0, 100] }));
+  }
+
+  /* The cache tiers that had a budget in the window (s: the pool's series or one instance's), each with
+     its level series: [{tier, used, budget}] in lookup order. A tier no instance ran is left out. */
+  function tiersIn(s) {
+    return RelayGR.cacheTiers().map((t) => ({ tier: t.tier, used: s[t.bytes] || [], budget: s[t.budget_bytes] || [] }))
+      .filter((t) => t.budget.some((v) => v));
+  }
+
+  /* Each tier's occupancy as a share of its budget, one line per tier; `list` (optional) gets each
+     tier's newest bytes used and budget as text. */
+  function tierOccupancy(container, m, x, s, list) {
+    const tiers = tiersIn(s);
+    const share = (t) => t.used.map((u, i) => (u === null || !t.budget[i] ? null : (100 * u) / t.budget[i]));
+    draw(container, tiers.map((t, i) => line(x, share(t), t.tier, { line: { color: color(i), width: 2 } })),
+         layout(m, { yTitle: "% of the tier's budget", ySuffix: "%" }));
+    if (!list) return;
+    list.replaceChildren(...tiers.map((t) => {
+      const used = lastOf(t.used);
+      const budget = lastOf(t.budget);
+      return RelayGR.el("li", { dataset: { tier: t.tier } }, RelayGR.el("strong", {}, t.tier), " ",
+        `${RelayGR.fmt.bytes(used)} of ${RelayGR.fmt.bytes(budget)}`,
+        RelayGR.el("span", { class: "muted" }, budget ? ` (${RelayGR.fmt.pct(used / budget)})` : ""));
+    }));
   }
   const times = (m) => m.timestamps.map((t) => new Date(t * 1000));
   const scale = (values, factor) => values.map((v) => (v === null ? null : v * factor));
@@ -308,6 +329,6 @@ const Charts = (() => {
     }
   }
 
-  return { color, line, times, scale, dataStart, layout, draw, lookups, overlay, summary, lastOf, splice, SeriesWindow,
+  return { color, line, times, scale, dataStart, layout, draw, lookups, tiersIn, tierOccupancy, overlay, summary, lastOf, splice, SeriesWindow,
            HEALTH_TEXT };
 })();

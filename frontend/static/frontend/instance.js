@@ -26,12 +26,11 @@
       line(x, s.rank_within_slo_per_s, "within SLO/s", { line: { color: "#059669", width: 0 }, fill: "tozeroy",
                                                           fillcolor: "rgba(5,150,105,0.25)" }),
     ], Charts.layout(m, { yTitle: "requests/s" }));
-    Charts.draw(chart("memory"), [
-      line(x, Charts.scale(s.hbm_bytes, MiB), "HBM used", { line: { color: "#2563eb", width: 2 } }),
-      line(x, Charts.scale(s.hbm_budget_bytes, MiB), "HBM budget", { line: { color: "#2563eb", width: 1, dash: "dash" } }),
-      line(x, Charts.scale(s.dram_bytes, MiB), "DRAM used", { line: { color: "#d97706", width: 2 } }),
-      line(x, Charts.scale(s.dram_budget_bytes, MiB), "DRAM budget", { line: { color: "#d97706", width: 1, dash: "dash" } }),
-    ], Charts.layout(m, { yTitle: "MiB" }));
+    // Every tier this instance ran in the window: bytes used (solid) and its budget (dashed), one colour each.
+    Charts.draw(chart("memory"), Charts.tiersIn(s).flatMap((t, i) => [
+      line(x, Charts.scale(t.used, MiB), `${t.tier} used`, { line: { color: Charts.color(i), width: 2 } }),
+      line(x, Charts.scale(t.budget, MiB), `${t.tier} budget`, { line: { color: Charts.color(i), width: 1, dash: "dash" } }),
+    ]), Charts.layout(m, { yTitle: "MiB" }));
     Charts.lookups(chart("hits"), m, x, s);
     const empty = !m.totals.rank_requests && !s.hbm_bytes.some((v) => v !== null);
     for (const name of CHARTS) Charts.overlay(chart(name), empty ? "No telemetry from this instance in this window." : null, "empty");

@@ -10,7 +10,7 @@
   let windowName = root.dataset.window;
   const chart = (name) => root.querySelector(`[data-chart="${name}"]`);
   const part = (role) => root.querySelector(`[data-role="${role}"]`);
-  const CHARTS = ["latency", "throughput", "hbm", "hits", "preinfer", "instance_p99"];
+  const CHARTS = ["latency", "throughput", "hbm", "hits", "tiers", "preinfer", "instance_p99"];
   const REASONS = RelayGR.refusalReasons();
   const REFUSAL_COLORS = ["#94a3b8", "#d97706", "#db2777", "#7c3aed", "#475569", "#dc2626"];
   const CACHED_COLOR = "#0891b2";
@@ -153,6 +153,7 @@
     drawThroughput(m, x);
     drawHbm(m, x);
     Charts.lookups(chart("hits"), m, x, m.fleet);
+    Charts.tierOccupancy(chart("tiers"), m, x, m.fleet, part("tier-occupancy"));
     drawPreinfer(m, x);
     drawWorstLatency(m, x);
     for (const name of CHARTS) Charts.overlay(chart(name), empty ? "No data in this window yet." : null, "empty");
