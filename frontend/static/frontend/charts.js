@@ -39,15 +39,15 @@ const Charts = (() => {
       .filter((t) => t.budget.some((v) => v));
   }
 
-  /* Each tier's occupancy as a share of its budget, one line per tier; `list` (optional) gets each
-     tier's newest bytes used and budget as text. */
+  /* Each tier's occupancy as a share of its budget, one line per tier; `list` (optional) gets, for each
+     tier with a budget now, its newest bytes used and budget as text. */
   function tierOccupancy(container, m, x, s, list) {
     const tiers = tiersIn(s);
     const share = (t) => t.used.map((u, i) => (u === null || !t.budget[i] ? null : (100 * u) / t.budget[i]));
     draw(container, tiers.map((t, i) => line(x, share(t), t.tier, { line: { color: color(i), width: 2 } })),
          layout(m, { yTitle: "% of the tier's budget", ySuffix: "%" }));
     if (!list) return;
-    list.replaceChildren(...tiers.map((t) => {
+    list.replaceChildren(...tiers.filter((t) => lastOf(t.budget)).map((t) => {
       const used = lastOf(t.used);
       const budget = lastOf(t.budget);
       return RelayGR.el("li", { dataset: { tier: t.tier } }, RelayGR.el("strong", {}, t.tier), " ",
