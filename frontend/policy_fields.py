@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from relay_engine.core.config import DiskTierPolicy
+
 
 @dataclass(frozen=True)
 class PolicyField:
     path: str
     label: str
     unit: str
-    kind: str  # "int", "float" or "bool"
+    kind: str  # "int", "float", "bool" or "text"
     help: str
     nullable: bool = False  # empty input means null (not "missing")
 
@@ -24,7 +26,14 @@ class FieldGroup:
     title: str
     note: str
     fields: tuple[PolicyField, ...]
+    # An optional section the fields live in (``cache.disk``): a checkbox (labelled ``toggle``) turns it on;
+    # off, the section is left out of the spec (a field added with ``config.added_field`` keeps its hash), and
+    # a field left empty takes the schema's default.
+    section: str = ""
+    toggle: str = ""
 
+
+_DISK_DEFAULTS = DiskTierPolicy(path="/")  # what an empty budget or TTL of the disk tier takes
 
 FIELD_GROUPS: tuple[FieldGroup, ...] = (
     FieldGroup("Trigger thresholds", "Which requests are pre-inferred, and how much pre-inference load is allowed.", (
@@ -59,6 +68,17 @@ FIELD_GROUPS: tuple[FieldGroup, ...] = (
         PolicyField("cache.entry_ttl_ms", "HBM entry TTL", "ms", "int", "An HBM entry unused this long expires."),
         PolicyField("cache.dram_ttl_ms", "DRAM entry TTL", "ms", "int", "A DRAM entry unused this long expires."),
     )),
+    FieldGroup("Disk tier", "A local-disk cache tier under DRAM: entries DRAM evicts are written to files (off the "
+               "ranking path, checksummed) instead of dropped. Off by default.", (
+        PolicyField("cache.disk.path", "Directory", "", "text",
+                    "An absolute local directory; each instance keeps its files in a directory of its own below it "
+                    "(created if missing). An instance that cannot write there refuses the revision."),
+        PolicyField("cache.disk.budget_mb", "Disk budget", "MiB", "float",
+                    f"The bytes of the tier's files per instance; beyond it the oldest are deleted. Empty: "
+                    f"{_DISK_DEFAULTS.budget_mb:g} MiB."),
+        PolicyField("cache.disk.ttl_ms", "Disk entry TTL", "ms", "int",
+                    f"A file unused this long expires. Empty: {_DISK_DEFAULTS.ttl_ms} ms."),
+    ), section="cache.disk", toggle="Use a disk tier"),
     FieldGroup("SLO", "What the dashboards measure against the ranking P99 SLO.", (
         PolicyField("slo.target_ratio", "Target share within SLO", "ratio (0–1]", "float",
                     "Share of ranking requests that must finish within the SLO; 1 − target is the error budget."),

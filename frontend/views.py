@@ -161,7 +161,7 @@ class ConfigView(PoolPageView):
                 "live": {"generation": live.generation, "spec": live.spec, "sha256": live.sha256,
                          "author": live.author, "comment": live.comment, "created_at": live.created_at.isoformat()},
                 "latest_generation": self.pool.latest_generation,
-                "fields": [{"path": f.path, "kind": f.kind, "nullable": f.nullable}
+                "fields": [{"path": f.path, "kind": f.kind, "nullable": f.nullable, "section": group.section}
                            for group in FIELD_GROUPS for f in group.fields],
             },
         )

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 LIVE = f"/pools/{POOL}/"
 CONFIG = f"/pools/{POOL}/config/"
 FLEET = f"/pools/{POOL}/fleet/"
-TIME_CHARTS = ("latency", "throughput", "hbm", "hits", "preinfer", "instance_p99")
+TIME_CHARTS = ("latency", "throughput", "hbm", "hits", "tiers", "preinfer", "instance_p99")
 CONVERGE_TIMEOUT_MS = 30_000
 
 
@@ -44,9 +44,14 @@ def pool_state(stack) -> dict:
 
 def publish_via_api(stack, **trigger) -> int:
     """What automation (or a colleague) does: a new revision on the latest, published."""
+    return publish_spec_via_api(stack, lambda spec: {**spec, "trigger": {**spec["trigger"], **trigger}})
+
+
+def publish_spec_via_api(stack, change) -> int:
+    """A new revision of ``change(live spec)`` on the latest, published."""
     pool = pool_state(stack)
     _, live = stack.api("GET", f"/api/v1/pools/{POOL}/revisions/{pool['desired_generation']}/")
-    spec = {**live["spec"], "trigger": {**live["spec"]["trigger"], **trigger}}
+    spec = change(live["spec"])
     status, revision = stack.api("POST", f"/api/v1/pools/{POOL}/revisions/",
                                  {"parent_generation": pool["latest_generation"], "spec": spec, "comment": "via API"})
     assert status == 201, revision
@@ -176,6 +181,35 @@ def test_editor_shows_the_schema_error_next_to_the_field(sre, screenshot):
     sre.locator('[data-error-for="cache.hbm_budget_mb"]', has_text="must be a number").wait_for()
     assert sre.locator('[data-role="publish"]').is_disabled()
     screenshot(sre, "03-config-validation-error")
+
+
+def test_editor_turns_the_disk_tier_on_with_errors_by_field_and_off_leaving_the_spec_as_it_was(sre, screenshot):
+    sre.goto(CONFIG)
+    toggle = sre.locator('input[data-section="cache.disk"]')
+    assert not toggle.is_checked() and field(sre, "cache.disk.path").is_disabled()
+    toggle.check()
+    assert field(sre, "cache.disk.path").is_enabled()
+    sre.locator('[data-error-for="cache.disk.path"]', has_text="must be an absolute directory path").wait_for()
+    field(sre, "cache.disk.path").fill("relative/kv")
+    sre.locator('[data-error-for="cache.disk.path"]', has_text="got 'relative/kv'").wait_for()
+    field(sre, "cache.disk.budget_mb").fill("-5")
+    sre.locator('[data-error-for="cache.disk.budget_mb"]', has_text="got -5").wait_for()
+    assert sre.locator('[data-role="publish"]').is_disabled()
+    screenshot(sre, "03b-config-disk-tier-errors")
+
+    field(sre, "cache.disk.path").fill("/var/tmp/relaygr-kv")
+    field(sre, "cache.disk.budget_mb").fill("64")
+    sre.locator('[data-role="diff"] tr[data-change^="cache.disk"]').first.wait_for()
+    sre.wait_for_function("() => !document.querySelector('[data-role=\"publish\"]').disabled")
+    assert sre.locator('[data-error-for^="cache.disk"]').all_inner_texts() == ["", "", "", ""]
+    candidate = sre.evaluate("RelayGR.editor.form.candidate().cache.disk")
+    assert candidate == {"path": "/var/tmp/relaygr-kv", "budget_mb": 64}  # the empty TTL takes the default
+
+    toggle.uncheck()
+    sre.locator('[data-role="diff-status"]', has_text="No changes against the live revision").wait_for()
+    assert field(sre, "cache.disk.path").is_disabled() and sre.locator('[data-role="publish"]').is_disabled()
+    assert sre.evaluate("'disk' in RelayGR.editor.form.candidate().cache") is False
+    sre.wait_for_function("() => RelayGR.editor.state.lastCheck.sha256 === RelayGR.editor.state.live.sha256")
 
 
 def test_publish_shows_the_diff_then_the_fleet_converges_and_every_chart_marks_it(sre, stack, screenshot):
@@ -942,3 +976,32 @@ def test_the_pages_loaded_nothing_from_outside(operator_session, stack):
                if not url.startswith((stack.base_url, "data:", "blob:", "about:"))]
     assert outside == []
     assert any(url.startswith(f"{stack.base_url}/vendor/plotly.min.js") for url in operator_session.requested)
+
+
+def test_the_live_view_shows_the_disk_tier_a_revision_turns_on_and_drops_it_when_turned_off(sre, stack, tmp_path,
+                                                                                           screenshot):
+    """Generic per-tier figures: no page names the disk tier, yet it shows once the instances run it."""
+    def with_disk(spec: dict) -> dict:
+        return {**spec, "cache": {**spec["cache"], "disk": {"path": str(tmp_path / "kv"), "budget_mb": 64}}}
+
+    def without_disk(spec: dict) -> dict:
+        return {**spec, "cache": {key: value for key, value in spec["cache"].items() if key != "disk"}}
+
+    sre.goto(f"{LIVE}?window=5m")
+    occupancy = sre.locator('[data-role="tier-occupancy"]')
+    occupancy.locator('li[data-tier="hbm"]').wait_for()
+    assert occupancy.locator('li[data-tier="disk"]').count() == 0
+    publish_spec_via_api(stack, with_disk)
+    try:
+        disk = occupancy.locator('li[data-tier="disk"]', has_text="of 128 MiB")  # two instances, 64 MiB each
+        disk.wait_for(timeout=CONVERGE_TIMEOUT_MS)
+        names = sre.evaluate("document.querySelector('[data-chart=\"tiers\"] .plot').data.map((t) => t.name)")
+        assert names == ["hbm", "dram", "disk"]
+        lookups = sre.evaluate("document.querySelector('[data-chart=\"hits\"] .plot').data.map((t) => t.name)")
+        assert "disk hit" in lookups and len(lookups) == len(set(lookups)) >= 5  # every outcome the server knows
+        screenshot(sre, "40-live-view-disk-tier")
+    finally:
+        publish_spec_via_api(stack, without_disk)
+    # Its line stays on the chart for the minutes it ran; the figures now list the tiers with a budget now.
+    occupancy.locator('li[data-tier="disk"]').wait_for(state="detached", timeout=CONVERGE_TIMEOUT_MS)
+    assert occupancy.locator('li[data-tier="hbm"]').count() == 1

@@ -3,6 +3,7 @@ the editor's dry-run check, its NumPy upload of editing directions and the audit
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import html
 import importlib.resources
@@ -21,7 +22,8 @@ from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
 from controlplane.common.redis import get_redis
 from controlplane.policies import services as policy_services
-from relay_engine.core.config import ModelFingerprint, parse_policy, validate_policy
+from frontend.policy_fields import FIELD_GROUPS
+from relay_engine.core.config import DiskTierPolicy, ModelFingerprint, parse_policy, validate_policy
 from relay_engine.core.editing_io import editing_json, write_editing_npz
 from relay_engine.core.telemetry import REFUSAL_REASONS
 from relay_engine.lab.editing.directions import build_editing
@@ -175,6 +177,46 @@ def test_the_editor_gives_operators_inputs_and_viewers_none(pool, operator, view
 
 def _check(client, spec):
     return client.post(f"/ui/pools/{POOL}/check/", {"spec": spec}, content_type="application/json")
+
+
+def test_the_editor_offers_the_disk_tier_as_a_section_to_turn_on_and_viewers_read_whether_it_is(
+        pool, operator, viewer):
+    editable = operator.get(f"/pools/{POOL}/config/").content.decode()
+    assert 'type="checkbox" data-section="cache.disk"' in editable
+    assert all(f'data-path="cache.disk.{name}"' in editable for name in ("path", "budget_mb", "ttl_ms"))
+    assert 'data-error-for="cache.disk.path"' in editable and 'data-error-for="cache.disk"' in editable
+    assert '<output data-section="cache.disk">' in viewer.get(f"/pools/{POOL}/config/").content.decode()
+
+
+def test_every_form_field_is_a_field_of_the_schema_and_the_disk_section_has_them_all():
+    for group in FIELD_GROUPS:
+        for f in group.fields:
+            spec: dict = {"cache": {"disk": {"path": "/var/tmp/kv"}}}  # valid but for the one field
+            *parents, leaf = f.path.split(".")
+            node = spec
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[leaf] = object()  # no value of any schema type: an error at that path, never "unknown field"
+            _, errors = validate_policy(spec)
+            assert list(errors) == [f.path] and "unknown field" not in errors[f.path][0], (f.path, errors)
+            assert not group.section or f.path.startswith(f"{group.section}.")
+    [disk] = [group for group in FIELD_GROUPS if group.section == "cache.disk"]
+    assert {f.path for f in disk.fields} == {f"cache.disk.{field.name}" for field in dataclasses.fields(DiskTierPolicy)}
+
+
+def test_the_check_names_the_disk_tiers_errors_by_field(pool, operator):
+    body = _check(operator, {"cache": {"disk": {"path": "relative/kv", "budget_mb": -5}}}).json()
+    assert body["valid"] is False and set(body["errors"]) == {"cache.disk.path", "cache.disk.budget_mb"}
+
+
+def test_a_spec_with_the_disk_tier_left_off_checks_to_the_live_revisions_hash(pool, operator):
+    live = operator.get(f"/api/v1/pools/{POOL}/revisions/1/").json()
+    assert "disk" not in live["spec"]["cache"]
+    body = _check(operator, live["spec"]).json()
+    assert body["valid"] is True and body["changes"] == [] and body["sha256"] == live["sha256"]
+    on = _check(operator, {**live["spec"], "cache": {**live["spec"]["cache"], "disk": {"path": "/var/tmp/kv"}}}).json()
+    assert on["valid"] is True and on["sha256"] != live["sha256"]
+    assert {c["path"] for c in on["changes"]} and all(c["path"].startswith("cache.disk") for c in on["changes"])
 
 
 def test_the_check_reports_schema_errors_by_field_path(pool, operator):

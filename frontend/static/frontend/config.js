@@ -17,7 +17,9 @@
       + `or publishes generation ${state.latest_generation} itself when the form holds its spec.`));
   }
   root.querySelector('[data-role="form"]').addEventListener("input", (event) => {
-    if (event.target.dataset.path) checks.scheduleCheck();
+    const { path, section } = event.target.dataset;
+    if (section) form.showSection(section);
+    if (path || section) checks.scheduleCheck();
   });
   part("editing-file").addEventListener("change", form.onEditingFile);
   part("editing-npy-apply").addEventListener("click", form.onNpyApply);

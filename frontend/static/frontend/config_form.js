@@ -20,8 +20,25 @@ RelayGR.editor.form = (() => {
     o[keys[keys.length - 1]] = value;
   }
   const input = (path) => root.querySelector(`[data-path="${path}"]`);
+  // The optional sections (a field's `section`: its group's checkbox turns it on), in the form's order.
+  const sections = [...new Set(state.fields.map((f) => f.section).filter(Boolean))];
+  const toggle = (section) => root.querySelector(`[data-section="${section}"]`);
+
+  /* A section's fields take input only while it is on (a viewer reads "on" or "off"). */
+  function showSection(section) {
+    const node = toggle(section);
+    if (node.tagName === "OUTPUT") return;
+    for (const f of state.fields) if (f.section === section) input(f.path).disabled = !node.checked;
+  }
 
   function fill(spec) {
+    for (const section of sections) {
+      const value = getPath(spec, section);
+      const on = value !== null && value !== undefined;
+      const node = toggle(section);
+      if (node.tagName === "OUTPUT") node.textContent = on ? "on" : "off";
+      else node.checked = on;
+    }
     for (const f of state.fields) {
       const node = input(f.path);
       const value = getPath(spec, f.path);
@@ -29,21 +46,32 @@ RelayGR.editor.form = (() => {
       else if (f.kind === "bool") node.checked = Boolean(value);
       else node.value = value === null || value === undefined ? "" : String(value);
     }
+    sections.forEach(showSection);
     renderEditing(spec.editing);
   }
 
   /* The spec the form describes. Text that is not a number is sent as it is, so the schema's own
-     message ("must be a number …, got 'abc'") names the problem. */
+     message ("must be a number …, got 'abc'") names the problem. A section that is off is left out of
+     the spec (not null: a revision that never had it keeps its hash); in one that is on, an empty field
+     is left out, so it takes the schema's default. */
   function candidate() {
     const spec = structuredClone(state.live.spec);
     const latency = {};
+    for (const section of sections) {
+      const keys = section.split(".");
+      const parent = getPath(spec, keys.slice(0, -1).join("."));
+      if (toggle(section).checked) setPath(spec, section, {});
+      else if (parent && typeof parent === "object") delete parent[keys[keys.length - 1]];
+    }
     for (const f of state.fields) {
       const node = input(f.path);
+      if (f.section && !toggle(f.section).checked) continue;
       let value;
       if (f.kind === "bool") value = node.checked;
       else {
         const text = node.value.trim();
-        value = text === "" ? (f.nullable ? null : "") : (NUMBER.test(text) ? Number(text) : text);
+        if (text === "" && f.section) continue;
+        value = text === "" ? (f.nullable ? null : "") : (f.kind !== "text" && NUMBER.test(text) ? Number(text) : text);
       }
       if (f.path.startsWith(`${LATENCY_MODEL}.`)) {
         if (value !== "") latency[f.path.slice(LATENCY_MODEL.length + 1)] = value;
@@ -156,5 +184,5 @@ RelayGR.editor.form = (() => {
     replaceEditing(data.editing);
   }
 
-  return { fill, candidate, replaceEditing, onEditingFile, onNpyApply };
+  return { fill, candidate, showSection, replaceEditing, onEditingFile, onNpyApply };
 })();
