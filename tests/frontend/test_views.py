@@ -21,6 +21,7 @@ from django.test import Client
 from controlplane.accounts import services as account_services
 from controlplane.accounts.roles import Role
 from controlplane.common.redis import get_redis
+from controlplane.policies import selectors as policy_selectors
 from controlplane.policies import services as policy_services
 from frontend.policy_fields import FIELD_GROUPS
 from relay_engine.core.config import DiskTierPolicy, ModelFingerprint, parse_policy, validate_policy
@@ -210,12 +211,12 @@ def test_the_check_names_the_disk_tiers_errors_by_field(pool, operator):
 
 
 def test_a_spec_with_the_disk_tier_left_off_checks_to_the_live_revisions_hash(pool, operator):
-    live = operator.get(f"/api/v1/pools/{POOL}/revisions/1/").json()
-    assert "disk" not in live["spec"]["cache"]
-    body = _check(operator, live["spec"]).json()
-    assert body["valid"] is True and body["changes"] == [] and body["sha256"] == live["sha256"]
-    on = _check(operator, {**live["spec"], "cache": {**live["spec"]["cache"], "disk": {"path": "/var/tmp/kv"}}}).json()
-    assert on["valid"] is True and on["sha256"] != live["sha256"]
+    live = policy_selectors.revision_desired(pool=pool)
+    assert "disk" not in live.spec["cache"]
+    body = _check(operator, live.spec).json()
+    assert body["valid"] is True and body["changes"] == [] and body["sha256"] == live.sha256
+    on = _check(operator, {**live.spec, "cache": {**live.spec["cache"], "disk": {"path": "/var/tmp/kv"}}}).json()
+    assert on["valid"] is True and on["sha256"] != live.sha256
     assert {c["path"] for c in on["changes"]} and all(c["path"].startswith("cache.disk") for c in on["changes"])
 
 
