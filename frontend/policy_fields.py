@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relay_engine.core.config import DiskTierPolicy
-
 
 @dataclass(frozen=True)
 class PolicyField:
@@ -32,8 +30,6 @@ class FieldGroup:
     section: str = ""
     toggle: str = ""
 
-
-_DISK_DEFAULTS = DiskTierPolicy(path="/")  # what an empty budget or TTL of the disk tier takes
 
 FIELD_GROUPS: tuple[FieldGroup, ...] = (
     FieldGroup("Trigger thresholds", "Which requests are pre-inferred, and how much pre-inference load is allowed.", (
@@ -74,10 +70,10 @@ FIELD_GROUPS: tuple[FieldGroup, ...] = (
                     "An absolute local directory; each instance keeps its files in a directory of its own below it "
                     "(created if missing). An instance that cannot write there refuses the revision."),
         PolicyField("cache.disk.budget_mb", "Disk budget", "MiB", "float",
-                    f"The bytes of the tier's files per instance; beyond it the oldest are deleted. Empty: "
-                    f"{_DISK_DEFAULTS.budget_mb:g} MiB."),
+                    "The bytes of the tier's files per instance; beyond it the oldest are deleted. Empty: the "
+                    "schema's default."),
         PolicyField("cache.disk.ttl_ms", "Disk entry TTL", "ms", "int",
-                    f"A file unused this long expires. Empty: {_DISK_DEFAULTS.ttl_ms} ms."),
+                    "A file unused this long expires. Empty: the schema's default."),
     ), section="cache.disk", toggle="Use a disk tier"),
     FieldGroup("SLO", "What the dashboards measure against the ranking P99 SLO.", (
         PolicyField("slo.target_ratio", "Target share within SLO", "ratio (0–1]", "float",

@@ -185,7 +185,9 @@ class DRAMTier:
 
 def _build(cache: CacheBudget, site: TierSite, current: DRAMTier | None) -> DRAMTier:
     """DRAM is always there: the one the engine runs, resized, or a new one."""
-    tier = current or DRAMTier(site.device, cache.dram_budget_bytes, cache.dram_ttl_ms / 1000, clock=site.clock)
+    # Not ``current or …``: an empty tier is falsy (``__len__``), and rebuilding it would reset its counters.
+    tier = current if current is not None else DRAMTier(site.device, cache.dram_budget_bytes, cache.dram_ttl_ms / 1000,
+                                                        clock=site.clock)
     tier.resize(cache.dram_budget_bytes, cache.dram_ttl_ms / 1000)
     return tier
 
