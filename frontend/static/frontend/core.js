@@ -1,21 +1,3 @@
-  /* A list of the core's words the server renders into the page (a data attribute of the body), in the
-     server's order; empty where the page has none. */
-  function fromServer(name) {
-    try {
-      return JSON.parse(document.body.dataset[name] || "[]");
-    } catch (err) {
-      return [];
-    }
-  }
-  /* The pre-infer refusal reasons (relay_engine.core.telemetry): [{reason, label, refusal}]; `refusal` is
-     false for one that is no refusal at all (the prefix is already cached). */
-  const refusalReasons = () => fromServer("refusalReasons");
-  /* Where a lookup can be served from (relay_engine.core.outcomes): [{outcome, label}], the keys of the
-     series' `lookup_ratio`. */
-  const outcomes = () => fromServer("outcomes");
-  /* Every cache tier the core can run, in lookup order: [{tier, bytes, budget_bytes}], the last two the
-     names of its level gauges in the series answers. */
-  const cacheTiers = () => fromServer("cacheTiers");
 /* Shared by every page: the API client (session cookie + CSRF header), a poller that survives
    server restarts, the connection indicator, formatting. No dependencies. */
 "use strict";
