@@ -15,8 +15,8 @@ sender's reply list — one Redis round trip each way, nothing in between.
 
 An entry is ``{"p": payload, "r": reply key, "d": deadline unix s, "t": sent unix s}``. One picked up
 past its deadline is answered with a deadline error at once, never run (what Celery's ``expires``
-did); one that is not an entry of ours is counted and, where it names a reply list of this pool,
-answered with an error. The list expires ``LIST_TTL_S`` after its last request, so a stopped
+did); one that is not an entry of ours is answered with an error where it names a reply list of
+this pool, and otherwise dropped. The list expires ``LIST_TTL_S`` after its last request, so a stopped
 instance's list never lingers. Entries are untrusted input: nothing in one can crash a thread.
 """
 
@@ -59,18 +59,21 @@ def send(client: redis.Redis, keys: PoolKeys, instance: str, payload: Any, reply
     pipe.execute()
 
 
-def decode(raw: str) -> dict[str, Any] | None:
-    """The entry as a dict with ``p``, ``r`` (a string) and ``d`` (a finite number); None when it is not one."""
+def decode(raw: str) -> tuple[dict[str, Any] | None, object]:
+    """(the entry, with ``p``, ``r`` a string and ``d`` a finite number, or None when it is not one;
+    the reply key it names, if any, so that even an entry that is not ours can be answered)."""
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict) or "p" not in data or not isinstance(data.get("r"), str):
-        return None
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    reply_to = data.get("r")
     deadline = data.get("d")
-    if not fields.is_number(deadline) or not fields.is_finite(deadline):
-        return None
-    return data
+    if "p" not in data or not isinstance(reply_to, str) or not fields.is_number(deadline) \
+            or not fields.is_finite(deadline):
+        return None, reply_to
+    return data, reply_to
 
 
 class RankConsumer:
@@ -81,8 +84,6 @@ class RankConsumer:
         self.keys = keys
         self.key = key
         self.runtime = runtime
-        self.invalid = 0  # entries that were not ours (answered where they named a reply list)
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, name=f"rank-{i}", daemon=True) for i in range(threads)]
 
@@ -101,11 +102,8 @@ class RankConsumer:
 
     def handle(self, raw: str) -> None:
         """Rank one raw entry and answer its sender (every outcome answered where it can be)."""
-        data = decode(raw)
-        if data is None:
-            with self._lock:
-                self.invalid += 1
-            reply_to = _reply_key_of(raw)
+        data, reply_to = decode(raw)
+        if data is None:  # answered where it names a reply list of this pool (``reply`` checks)
             self.runtime.reply(reply_to, error_result(
                 INVALID_INPUT, "not a ranking request: expected a JSON object with p (the payload), r (the reply "
                                "list) and d (the deadline, unix seconds)", instance=self.runtime.name))
@@ -135,10 +133,3 @@ class RankConsumer:
             except Exception:  # noqa: BLE001 — a bug in one request never stops a rank thread
                 log.exception("ranking requests: one request failed outside the engine")
 
-
-def _reply_key_of(raw: str) -> object:
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    return data.get("r") if isinstance(data, dict) else None

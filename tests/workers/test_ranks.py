@@ -24,8 +24,8 @@ def test_a_send_appends_one_entry_that_expires(redis_url):
     key = keys.rank_requests("rk.0")
     try:
         ranks.send(client, keys, "rk.0", {"user_id": "u"}, keys.reply("t"), 123.5, sent_s=100.0)
-        assert ranks.decode(client.lindex(key, 0)) == {"p": {"user_id": "u"}, "r": keys.reply("t"), "d": 123.5,
-                                                       "t": 100.0}
+        assert ranks.decode(client.lindex(key, 0))[0] == {"p": {"user_id": "u"}, "r": keys.reply("t"), "d": 123.5,
+                                                          "t": 100.0}
         assert 0 < client.ttl(key) <= ranks.LIST_TTL_S
     finally:
         client.delete(key)
@@ -37,7 +37,7 @@ def test_a_send_appends_one_entry_that_expires(redis_url):
                                  '{"p": {}, "r": "k", "d": true}', '{"p": {}, "r": "k", "d": Infinity}',
                                  '{"r": "k", "d": 5}', "[" * 100_000])
 def test_an_entry_that_is_not_ours_decodes_to_nothing(raw):
-    assert ranks.decode(raw) is None
+    assert ranks.decode(raw)[0] is None
 
 
 
