@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
+import threading
 
 import torch
+
+log = logging.getLogger(__name__)
 
 DEVICE_ENV = "RELAYGR_DEVICE"
 _KINDS = ("npu", "cuda", "cpu")
@@ -115,3 +119,16 @@ def host_identity() -> tuple[str, int]:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     return host[:64], cpus
+
+
+def lower_thread_priority(nice: int, what: str) -> bool:
+    """Raise the calling thread's nice value to ``nice`` (Linux keeps one per thread; raising needs no
+    privilege); False, logged, where it cannot be set."""
+    if not hasattr(os, "setpriority"):
+        return False
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError as exc:
+        log.warning("%s: cannot set nice %d (%s); it keeps its priority", what, nice, exc)
+        return False
+    return True

@@ -3,12 +3,17 @@
 Under DRAM in the stack (``tiers.TierStack``), with its own byte budget (the bytes of its files) and
 TTL. Off unless the policy names a directory (``cache.disk``).
 
-* **Off the ranking path**: ``admit`` only queues the entry; a writer thread serialises it, writes it
-  to a temporary file and renames it into place, then exits when its queue is empty. An entry still
-  queued is served from memory.
-* **Checksummed**: a file is ``MAGIC``, the payload's length and its sha256, then the payload. A file
-  that is short, torn, of another format, fails its checksum or holds another key is a miss (counted
-  in ``corrupt_reads`` and deleted), never a wrong score.
+* **Off the ranking path**: ``admit`` only queues the entry; a writer thread lays it out and writes it
+  to a temporary file, then renames it into place (no fsync: the directory is a cache emptied at every
+  start, and a read checks the file whole), and exits when its queue is empty. An entry still queued
+  is served from memory.
+* **Raw bytes, checksummed**: a file is ``MAGIC``, the lengths of a JSON layout and of the tensor
+  bytes and their CRC-32, the layout (key, length, versions, each tensor's dtype, shape and offset),
+  then each tensor's own bytes, aligned. No pickle: a read is one ``readinto`` and tensors over that
+  buffer, a write copies nothing a contiguous entry does not need. A file that is short, torn, of
+  another format or version, fails its CRC-32 or holds another key is a miss (counted in
+  ``corrupt_reads`` and deleted), never a wrong score. CRC-32 catches torn and flipped bytes (what a
+  cache on a local disk meets); it is no defence against someone who can write to the directory.
 * **A full disk is no error on the ranking path**: a write that fails (ENOSPC or any ``OSError``) is
   counted in ``failed_writes`` and the entry dropped.
 
@@ -23,13 +28,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
+import json
 import logging
+import math
 import os
 import re
 import struct
 import threading
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,56 +52,108 @@ from relay_engine.core.tiers import Drain, LowerTier, TierSite
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"RGRKV\x00\x01\n"  # format name and version
-_HEADER = struct.Struct(f"<{len(MAGIC)}sQ32s")  # magic, payload length, sha256 of the payload
+MAGIC = b"RGRKV\x00\x02\n"  # format name and version (2: raw tensor bytes, no pickle)
+# magic, length of the JSON layout, length of the tensor bytes, CRC-32 of the layout and the tensor bytes
+_HEADER = struct.Struct(f"<{len(MAGIC)}sIQI")
+_ALIGN = 64  # each tensor's bytes start at a multiple of this within the file
 SUFFIX = ".kv"
+WRITER_NICE = 19  # the writer takes a core only when ranking and pre-inference leave it idle
 MAX_QUEUED = 256  # demotions waiting for the writer; past this a demotion is refused (counted)
+# The dtypes a file may name (a layout naming anything else is corrupt, never an attribute lookup).
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
+    torch.int8, torch.uint8, torch.bool)}
 
 
 class CorruptEntry(ValueError):
     """A file that does not hold what its name promises."""
 
 
+def _tensors(kv: PrefixKV) -> dict[str, torch.Tensor]:
+    """An entry's tensors by name, on the CPU, each holding only its own elements: a view into a larger
+    buffer (a slice of a preallocated slab, the benchmark's primed zeros) is copied out, so a file holds
+    the entry's bytes, never its base storage's."""
+    named = {"kv": kv.kv, "timestamps": kv.timestamps}
+    if kv.tail is not None:
+        named |= {"tail.items": kv.tail.items, "tail.actions": kv.tail.actions,
+                  "tail.timestamps": kv.tail.timestamps}
+    return {name: t.detach().cpu().contiguous() for name, t in named.items() if t is not None}
+
+
+def _layout(key: CacheKey, kv: PrefixKV) -> list[memoryview]:
+    """A file's bytes as parts written one after the other, without joining them: the header, the
+    JSON layout (padded so the first tensor starts aligned), then each tensor's bytes, padded."""
+    tensors = _tensors(kv)
+    parts: list[memoryview] = []
+    placed, offset = [], 0
+    for name, t in tensors.items():
+        raw = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        placed.append([name, str(t.dtype).removeprefix("torch."), list(t.shape), offset])
+        parts.append(raw)
+        pad = -len(raw) % _ALIGN
+        if pad:
+            parts.append(memoryview(bytes(pad)))
+        offset += len(raw) + pad
+    meta = json.dumps({"key": [key.user_id, key.prefix_digest, key.model_version, key.edit_hash],
+                       "length": kv.length, "model_version": kv.model_version, "edit_hash": kv.edit_hash,
+                       "tensors": placed}, separators=(",", ":")).encode()
+    meta += b" " * (-(_HEADER.size + len(meta)) % _ALIGN)
+    crc = zlib.crc32(meta)
+    for part in parts:  # zlib releases the GIL over large buffers
+        crc = zlib.crc32(part, crc)
+    header = _HEADER.pack(MAGIC, len(meta), offset, crc)
+    return [memoryview(header), memoryview(meta), *parts]
+
+
 def encode(key: CacheKey, kv: PrefixKV) -> bytes:
-    """A file's bytes: header (magic, length, sha256) and the payload (tensors on the CPU, plain values)."""
-    tail = None if kv.tail is None else {"items": kv.tail.items.cpu(), "actions": kv.tail.actions.cpu(),
-                                         "timestamps": _cpu(kv.tail.timestamps)}
-    payload = io.BytesIO()
-    torch.save({"key": [key.user_id, key.prefix_digest, key.model_version, key.edit_hash],
-                "kv": kv.kv.detach().cpu(), "timestamps": _cpu(kv.timestamps), "length": kv.length,
-                "model_version": kv.model_version, "edit_hash": kv.edit_hash, "tail": tail}, payload)
-    body = payload.getvalue()
-    return _HEADER.pack(MAGIC, len(body), hashlib.sha256(body).digest()) + body
+    """A file's bytes: header (magic, lengths, CRC-32), the JSON layout, the raw tensor bytes."""
+    return b"".join(_layout(key, kv))
 
 
-def decode(key: CacheKey, data: bytes) -> PrefixKV:
-    """The PrefixKV in a file's bytes, on the CPU; CorruptEntry when they are not a whole, intact
-    entry of key."""
-    if len(data) < _HEADER.size:
-        raise CorruptEntry(f"{len(data)} bytes, shorter than the {_HEADER.size}-byte header")
-    magic, length, digest = _HEADER.unpack_from(data)
-    body = data[_HEADER.size:]
+def decode(key: CacheKey, data: bytes | bytearray) -> PrefixKV:
+    """The PrefixKV in a file's bytes, on the CPU (its tensors share ``data``'s memory when it is a
+    bytearray: no copy); CorruptEntry when they are not a whole, intact entry of key."""
+    buf = memoryview(data if isinstance(data, bytearray) else bytearray(data))
+    if len(buf) < _HEADER.size:
+        raise CorruptEntry(f"{len(buf)} bytes, shorter than the {_HEADER.size}-byte header")
+    magic, meta_len, payload_len, crc = _HEADER.unpack_from(buf)
     if magic != MAGIC:
-        raise CorruptEntry("not a RelayGR KV file (bad magic)")
-    if len(body) != length:
-        raise CorruptEntry(f"payload is {len(body)} bytes, the header says {length}")
-    if hashlib.sha256(body).digest() != digest:
-        raise CorruptEntry("payload fails its sha256")
+        raise CorruptEntry("not a RelayGR KV file of this version (bad magic)")
+    start = _HEADER.size + meta_len
+    if len(buf) != start + payload_len:
+        raise CorruptEntry(f"{len(buf)} bytes, the header says {start + payload_len}")
+    if zlib.crc32(buf[_HEADER.size:]) != crc:
+        raise CorruptEntry("fails its CRC-32")
     try:
-        d = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
-        stored_key = CacheKey(*d["key"])
-        tail = None if d["tail"] is None else History(d["tail"]["items"], d["tail"]["actions"],
-                                                      d["tail"]["timestamps"])
-        kv = PrefixKV(d["kv"], d["timestamps"], int(d["length"]), str(d["model_version"]), str(d["edit_hash"]), tail)
-    except Exception as exc:  # noqa: BLE001 — a payload with a valid checksum but not our layout
-        raise CorruptEntry(f"payload does not decode: {exc}") from None
+        meta = json.loads(bytes(buf[_HEADER.size:start]))
+        tensors = {}
+        for name, dtype_name, shape, offset in meta["tensors"]:
+            dtype = _DTYPES[dtype_name]
+            count = math.prod(shape)
+            if count == 0:
+                tensors[name] = torch.empty(shape, dtype=dtype)
+                continue
+            tensors[name] = torch.frombuffer(buf, dtype=dtype, count=count, offset=start + offset).reshape(shape)
+        stored_key = CacheKey(*meta["key"])
+        tail = None if "tail.items" not in tensors else History(
+            tensors["tail.items"], tensors["tail.actions"], tensors.get("tail.timestamps"))
+        kv = PrefixKV(tensors["kv"], tensors.get("timestamps"), int(meta["length"]), str(meta["model_version"]),
+                      str(meta["edit_hash"]), tail)
+    except Exception as exc:  # noqa: BLE001 — a layout with a valid checksum but not ours
+        raise CorruptEntry(f"layout does not decode: {exc!r}") from None
     if stored_key != key:
         raise CorruptEntry("file holds another key")
     return kv
 
 
-def _cpu(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.detach().cpu()
+def _read(path: Path, expected: int) -> bytearray:
+    """A file's bytes in one buffer (read into, not copied; the decoded tensors share it); a file of
+    another size than written is read only up to one byte past it (decode then finds it corrupt)."""
+    buf = bytearray(expected + 1)
+    with open(path, "rb", buffering=0) as f:
+        n = f.readinto(buf)
+    del buf[n:]
+    return buf
 
 
 @dataclass
@@ -125,7 +184,8 @@ class DiskTier:
         self._entries: OrderedDict[CacheKey, _DiskEntry] = OrderedDict()  # written, oldest first
         self._queued: dict[CacheKey, tuple[PrefixKV, float]] = {}  # admitted, not yet written
         self._lock = threading.Lock()
-        self._to_write: Drain[CacheKey] = Drain(self._lock, self._write, "disk-demotion")  # the writer
+        self._to_write: Drain[CacheKey] = Drain(self._lock, self._write, "disk-demotion",
+                                                 nice=WRITER_NICE)  # the writer
         self.used_bytes = 0
         self._closed = False  # closed tiers take nothing more (a demotion racing a policy that removed it)
 
@@ -174,7 +234,7 @@ class DiskTier:
             self._keep_stand_in(key, queued)
             return
         try:
-            data = encode(key, kv)
+            parts = _layout(key, kv)
         except Exception:  # noqa: BLE001 — an entry that cannot be serialised is dropped, the tier lives on
             log.exception("serialising %s for the disk tier failed; the entry is dropped", key.user_id)
             self._forget_queued(key, queued, failed=True)
@@ -182,12 +242,13 @@ class DiskTier:
         with self._lock:
             if self._queued.get(key) is not queued:
                 return
-            fits = self._make_room(len(data))
+            nbytes = sum(len(part) for part in parts)
+            fits = self._make_room(nbytes)
         if not fits:
             self._forget_queued(key, queued, rejected=True)
             return
         try:
-            self._write_file(path, data)
+            self._write_file(path, parts)
         except OSError as exc:  # ENOSPC, EIO, a vanished directory: counted, the entry dropped
             log.warning("writing %s to the disk tier failed (%s); the entry is dropped", key.user_id, exc)
             self._forget_queued(key, queued, failed=True)
@@ -197,8 +258,8 @@ class DiskTier:
                 path.unlink(missing_ok=True)
                 return
             del self._queued[key]
-            self._entries[key] = _DiskEntry(path, len(data), stored_at)
-            self.used_bytes += len(data)
+            self._entries[key] = _DiskEntry(path, nbytes, stored_at)
+            self.used_bytes += nbytes
             self.counters.peak_bytes = max(self.counters.peak_bytes, self.used_bytes)
 
     def _keep_stand_in(self, key: CacheKey, queued: tuple[PrefixKV, float]) -> None:
@@ -212,14 +273,16 @@ class DiskTier:
             self.used_bytes += kv.nbytes
             self.counters.peak_bytes = max(self.counters.peak_bytes, self.used_bytes)
 
-    def _write_file(self, path: Path, data: bytes) -> None:
-        """Write data to path whole or not at all: a temporary file, synced, renamed into place."""
+    def _write_file(self, path: Path, parts: list[memoryview]) -> None:
+        """Write the parts to path whole or not at all: a temporary file renamed into place.
+
+        Not fsynced: the files are a cache this instance empties at every start, and a read checks its
+        CRC-32, so a file a crash tore is a miss at worst; a sync would only cost the writer's time."""
         tmp = path.with_name(path.name + ".tmp")
         try:
             with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+                for part in parts:
+                    f.write(part)
             os.replace(tmp, path)
         except OSError:
             tmp.unlink(missing_ok=True)
@@ -266,10 +329,10 @@ class DiskTier:
         if entry.stand_in is not None:
             return self._served(entry.stand_in, entry.stored_at)
         try:
-            data = entry.path.read_bytes()
+            data = _read(entry.path, entry.nbytes)
         except OSError as exc:
             log.warning("reading %s from the disk tier failed (%s): a miss", key.user_id, exc)
-            data = b""
+            data = bytearray()
         finally:
             entry.path.unlink(missing_ok=True)
         if self.clock() - entry.stored_at > self.ttl_s:

@@ -35,6 +35,7 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 from relay_engine.core.config import CacheBudget
+from relay_engine.core.devices import lower_thread_priority
 from relay_engine.core.kvcache import CacheKey, HBMCache
 from relay_engine.core.model import PrefixKV
 from relay_engine.core.outcomes import LOWER_TIER_MODULES, Outcome, TierCounters
@@ -127,10 +128,13 @@ def build_lower_tiers(cache: CacheBudget, site: TierSite, current: Sequence[Cach
 
 class Drain(Generic[T]):
     """Work a tier does off the ranking path (DRAM's copy to the host, disk's writes): a queue under the
-    tier's lock, drained by a thread that starts when work arrives and exits once the queue is empty."""
+    tier's lock, drained by a thread that starts when work arrives and exits once the queue is empty.
+    ``nice`` > 0 runs that thread at a lower CPU priority than ranking (Linux; elsewhere ignored), so its
+    work takes a core only when ranking leaves it idle."""
 
-    def __init__(self, lock: threading.Lock, handle: Callable[[T], None], name: str):
+    def __init__(self, lock: threading.Lock, handle: Callable[[T], None], name: str, *, nice: int = 0):
         self._lock = lock
+        self._nice = nice
         self._handle = handle  # runs outside the lock, in the drain's thread
         self._name = name
         self._items: deque[T] = deque()
@@ -151,6 +155,8 @@ class Drain(Generic[T]):
         threading.Thread(target=self._run, name=self._name, daemon=True).start()
 
     def _run(self) -> None:
+        if self._nice:
+            lower_thread_priority(self._nice, self._name)
         while True:
             with self._lock:
                 if not self._items:

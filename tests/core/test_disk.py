@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+import zlib
 
 import pytest
 import torch
 
+from relay_engine.core import disk as disk_module
 from relay_engine.core.config import parse_policy
-from relay_engine.core.disk import MAGIC, DiskTier, encode
+from relay_engine.core.disk import _HEADER, MAGIC, DiskTier, encode
 from relay_engine.core.dram import DRAMTier
 from relay_engine.core.engine import RankRequest, RelayEngine
 from relay_engine.core.kvcache import CacheKey, HBMCache
@@ -83,6 +85,44 @@ def test_a_file_holding_another_key_is_a_miss(tmp_path):
     os.replace(tier.path_of(key(2)), tier.path_of(key(1)))  # intact, checksummed, but key 2's entry
     assert tier.lookup(key(1)) is None
     assert tier.counters.corrupt_reads == 1
+
+
+def test_a_view_into_a_larger_buffer_is_written_as_its_own_bytes(tmp_path):
+    # A slice of a preallocated slab (the benchmark primes with views of one zero buffer): the file holds
+    # the 16 tokens the entry has, not the 1024 of the storage under it.
+    slab = torch.randn(2, 2, 2, 1024, 4)
+    view = PrefixKV(slab[:, :, :, :16], torch.arange(16), 17, "v", "none", History.from_lists([3], [1]))
+    tier = DiskTier(tmp_path, 10**7, ttl_s=60)
+    assert tier.admit(key(1), view)
+    assert len(written(tier, key(1))) == file_bytes(kv_of(16)) < slab.numel() * slab.element_size()
+    back = tier.lookup(key(1))
+    assert torch.equal(back.kv, view.kv) and back.kv.is_contiguous()
+
+
+def test_a_layout_naming_a_dtype_not_allowed_is_a_miss_though_its_checksum_holds(tmp_path):
+    tier = DiskTier(tmp_path, 10**7, ttl_s=60)
+    tier.admit(key(1), kv_of(16))
+    data = bytearray(written(tier, key(1)))
+    at = data.index(b'"float32"')
+    data[at:at + 9] = b'"Float32"'  # a name torch has no dtype for, not an attribute to look up
+    magic, meta_len, payload_len, _ = _HEADER.unpack_from(data)
+    _HEADER.pack_into(data, 0, magic, meta_len, payload_len, zlib.crc32(data[_HEADER.size:]))
+    tier.path_of(key(1)).write_bytes(bytes(data))
+    assert tier.lookup(key(1)) is None and tier.counters.corrupt_reads == 1
+
+
+def test_the_writer_runs_at_the_lowest_cpu_priority(tmp_path, monkeypatch):
+    seen, layout = [], disk_module._layout
+
+    def recording(*args):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return layout(*args)
+
+    monkeypatch.setattr(disk_module, "_layout", recording)
+    tier = DiskTier(tmp_path, 10**7, ttl_s=60)
+    tier.admit(key(1), kv_of(16))
+    assert tier.flush(timeout_s=30)
+    assert seen == [disk_module.WRITER_NICE] and os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0
 
 
 def test_a_full_disk_is_counted_and_the_entry_dropped_without_raising(tmp_path):
