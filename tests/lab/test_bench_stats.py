@@ -81,3 +81,28 @@ def test_priming_leaves_the_tiers_as_serving_the_queries_would():
     assert sorted(where.values()) == ["dram", "dram", "hbm", "hbm"]  # the others were demoted, none lost
     stats = engine.stats()
     assert stats.hbm_bytes <= stats.hbm_budget_bytes
+
+
+def test_throughput_only_sweeps_give_an_ablation_its_ratio_against_the_mode_it_is_measured_against():
+    from relay_engine.lab.bench.modes import MODES_BY_NAME, Regime
+    from relay_engine.lab.bench.run import measure_sweeps, throughput_against
+    from relay_engine.lab.bench.settings import BenchSettings
+
+    knees = {"baseline": 6.0, "relay": 12.0, "relay_small_dram": 9.0, "relay_disk": 13.5}  # where P99 passes the SLO
+    rng = np.random.default_rng(1)
+
+    def measure(mode, cap, qps):
+        p = point(rng.normal(60.0 * qps / knees[mode.name], 2.0, 500))
+        p.mode, p.cap, p.qps = mode.name, cap, qps
+        p.bootstrap(200, rng)
+        return p
+
+    modes = [MODES_BY_NAME[n] for n in ("baseline", "relay", "relay_small_dram", "relay_disk")]
+    s = BenchSettings(headline_cap=1024, seq_len_sweeps=False, ref_qps=10.0, load_steps=(0.5, 1.0, 1.5, 2.0))
+    sweeps, headline = measure_sweeps(s, measure, None, Regime(slo_ms=100.0, deadline_ms=200.0), modes)
+
+    assert headline == 1024 and all("cap" not in by_name for by_name in sweeps.values())  # no seq-len sweeps
+    vs = throughput_against(sweeps, MODES_BY_NAME["relay_disk"], headline)
+    assert vs["mode"] == "relay_small_dram" and vs["ratio"] == pytest.approx(13.5 / 9.0, rel=0.1)
+    assert vs["ci"][0] <= vs["ratio"] <= vs["ci"][1]
+    assert throughput_against(sweeps, MODES_BY_NAME["relay"], headline) is None  # measured against nothing

@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap-sweep", action="store_true",
                         help="also measure SLO throughput at every cap of 512, 1024, 2048, 4096 (baseline, relay)")
     parser.add_argument("--no-ablations", action="store_true", help="skip the ablations' throughput sweeps")
+    parser.add_argument("--throughput-only", action="store_true",
+                        help="with --headline-cap: only the SLO-throughput sweeps at that cap, no max-sequence-"
+                             "length sweeps (an ablation's figure in a fraction of the time)")
     parser.add_argument("--modes", type=modes_flag, default=MODES, metavar="A,B,…",
                         help=f"measure only these modes, side by side on the same windows (default: all of "
                              f"{', '.join(MODES_BY_NAME)}); {' and '.join(REQUIRED_MODES)} are always measured")
@@ -98,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                              threads_per_instance=max(1, cores // instances), rank_threads=args.rank_threads,
                              with_timestamps=args.timestamps, headline_cap=args.headline_cap,
                              cap_sweep=args.cap_sweep, ablations=not args.no_ablations,
-                             sim_guided=not args.no_sim_guide)
+                             seq_len_sweeps=not args.throughput_only, sim_guided=not args.no_sim_guide)
+    if args.throughput_only and args.headline_cap is None:
+        parser.error("--throughput-only needs --headline-cap (the cap the throughput sweeps run at)")
     if args.quick:
         settings = quick_settings(settings)
     if args.ref_qps is not None:

@@ -36,6 +36,7 @@ class Mode:
     dram_share: float = 1.0  # of the regime's DRAM budget
     disk: bool = False  # the local-disk tier under DRAM
     what: str = ""
+    against: str | None = None  # the mode an ablation's SLO throughput is divided by, side by side
 
 
 MODES: tuple[Mode, ...] = (
@@ -46,7 +47,7 @@ MODES: tuple[Mode, ...] = (
     Mode("relay_random_route", affinity=False, what="relay, pre-infer signal and ranking routed at random"),
     Mode("relay_preinfer_all", admit_all=True, what="relay, the trigger admits every prefix"),
     Mode("relay_small_dram", dram_share=SMALL_DRAM_SHARE, what="relay with an eighth of the DRAM budget"),
-    Mode("relay_disk", dram_share=SMALL_DRAM_SHARE, disk=True,
+    Mode("relay_disk", dram_share=SMALL_DRAM_SHARE, disk=True, against="relay_small_dram",
          what="relay with an eighth of the DRAM budget and the local-disk tier under it"),
 )
 MODES_BY_NAME = {m.name: m for m in MODES}

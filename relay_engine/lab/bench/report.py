@@ -63,6 +63,11 @@ def markdown(result: dict) -> str:
         f"×{_fmt(ratios.get('slo_throughput_grid'), '.2f')} and ×{_fmt(ratios.get('max_seq_len_grid'), '.2f')}). "
         f"Engine rank ÷ bare cached forward: {_fmt(overhead['engine_over_bare_ratio'], '.3f')}.",
     ]
+    for name, m in result["modes"].items():
+        vs = m.get("throughput_vs")
+        if vs:
+            lines.append(f"{name} ÷ {vs['mode']}: SLO throughput ×{_fmt(vs['ratio'], '.2f')}{_ci(vs['ci'], '.2f')} "
+                         f"(at cap {cap}, the same windows).")
     busy = [(name, p) for name, m in result["modes"].items() for sw in m["sweeps"].values() for p in sw["points"]
             if p["host"].get("busy")]
     redone = sum(p["redone"] for m in result["modes"].values() for sw in m["sweeps"].values() for p in sw["points"])

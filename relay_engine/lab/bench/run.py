@@ -150,9 +150,13 @@ def measure_sweeps(s: BenchSettings, measure: Measure, predict: Measure | None, 
     baseline, relay = by_name["baseline"], by_name["relay"]
     sweeps: dict[str, dict[str, tuple[Sweep, dict | None]]] = {m.name: {} for m in modes}
     slo_ms, ref_qps = regime.slo_ms, s.ref_qps / regime.time_scale
-    for mode in (baseline, relay):
-        sweeps[mode.name]["cap"] = guided_sweep(measure, predict, mode, "cap", s.caps, ref_qps, slo_ms)
-    headline = s.headline_cap or int(sweeps["baseline"]["cap"][0].best_passing) or min(s.caps)
+    if s.seq_len_sweeps:
+        for mode in (baseline, relay):
+            sweeps[mode.name]["cap"] = guided_sweep(measure, predict, mode, "cap", s.caps, ref_qps, slo_ms)
+        headline = s.headline_cap or int(sweeps["baseline"]["cap"][0].best_passing) or min(s.caps)
+    else:
+        assert s.headline_cap, "without the max-sequence-length sweeps the headline cap must be given"
+        headline = s.headline_cap
     loads = [ref_qps * step for step in s.load_steps]
     for mode in modes:
         if s.ablations or mode.name in ("baseline", "relay"):
@@ -202,6 +206,20 @@ def run(settings: BenchSettings, queries: list[TraceQuery], trace_name: str, out
     return result
 
 
+def throughput_against(sweeps: dict, mode: Mode, headline: int) -> dict | None:
+    """An ablation's SLO throughput ÷ that of the mode it is measured against (``Mode.against``), both
+    at the headline cap on the same windows, with the bootstrap interval of the crossings' ratio."""
+    name = f"qps@{headline}"
+    mine, theirs = sweeps[mode.name].get(name), sweeps.get(mode.against or "", {}).get(name)
+    if mine is None or theirs is None:
+        return None
+    m, t = mine[0], theirs[0]
+    return {"mode": mode.against,
+            "ratio": round(m.crossing.value / t.crossing.value, 3) if t.crossing.value > 0 else None,
+            "ci": ratio_interval(m.crossing_replicates(), t.crossing_replicates()),
+            "bounds": {mode.name: m.crossing.bound, mode.against: t.crossing.bound}}
+
+
 def summarize(s: BenchSettings, sweeps: dict, modes: Sequence[Mode], headline: int, regime: Regime, k_how: dict,
               cost: CostModel, windows: list[Window]) -> dict:
     k = regime.time_scale
@@ -226,6 +244,7 @@ def summarize(s: BenchSettings, sweeps: dict, modes: Sequence[Mode], headline: i
             "throughput_by_cap": {name.split("@")[1]: sw.summary(k) for name, (sw, _) in mine.items()
                                   if name.startswith("qps@")},
             "sweeps": {name: {**sw.summary(k), "sim_predicted": pred} for name, (sw, pred) in mine.items()},
+            "throughput_vs": throughput_against(sweeps, mode, headline),
         }
     ratios = {}
     for key, name in (("max_seq_len", "cap"), ("slo_throughput", f"qps@{headline}")):
