@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from relay_engine.lab.bench.cli import modes_flag
+from relay_engine.lab.bench.cli import modes_flag, with_required
 from relay_engine.lab.bench.modes import MODES, MODES_BY_NAME, Regime, mode_policy
 
 
@@ -24,9 +24,10 @@ def test_relay_disk_differs_from_relay_small_dram_only_by_the_disk_tier():
     assert disk.cache.disk.ttl_ms == disk.cache.dram_ttl_ms
 
 
-def test_modes_flag_keeps_the_benchmark_order_and_always_measures_baseline_and_relay():
+def test_modes_flag_keeps_the_benchmark_order_and_a_full_run_always_measures_baseline_and_relay():
     chosen = modes_flag("relay_disk,relay_small_dram")
-    assert [m.name for m in chosen] == ["baseline", "relay", "relay_small_dram", "relay_disk"]
+    assert [m.name for m in chosen] == ["relay_small_dram", "relay_disk"]  # --throughput-only runs just these
+    assert [m.name for m in with_required(chosen)] == ["baseline", "relay", "relay_small_dram", "relay_disk"]
     assert modes_flag(",".join(m.name for m in MODES)) == MODES
 
 

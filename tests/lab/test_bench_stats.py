@@ -97,11 +97,12 @@ def test_throughput_only_sweeps_give_an_ablation_its_ratio_against_the_mode_it_i
         p.bootstrap(200, rng)
         return p
 
-    modes = [MODES_BY_NAME[n] for n in ("baseline", "relay", "relay_small_dram", "relay_disk")]
+    modes = [MODES_BY_NAME[n] for n in ("relay_small_dram", "relay_disk")]  # no baseline or relay needed
     s = BenchSettings(headline_cap=1024, seq_len_sweeps=False, ref_qps=10.0, load_steps=(0.5, 1.0, 1.5, 2.0))
     sweeps, headline = measure_sweeps(s, measure, None, Regime(slo_ms=100.0, deadline_ms=200.0), modes)
 
-    assert headline == 1024 and all("cap" not in by_name for by_name in sweeps.values())  # no seq-len sweeps
+    assert headline == 1024 and set(sweeps) == {"relay_small_dram", "relay_disk"}
+    assert all(set(by_name) == {"qps@1024"} for by_name in sweeps.values())  # no max-seq-len sweeps
     vs = throughput_against(sweeps, MODES_BY_NAME["relay_disk"], headline)
     assert vs["mode"] == "relay_small_dram" and vs["ratio"] == pytest.approx(13.5 / 9.0, rel=0.1)
     assert vs["ci"][0] <= vs["ratio"] <= vs["ci"][1]

@@ -40,13 +40,18 @@ REQUIRED_MODES = ("baseline", "relay")
 
 
 def modes_flag(text: str) -> tuple[Mode, ...]:
-    """A comma-separated subset of the modes (in the benchmark's order, baseline and relay always in)."""
+    """A comma-separated subset of the modes, in the benchmark's order."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODES_BY_NAME]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown mode(s) {', '.join(unknown) or '(none given)'}; "
                                          f"choose from {', '.join(MODES_BY_NAME)}")
-    wanted = set(names) | set(REQUIRED_MODES)
+    return tuple(m for m in MODES if m.name in names)
+
+
+def with_required(modes: tuple[Mode, ...]) -> tuple[Mode, ...]:
+    """modes with baseline and relay added (the ratios a full run reports are theirs), in the bench's order."""
+    wanted = {m.name for m in modes} | set(REQUIRED_MODES)
     return tuple(m for m in MODES if m.name in wanted)
 
 
@@ -79,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                              "length sweeps (an ablation's figure in a fraction of the time)")
     parser.add_argument("--modes", type=modes_flag, default=MODES, metavar="A,B,…",
                         help=f"measure only these modes, side by side on the same windows (default: all of "
-                             f"{', '.join(MODES_BY_NAME)}); {' and '.join(REQUIRED_MODES)} are always measured")
+                             f"{', '.join(MODES_BY_NAME)}); {' and '.join(REQUIRED_MODES)} are always measured, "
+                             "except with --throughput-only")
     parser.add_argument("--no-sim-guide", action="store_true",
                         help="bisect every sweep instead of starting at the simulator's prediction")
     parser.add_argument("--timestamps", action="store_true", help="give tokens timestamps (time-bucket bias)")
@@ -125,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     if per_window > len(queries):
         print(f"error: a window needs {per_window} queries; the trace has {len(queries)}", file=sys.stderr)
         return 2
-    result = run(settings, queries, name, Path(args.out), modes=args.modes)
+    modes = args.modes if args.throughput_only else with_required(args.modes)
+    result = run(settings, queries, name, Path(args.out), modes=modes)
     print(result["markdown"])
     print(f"\nwrote {args.out} and {', '.join(result['plots']) or 'no plots'} in {result['runtime_s']:.0f} s")
     return 0

@@ -147,10 +147,10 @@ def measure_sweeps(s: BenchSettings, measure: Measure, predict: Measure | None, 
     the headline cap (every mode, or baseline and relay without ablations); with ``cap_sweep``, SLO
     throughput at every throughput cap (baseline, relay). Returns them by mode and the headline cap."""
     by_name = {m.name: m for m in modes}
-    baseline, relay = by_name["baseline"], by_name["relay"]
     sweeps: dict[str, dict[str, tuple[Sweep, dict | None]]] = {m.name: {} for m in modes}
     slo_ms, ref_qps = regime.slo_ms, s.ref_qps / regime.time_scale
     if s.seq_len_sweeps:
+        baseline, relay = by_name["baseline"], by_name["relay"]
         for mode in (baseline, relay):
             sweeps[mode.name]["cap"] = guided_sweep(measure, predict, mode, "cap", s.caps, ref_qps, slo_ms)
         headline = s.headline_cap or int(sweeps["baseline"]["cap"][0].best_passing) or min(s.caps)
@@ -164,7 +164,7 @@ def measure_sweeps(s: BenchSettings, measure: Measure, predict: Measure | None, 
     if s.cap_sweep:
         for cap in s.throughput_caps:
             if cap != headline:
-                for mode in (baseline, relay):
+                for mode in (by_name["baseline"], by_name["relay"]):
                     sweeps[mode.name][f"qps@{cap}"] = guided_sweep(measure, predict, mode, "qps", loads, cap, slo_ms)
     return sweeps, headline
 
@@ -210,7 +210,7 @@ def throughput_against(sweeps: dict, mode: Mode, headline: int) -> dict | None:
     """An ablation's SLO throughput ÷ that of the mode it is measured against (``Mode.against``), both
     at the headline cap on the same windows, with the bootstrap interval of the crossings' ratio."""
     name = f"qps@{headline}"
-    mine, theirs = sweeps[mode.name].get(name), sweeps.get(mode.against or "", {}).get(name)
+    mine, theirs = sweeps.get(mode.name, {}).get(name), sweeps.get(mode.against or "", {}).get(name)
     if mine is None or theirs is None:
         return None
     m, t = mine[0], theirs[0]
@@ -248,7 +248,7 @@ def summarize(s: BenchSettings, sweeps: dict, modes: Sequence[Mode], headline: i
         }
     ratios = {}
     for key, name in (("max_seq_len", "cap"), ("slo_throughput", f"qps@{headline}")):
-        b, r = sweeps["baseline"].get(name, (None,))[0], sweeps["relay"].get(name, (None,))[0]
+        b, r = sweeps.get("baseline", {}).get(name, (None,))[0], sweeps.get("relay", {}).get(name, (None,))[0]
         if b is None or r is None:
             ratios[key], ratios[f"{key}_ci"] = None, None
             continue

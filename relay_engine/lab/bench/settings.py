@@ -37,7 +37,9 @@ class BenchSettings:
     preinfer_compute_share: float = TriggerPolicy().preinfer_compute_share
     max_preinfer_inflight: int = TriggerPolicy().max_preinfer_inflight
     ablations: bool = True  # measure the ablations' SLO throughput at the headline cap
-    seq_len_sweeps: bool = True  # the max-sequence-length sweeps (baseline, relay); off needs headline_cap
+    # The max-sequence-length sweeps (baseline, relay); off needs headline_cap, and then only the modes
+    # asked for are measured (an ablation's figure without the full run).
+    seq_len_sweeps: bool = True
     cap_sweep: bool = False  # measure SLO throughput at every throughput cap (baseline and relay)
     sim_guided: bool = True  # start each sweep at the simulator's predicted crossing
     max_redo: int = 2  # a point whose host was busy is measured again, at most this often
