@@ -26,7 +26,7 @@ def test_the_crossing_is_interpolated_between_the_last_pass_and_the_first_failur
     assert c.value == pytest.approx(2 * 2 ** ((100 - 80) / (120 - 80)))  # halfway in log2 between 2 and 4
 
 
-@pytest.mark.parametrize(("p99s", "bound", "value"), [([10, 20, 30], "above", 4.0), ([150, 200, 300], "below", 0.0)])
+@pytest.mark.parametrize(("p99s", "bound", "value"), [([10, 20, 30], "above", 4.0), ([150, 200, 300], "below", 1.0)])
 def test_a_sweep_that_never_crosses_says_which_side_it_is_on(p99s, bound, value):
     c = crossing([1, 2, 4], p99s, 100.0)
     assert (c.bound, c.value) == (bound, value)
@@ -107,3 +107,44 @@ def test_throughput_only_sweeps_give_an_ablation_its_ratio_against_the_mode_it_i
     assert vs["mode"] == "relay_small_dram" and vs["ratio"] == pytest.approx(13.5 / 9.0, rel=0.1)
     assert vs["ci"][0] <= vs["ratio"] <= vs["ci"][1]
     assert throughput_against(sweeps, MODES_BY_NAME["relay"], headline) is None  # measured against nothing
+
+
+def test_replicates_that_never_cross_make_an_interval_end_a_bound_never_a_zero():
+    from relay_engine.lab.bench.stats import Replicates, ratio_interval
+
+    rng = np.random.default_rng(2)
+    den = Replicates(rng.normal(10.0, 0.5, 400), np.zeros(400, dtype=np.int8))
+    values, censored = rng.normal(20.0, 1.0, 400), np.zeros(400, dtype=np.int8)
+    values[:40], censored[:40] = 4.0, -1  # 10 % of the relay's replicates never passed: crossing below cap 4
+    found = ratio_interval(Replicates(values, censored), den)
+    assert found["ends"] == ["at most", "exact"]
+    assert found["ci"][0] > 0  # the bound, not 0
+    exact = ratio_interval(Replicates(rng.normal(20.0, 1.0, 400), np.zeros(400, dtype=np.int8)), den)
+    assert exact["ends"] == ["exact", "exact"] and exact["ci"][0] < 2.0 < exact["ci"][1]
+
+
+def test_the_compute_bound_divides_a_full_rank_by_a_cached_rank_plus_the_computed_share_of_prefills():
+    from relay_engine.core.trace import TraceQuery
+    from relay_engine.lab.bench.bound import compute_bound
+    from relay_engine.lab.bench.workload import Window
+
+    class Linear:  # costs linear in the prefix length, so the means are easy to check by hand
+        def rank_full_ms(self, n, s, c):
+            return 1.0 + n / 100
+
+        def rank_ms(self, n, s, c):
+            return 1.0
+
+        def prefill_ms(self, n):
+            return n / 100
+
+    queries = [TraceQuery(t_ms=i, user_id=f"u{i}", seq_len=n, short_len=32, n_candidates=128, rank_delay_ms=20)
+               for i, n in enumerate([100, 300, 500, 5000])]
+    windows = [Window(prime_start=0, start=0, first_measured=0, end=4)]
+    relay_point = {"outcomes": {"hbm": 6, "miss": 2, "deadline": 2}, "preinfer": {"admitted": 2}}
+    b = compute_bound(Linear(), queries, windows, 1000, relay_point, measured_ratio=1.5)
+    # capped lengths 100, 300, 500, 1000: full 1 + 4.75, cached 1, prefill 4.75; (2 + 2) of 8 ranked computed
+    assert b["prefill_share"] == 0.5 and b["full_ms"] == 5.75 and b["prefill_ms"] == 4.75
+    assert b["bound"] == pytest.approx(5.75 / (1.0 + 0.5 * 4.75), abs=1e-3)
+    assert b["efficiency"] == pytest.approx(1.5 / b["bound"], abs=1e-3)
+    assert compute_bound(Linear(), queries, windows, 1000, None, 1.5) is None

@@ -16,8 +16,15 @@ def _fmt(x, spec: str = ".1f") -> str:
     return "–" if x is None else format(x, spec)
 
 
-def _ci(ci, spec: str = ".1f") -> str:
-    return "" if not ci else f" [{format(ci[0], spec)}, {format(ci[1], spec)}]"
+_END_MARKS = {"exact": "", "at most": "≤", "at least": "≥"}
+
+
+def _ci(ci, spec: str = ".1f", ends=None) -> str:
+    """An interval; an end that is a bound (replicates that never crossed) is marked ≤ or ≥."""
+    if not ci:
+        return ""
+    lo, hi = (_END_MARKS[e] for e in ends) if ends else ("", "")
+    return f" [{lo}{format(ci[0], spec)}, {hi}{format(ci[1], spec)}]"
 
 
 def _pct(x) -> str:
@@ -57,16 +64,24 @@ def markdown(result: dict) -> str:
     lines += [
         "",
         f"relay ÷ baseline: SLO throughput ×{_fmt(ratios.get('slo_throughput'), '.2f')}"
-        f"{_ci(ratios.get('slo_throughput_ci'), '.2f')} (at cap {cap}), max sequence length "
-        f"×{_fmt(ratios.get('max_seq_len'), '.2f')}{_ci(ratios.get('max_seq_len_ci'), '.2f')} "
+        f"{_ci(ratios.get('slo_throughput_ci'), '.2f', ratios.get('slo_throughput_ci_ends'))} (at cap {cap}), "
+        f"max sequence length ×{_fmt(ratios.get('max_seq_len'), '.2f')}"
+        f"{_ci(ratios.get('max_seq_len_ci'), '.2f', ratios.get('max_seq_len_ci_ends'))} "
         f"(crossings interpolated between the last passing and first failing point; grid values "
         f"×{_fmt(ratios.get('slo_throughput_grid'), '.2f')} and ×{_fmt(ratios.get('max_seq_len_grid'), '.2f')}). "
         f"Engine rank ÷ bare cached forward: {_fmt(overhead['engine_over_bare_ratio'], '.3f')}.",
     ]
+    if ratios.get("bound") is not None:
+        head = ratios["by_cap"][str(cap)]
+        lines.append(
+            f"Compute bound at cap {cap}: ×{head['bound']:.2f} (full rank {head['full_ms']:.1f} ms ÷ (cached rank "
+            f"{head['cached_ms']:.1f} ms + {100 * head['prefill_share']:.0f} % of requests × prefill "
+            f"{head['prefill_ms']:.1f} ms)); the measured ratio is {_pct(ratios.get('efficiency'))} of it.")
     for name, m in result["modes"].items():
         vs = m.get("throughput_vs")
         if vs:
-            lines.append(f"{name} ÷ {vs['mode']}: SLO throughput ×{_fmt(vs['ratio'], '.2f')}{_ci(vs['ci'], '.2f')} "
+            lines.append(f"{name} ÷ {vs['mode']}: SLO throughput ×{_fmt(vs['ratio'], '.2f')}"
+                         f"{_ci(vs['ci'], '.2f', vs['ci_ends'])} "
                          f"(at cap {cap}, the same windows).")
     busy = [(name, p) for name, m in result["modes"].items() for sw in m["sweeps"].values() for p in sw["points"]
             if p["host"].get("busy")]
@@ -76,14 +91,17 @@ def markdown(result: dict) -> str:
                  + (" (their figures are inflated)." if busy else "."))
     by_cap = result["modes"].get("relay", {}).get("throughput_by_cap", {})
     if len(by_cap) > 1:
-        lines += ["", "| cap | baseline SLO throughput (QPS) | relay SLO throughput (QPS) |", "|---:|---:|---:|"]
+        lines += ["", "| cap | baseline SLO throughput (QPS) | relay SLO throughput (QPS) | relay ÷ baseline "
+                  "| compute bound | efficiency |", "|---:|---:|---:|---:|---:|---:|"]
         base = result["modes"]["baseline"]["throughput_by_cap"]
         for c in sorted(by_cap, key=int):
-            b = base.get(c, {})
-            r = by_cap[c]
+            b, r, q = base.get(c, {}), by_cap[c], ratios.get("by_cap", {}).get(c, {})
             lines.append(f"| {c} | {_fmt(b.get('best_passing'), 'g')} (crossing {_fmt(b.get('crossing'), '.1f')}"
                          f"{_ci(b.get('crossing_ci'))}) | {_fmt(r.get('best_passing'), 'g')} (crossing "
-                         f"{_fmt(r.get('crossing'), '.1f')}{_ci(r.get('crossing_ci'))}) |")
+                         f"{_fmt(r.get('crossing'), '.1f')}{_ci(r.get('crossing_ci'))}) "
+                         f"| ×{_fmt(q.get('ratio'), '.2f')}{_ci(q.get('ci'), '.2f', q.get('ci_ends'))} "
+                         f"| ×{_fmt(q.get('bound'), '.2f')} "
+                         f"| {_pct(q.get('efficiency'))} |")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from relay_engine.core.model import HSTUModel
 from relay_engine.core.trace import TraceQuery
 from relay_engine.lab.bench import report
+from relay_engine.lab.bench.bound import compute_bound
 from relay_engine.lab.bench.calibration import profile_here, regime_for, time_scale
 from relay_engine.lab.bench.host import HostMonitor
 from relay_engine.lab.bench.instances import Fleet, WindowPlan
@@ -187,7 +188,7 @@ def run(settings: BenchSettings, queries: list[TraceQuery], trace_name: str, out
         progress.close()
         fleet.close()
     overhead = measure_overhead(s, queries, headline, regime)
-    result = summarize(s, sweeps, modes, headline, regime, k_how, cost, windows)
+    result = summarize(s, sweeps, modes, headline, regime, k_how, cost, windows, queries)
     result.update({
         "trace": {"source": trace_name, "queries": len(queries), "qps": round(trace_qps(queries), 3),
                   "qps_scaled": round(trace_qps(queries) / k, 3), "summary": describe(queries, trace_name)},
@@ -206,6 +207,12 @@ def run(settings: BenchSettings, queries: list[TraceQuery], trace_name: str, out
     return result
 
 
+def interval_keys(found: dict | None) -> dict:
+    """A ratio's interval as the JSON carries it: ``ci`` [lo, hi] and ``ci_ends`` (each "exact", or
+    "at most" / "at least" where replicates that never crossed leave that end a bound)."""
+    return {"ci": found["ci"], "ci_ends": found["ends"]} if found else {"ci": None, "ci_ends": None}
+
+
 def throughput_against(sweeps: dict, mode: Mode, headline: int) -> dict | None:
     """An ablation's SLO throughput ÷ that of the mode it is measured against (``Mode.against``), both
     at the headline cap on the same windows, with the bootstrap interval of the crossings' ratio."""
@@ -216,22 +223,44 @@ def throughput_against(sweeps: dict, mode: Mode, headline: int) -> dict | None:
     m, t = mine[0], theirs[0]
     return {"mode": mode.against,
             "ratio": round(m.crossing.value / t.crossing.value, 3) if t.crossing.value > 0 else None,
-            "ci": ratio_interval(m.crossing_replicates(), t.crossing_replicates()),
+            **interval_keys(ratio_interval(m.crossing_replicates(), t.crossing_replicates())),
             "bounds": {mode.name: m.crossing.bound, mode.against: t.crossing.bound}}
 
 
+def reference_point(sweep: Sweep | None) -> PointResult | None:
+    """A throughput sweep's point at its SLO throughput (its highest passing load; else its lowest)."""
+    if sweep is None or not sweep.points:
+        return None
+    passing = [p for p in sweep.points if p.passed]
+    return max(passing, key=lambda p: p.qps) if passing else min(sweep.points, key=lambda p: p.qps)
+
+
+def throughput_ratios(sweeps: dict, cost: CostModel, queries: Sequence[TraceQuery], windows: Sequence[Window]) -> dict:
+    """relay ÷ baseline SLO throughput at every cap both were swept at, with its interval, the compute
+    bound there and the efficiency against it (``bound``)."""
+    out = {}
+    for name, (r, _) in sorted(sweeps.get("relay", {}).items()):
+        b = sweeps.get("baseline", {}).get(name, (None,))[0]
+        if not name.startswith("qps@") or b is None:
+            continue
+        cap = int(name.split("@")[1])
+        ratio = r.crossing.value / b.crossing.value if b.crossing.value > 0 else None
+        ref = reference_point(r)
+        out[str(cap)] = {"ratio": None if ratio is None else round(ratio, 3),
+                         **interval_keys(ratio_interval(r.crossing_replicates(), b.crossing_replicates())),
+                         **(compute_bound(cost, queries, windows, cap, ref and ref.summary(), ratio) or {})}
+    return out
+
+
 def summarize(s: BenchSettings, sweeps: dict, modes: Sequence[Mode], headline: int, regime: Regime, k_how: dict,
-              cost: CostModel, windows: list[Window]) -> dict:
+              cost: CostModel, windows: list[Window], queries: Sequence[TraceQuery]) -> dict:
     k = regime.time_scale
     modes_out: dict[str, dict] = {}
     for mode in modes:
         mine = sweeps[mode.name]
         cap_sweep = mine.get("cap", (None, None))[0]
         thr_sweep = mine.get(f"qps@{headline}", (None, None))[0]
-        best_point = None
-        if thr_sweep is not None:
-            passing = [p for p in thr_sweep.points if p.passed]
-            best_point = max(passing, key=lambda p: p.qps) if passing else min(thr_sweep.points, key=lambda p: p.qps)
+        best_point = reference_point(thr_sweep)
         modes_out[mode.name] = {
             "what": mode.what,
             "max_seq_len_at_slo": int(cap_sweep.best_passing) if cap_sweep else None,
@@ -254,9 +283,13 @@ def summarize(s: BenchSettings, sweeps: dict, modes: Sequence[Mode], headline: i
             continue
         bc, rc = b.crossing, r.crossing
         ratios[key] = round(rc.value / bc.value, 3) if bc.value > 0 else None
-        ratios[f"{key}_ci"] = ratio_interval(r.crossing_replicates(), b.crossing_replicates())
+        iv = interval_keys(ratio_interval(r.crossing_replicates(), b.crossing_replicates()))
+        ratios[f"{key}_ci"], ratios[f"{key}_ci_ends"] = iv["ci"], iv["ci_ends"]
         ratios[f"{key}_bounds"] = {"relay": rc.bound, "baseline": bc.bound}
         ratios[f"{key}_grid"] = round(r.best_passing / b.best_passing, 3) if b.best_passing else None
+    ratios["by_cap"] = throughput_ratios(sweeps, cost, queries, windows)
+    at_headline = ratios["by_cap"].get(str(headline), {})
+    ratios["bound"], ratios["efficiency"] = at_headline.get("bound"), at_headline.get("efficiency")
     return {
         "time_scale": {**k_how, "meaning": "every time constant of the trace (arrival gaps, retrieval→ranking gap), "
                        "the SLO, the deadline and the caches' TTLs are × K on this machine; figures marked "

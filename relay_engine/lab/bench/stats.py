@@ -162,7 +162,8 @@ def point_result(mode: str, cap: int, qps: float, time_scale: float, slo_ms: flo
 @dataclass(frozen=True)
 class Crossing:
     """Where a sweep's P99 reaches the SLO. ``bound``: "exact" (bracketed), "above" (every point
-    passed: at least value) or "below" (none passed: value is 0)."""
+    passed: at least value, the largest x measured) or "below" (none passed: less than value, the
+    smallest x measured; 0 only for a sweep with no points)."""
 
     value: float
     bound: str
@@ -178,25 +179,48 @@ def crossing(xs: Sequence[float], p99s: Sequence[float | None], slo_ms: float) -
             last_pass = (x, p)
             continue
         if last_pass is None:
-            return Crossing(0.0, "below")
+            return Crossing(pts[0][0], "below")
         (x0, p0), x1, p1 = last_pass, x, (math.inf if p is None else p)
         if not math.isfinite(p1) or p1 <= p0:
             return Crossing(x0, "exact")
         frac = (slo_ms - p0) / (p1 - p0)
         return Crossing(math.exp(math.log(x0) + frac * (math.log(x1) - math.log(x0))), "exact")
-    return Crossing(last_pass[0], "above") if last_pass else Crossing(0.0, "below")
+    return Crossing(last_pass[0], "above") if last_pass else Crossing(pts[0][0] if pts else 0.0, "below")
 
 
-def crossing_replicates(points: Sequence[PointResult], x_of, slo_ms: float) -> np.ndarray:
-    """The crossing recomputed from each bootstrap replicate of the points' P99s."""
+# A crossing that is a bound, as a sign: the true crossing is below (-1) or above (+1) the value.
+CENSORED = {"exact": 0, "below": -1, "above": 1}
+
+
+@dataclass(frozen=True)
+class Replicates:
+    """A crossing recomputed from each bootstrap replicate of the points' P99s, and for each whether it
+    is a bound (``CENSORED``) because that replicate's sweep never crossed."""
+
+    values: np.ndarray
+    censored: np.ndarray  # int8: -1 the true crossing is below the value, +1 above it, 0 exact
+
+
+def crossing_replicates(points: Sequence[PointResult], x_of, slo_ms: float) -> Replicates:
     if not points:
-        return np.empty(0)
+        return Replicates(np.empty(0), np.empty(0, dtype=np.int8))
     reps = np.stack([p.p99_replicates for p in points])  # [points, replicates]
     xs = [x_of(p) for p in points]
-    return np.array([crossing(xs, list(reps[:, b]), slo_ms).value for b in range(reps.shape[1])])
+    found = [crossing(xs, list(reps[:, b]), slo_ms) for b in range(reps.shape[1])]
+    return Replicates(np.array([c.value for c in found]), np.array([CENSORED[c.bound] for c in found], dtype=np.int8))
 
 
-def ratio_interval(num: np.ndarray, den: np.ndarray) -> list[float] | None:
+def ratio_interval(num: Replicates, den: Replicates) -> dict | None:
+    """The bootstrap 95 % interval of num ÷ den, and what each end is: "exact", or "at most" / "at
+    least" where 2.5 % or more of the replicates are bounds that could lie beyond it (a replicate whose
+    sweep never crossed is its bound, never a 0)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
-    return interval(ratios)
+        ratios = np.where(den.values > 0, num.values / np.where(den.values > 0, den.values, 1.0), np.nan)
+    ends = interval(ratios)
+    if ends is None:
+        return None
+    # num below its bound, or den above it: the ratio is at most the replicate's; the reverse, at least.
+    direction = np.sign(num.censored.astype(int) - den.censored.astype(int))
+    share = 0.025 * ratios.size
+    return {"ci": ends, "ends": ["at most" if np.count_nonzero(direction < 0) >= share else "exact",
+                                 "at least" if np.count_nonzero(direction > 0) >= share else "exact"]}

@@ -13,10 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from relay_engine.lab.bench.modes import Mode
-from relay_engine.lab.bench.stats import Crossing, PointResult, crossing, crossing_replicates, interval
+from relay_engine.lab.bench.stats import (
+    Crossing,
+    PointResult,
+    Replicates,
+    crossing,
+    crossing_replicates,
+    interval,
+)
 
 Measure = Callable[[Mode, int, float], PointResult]
 
@@ -52,12 +57,12 @@ class Sweep:
     def crossing(self) -> Crossing:
         return crossing([self.x(p) for p in self.points], [p.p99_ms for p in self.points], self.slo_ms)
 
-    def crossing_replicates(self) -> np.ndarray:
+    def crossing_replicates(self) -> Replicates:
         return crossing_replicates(self.points, self.x, self.slo_ms)
 
     def summary(self, time_scale: float) -> dict:
         c = self.crossing
-        reps = self.crossing_replicates()
+        reps = self.crossing_replicates().values
         per_unit = time_scale if self.variable == "qps" else 1.0  # loads also read unscaled (× K)
         ci = interval(reps) if reps.size else None
         return {

@@ -131,7 +131,7 @@ def cmd_project(args: argparse.Namespace) -> int:
         sweeps, headline = measure_sweeps(settings, measure, None, regime, MODES)
     result = summarize(settings, sweeps, MODES, headline, regime,
                        {"time_scale": k, "how": "--time-scale (1: the profile's own device, no scaling)"},
-                       cost, windows)
+                       cost, windows, queries)
     replayed = sum(w.end - w.start for w in windows)
     points = [p for m in sweeps.values() for sw, _ in m.values() for p in sw.points]
     result.update({"trace": {"source": name, "queries": len(queries)}, "overhead": {"engine_over_bare_ratio": None},
