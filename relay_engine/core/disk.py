@@ -58,7 +58,10 @@ _HEADER = struct.Struct(f"<{len(MAGIC)}sIQI")
 _ALIGN = 64  # each tensor's bytes start at a multiple of this within the file
 SUFFIX = ".kv"
 WRITER_NICE = 19  # the writer takes a core only when ranking and pre-inference leave it idle
-MAX_QUEUED = 256  # demotions waiting for the writer; past this a demotion is refused (counted)
+# Demotions waiting for the writer are held in memory, outside any budget: past either limit a demotion
+# is refused (counted in ``rejected``) rather than let a writer that falls behind grow the process.
+MAX_QUEUED = 256
+MAX_QUEUED_BYTES = 256 * 1024 * 1024
 # The dtypes a file may name (a layout naming anything else is corrupt, never an attribute lookup).
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
@@ -209,7 +212,8 @@ class DiskTier:
         entry is larger than the whole budget. Never blocks on the disk."""
         start = False
         with self._lock:
-            if self._closed or kv.nbytes > self.budget_bytes or len(self._to_write) >= MAX_QUEUED:
+            if (self._closed or kv.nbytes > self.budget_bytes or len(self._to_write) >= MAX_QUEUED
+                    or sum(q.nbytes for q, _ in self._queued.values()) + kv.nbytes > MAX_QUEUED_BYTES):
                 self.counters.rejected += 1
                 return False
             self._drop_written(key)

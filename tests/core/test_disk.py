@@ -283,3 +283,20 @@ def test_a_closed_tier_takes_nothing_more(tmp_path):
     tier.close()
     assert not tier.admit(key(1), kv_of(16)) and tier.counters.rejected == 1
     assert tier.flush(timeout_s=30) and not (tmp_path / "disk").exists()
+
+
+def test_demotions_past_the_writers_queue_limit_are_refused_not_held(tmp_path, monkeypatch):
+    release = threading.Event()
+    layout = disk_module._layout
+
+    def stalled(*args):  # a writer that has fallen behind
+        release.wait(30)
+        return layout(*args)
+
+    monkeypatch.setattr(disk_module, "_layout", stalled)
+    monkeypatch.setattr(disk_module, "MAX_QUEUED_BYTES", 3 * kv_of(16).nbytes)
+    tier = DiskTier(tmp_path, 10**7, ttl_s=60)
+    assert [tier.admit(key(i), kv_of(16, seed=i)) for i in range(5)] == [True, True, True, False, False]
+    assert tier.counters.rejected == 2
+    release.set()
+    assert tier.flush(timeout_s=30) and len(tier) == 3
