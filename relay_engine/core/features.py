@@ -5,14 +5,17 @@ long-term prefix from (user_id, seq_len) — the same user with the same length 
 so repeats can hit the cache — and the short-term tokens and candidates from the query's index.
 Workers, the benchmark and the simulator use the same derivation.
 
-``AliasMap`` is the feature side's id canonicalisation: an item logged under two ids is one token
-for the model once the map has rewritten its histories.
+The feature side's canonicalisations, applied to histories before the model sees them (and so
+before the prefix digest, the cache key, is taken): ``AliasMap`` (an item logged under two ids is one
+token) and ``EventDedup`` (an event the log wrote twice is one event). Each has ``apply(History) ->
+History``; ``Canonical`` runs several in order.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -96,3 +99,49 @@ class AliasMap:
             raise ValueError(f"items: ids must be in [0, {self.num_items - 1}], the alias map's range")
         table = self.canonical_of.to(history.items.device)
         return History(table[history.items], history.actions, history.timestamps)
+
+
+class Canonicaliser(Protocol):
+    def apply(self, history: History) -> History: ...
+
+
+class EventDedup:
+    """Exact repeats of one event collapsed to the first: an event with the same item and action as the
+    one just before it, logged within ``tolerance_s`` seconds of it (a log that wrote one behaviour twice;
+    a run of repeats collapses whole). Only adjacent repeats: the same item seen again after something
+    else is a behaviour of its own. Needs timestamps: a history without them is returned as it is (a
+    repeat with no time to tell it from a second view is kept).
+
+    Like aliases, duplicates are undone here, where they are made, rather than by an edit of the model:
+    no map of head outputs can make a history with an extra token read as the one without it.
+    """
+
+    def __init__(self, tolerance_s: float = 1.0):
+        if not tolerance_s >= 0:
+            raise ValueError(f"tolerance_s: must be a number of seconds ≥ 0, got {tolerance_s!r}")
+        self.tolerance_s = float(tolerance_s)
+
+    def apply(self, history: History) -> History:
+        ts = history.timestamps
+        if ts is None or len(history) < 2:
+            return history
+        items, actions = history.items, history.actions
+        repeat = ((items[1:] == items[:-1]) & (actions[1:] == actions[:-1])
+                  & ((ts[1:] - ts[:-1]).abs() <= self.tolerance_s))
+        if not bool(repeat.any()):
+            return history
+        keep = torch.cat([torch.ones(1, dtype=torch.bool, device=repeat.device), ~repeat])
+        return History(items[keep], actions[keep], ts[keep])
+
+
+class Canonical:
+    """Several canonicalisations applied in order (for example ``Canonical(AliasMap(...), EventDedup())``:
+    ids first, so that an event logged once under each of two ids is a repeat too)."""
+
+    def __init__(self, *steps: Canonicaliser):
+        self.steps = steps
+
+    def apply(self, history: History) -> History:
+        for step in self.steps:
+            history = step.apply(history)
+        return history

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from relay_engine.core.features import AliasMap
+from relay_engine.core.features import Canonicaliser
 from relay_engine.core.model import EditTensors, HSTUModel
 from relay_engine.lab.synthetic import (
     INFORMATION_PRESERVING,
@@ -82,12 +82,12 @@ def equivalent_pairs(world: SyntheticWorld, user_ids: Sequence[int],
 
 
 def score(model: HSTUModel, history: UserHistory, candidates: torch.Tensor, edit: EditTensors | None = None,
-          head_capture: list[torch.Tensor] | None = None, alias_map: AliasMap | None = None) -> torch.Tensor:
-    """Scores of the candidates [C] for a history (under ``edit``; none by default), its ids
-    canonicalised first when an ``alias_map`` is given."""
+          head_capture: list[torch.Tensor] | None = None, canonical: Canonicaliser | None = None) -> torch.Tensor:
+    """Scores of the candidates [C] for a history (under ``edit``; none by default), canonicalised first
+    when ``canonical`` is given (an ``AliasMap``, an ``EventDedup`` or both in a ``Canonical``)."""
     h = history.to_history()
-    if alias_map is not None:
-        h = alias_map.apply(h)
+    if canonical is not None:
+        h = canonical.apply(h)
     with torch.no_grad():
         _, scores = model.forward(h, candidates, edit=edit, head_capture=head_capture)
     return scores.cpu()
@@ -129,16 +129,17 @@ def rank_biased_overlap(a: torch.Tensor, b: torch.Tensor, k: int = TOP_K, p: flo
 
 
 def consistency(model: HSTUModel, world: SyntheticWorld, pairs: Sequence[EquivalentPair],
-                edit: EditTensors | None = None, alias_map: AliasMap | None = None) -> Consistency:
-    """Consistency of each pair's two writings under ``edit`` (ids canonicalised by ``alias_map`` when given)."""
+                edit: EditTensors | None = None, canonical: Canonicaliser | None = None) -> Consistency:
+    """Consistency of each pair's two writings under ``edit`` (both canonicalised first when ``canonical``
+    is given)."""
     candidates = world.candidates()
     same, overlap, rbo, taus = [], [], [], []
     original_scores: dict[int, torch.Tensor] = {}
     for p in pairs:
         if p.user_id not in original_scores:
-            original_scores[p.user_id] = score(model, p.original, candidates, edit, alias_map=alias_map)
+            original_scores[p.user_id] = score(model, p.original, candidates, edit, canonical=canonical)
         a = original_scores[p.user_id]
-        b = score(model, p.rewritten, candidates, edit, alias_map=alias_map)
+        b = score(model, p.rewritten, candidates, edit, canonical=canonical)
         same.append(top_k_same(a, b))
         overlap.append(len(set(top_k(a).tolist()) & set(top_k(b).tolist())) / TOP_K)
         rbo.append(rank_biased_overlap(a, b))
@@ -155,12 +156,12 @@ def consistency(model: HSTUModel, world: SyntheticWorld, pairs: Sequence[Equival
 
 
 def quality(model: HSTUModel, world: SyntheticWorld, user_ids: Sequence[int],
-            edit: EditTensors | None = None, *, logged: bool = False, alias_map: AliasMap | None = None) -> Quality:
+            edit: EditTensors | None = None, *, logged: bool = False, canonical: Canonicaliser | None = None) -> Quality:
     """NDCG@10 / HR@10 of each user's held-out next items, ranked among all canonical items, from their
     canonical history (or, with ``logged``, the history as the log wrote it: aliases, duplicates)."""
     candidates = world.candidates()
     return _next_item_quality(world, user_ids, lambda user: score(
-        model, user.logged if logged else user.history, candidates, edit, alias_map=alias_map))
+        model, user.logged if logged else user.history, candidates, edit, canonical=canonical))
 
 
 def oracle_quality(world: SyntheticWorld, user_ids: Sequence[int]) -> Quality:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from relay_engine.core.features import AliasMap
+from relay_engine.core.features import AliasMap, EventDedup
 from relay_engine.lab import consistency as cons
 from relay_engine.lab.editing.cli import main as editing_main
 from relay_engine.lab.editing.directions import build_editing
@@ -52,8 +52,15 @@ def test_the_alias_map_makes_an_alias_rewrite_the_same_input(model, world):
     pairs = cons.equivalent_pairs(world, range(920, 930), ["alias"])
     assert all(np.array_equal(alias_map.apply(p.rewritten.to_history()).items.numpy(), p.original.items)
                for p in pairs)
-    c = cons.consistency(model, world, pairs, alias_map=alias_map)
+    c = cons.consistency(model, world, pairs, canonical=alias_map)
     assert c.top10_same == 1.0 and c.top10_rbo == pytest.approx(1.0)
+
+
+def test_event_dedup_makes_a_duplicate_rewrite_the_same_input(model, world):
+    dedup = EventDedup(1.0)
+    pairs = cons.equivalent_pairs(world, range(930, 940), ["duplicate"])
+    assert all(dedup.apply(p.rewritten.to_history()).digest() == p.original.to_history().digest() for p in pairs)
+    assert cons.consistency(model, world, pairs, canonical=dedup).top10_same == 1.0
 
 
 # --- fitting low-rank maps -------------------------------------------------------------------------------
@@ -116,6 +123,11 @@ def test_eval_lowrank_reports_the_test_section_over_two_seeds_and_resumes_from_i
                                                                               (2, 5.0, 2.0)]
     assert len(sweep["alias_canonicalisation"]["by_seed"]) == 2
     assert all(s["alias_top10_same"]["after"] == 1.0 for s in sweep["alias_canonicalisation"]["by_seed"])
+    # duplicates collapsed on the features: a duplicate rewrite is the same input, so agreement is whole
+    dup = sweep["duplicate_canonicalisation"]
+    assert dup["tolerance_s"] == 1.0 and len(dup["by_seed"]) == 2
+    assert all(s["duplicate_top10_same"]["after"] == 1.0 for s in dup["by_seed"])
+    assert "duplicates collapsed within 1 s" in first
     assert_written_edit_matches_the_choice(tmp_path, sweep)
 
     assert editing_main(argv) == 0

@@ -21,7 +21,7 @@ import torch
 
 from relay_engine.core.config import EditingConfig
 from relay_engine.core.editing_io import editing_json, write_editing_npz
-from relay_engine.core.features import AliasMap
+from relay_engine.core.features import AliasMap, Canonical, Canonicaliser, EventDedup
 from relay_engine.core.model import HSTUModel
 from relay_engine.lab import consistency as cons
 from relay_engine.lab.editing.directions import METHODS, build_editing, directions
@@ -37,6 +37,9 @@ from relay_engine.lab.synthetic import (
 )
 
 GR_METHODS = METHODS + ("fit", "lowrank")  # fitted on equivalent pairs (GR only): head vectors, low-rank maps
+# A duplicate the log wrote is one second after its original at most (synthetic.py's rewrite; the log's own
+# repeats share the timestamp).
+DUPLICATE_TOLERANCE_S = 1.0
 MAX_NDCG_DROP = 0.01  # the choice keeps NDCG@10 within 1 % of the unedited model on validation
 
 
@@ -354,6 +357,8 @@ class SeedResult:
     test_before: tuple[SweepRow, cons.Consistency, cons.Quality]
     test_after: tuple[SweepRow, cons.Consistency, cons.Quality]
     alias: dict[str, Any]
+    duplicates: dict[str, Any]
+    alias_and_duplicates: dict[str, Any]
 
 
 def run_seed(model_seed: int, world: SyntheticWorld, users: Users, args: argparse.Namespace, out: Path,
@@ -392,30 +397,37 @@ def run_seed(model_seed: int, world: SyntheticWorld, users: Users, args: argpars
     log(_format_header())
     log(_format_row(before[0]))
     log(_format_row(after[0]))
-    alias = alias_canonicalisation(model, world, users, test_pairs, chosen, args.seed, log)
-    return SeedResult(model_seed, rows, best, chosen, before, after, alias)
+    fixes = {"alias": AliasMap(world.canonical_of), "duplicate": EventDedup(DUPLICATE_TOLERANCE_S)}
+    alias, duplicates = (canonicalisation(model, world, users, test_pairs, chosen, args.seed, log, kind=kind,
+                                          canonical=fixes[kind], what=what)
+                         for kind, what in (("alias", "alias map on the features"),
+                                            ("duplicate", f"duplicates collapsed within {DUPLICATE_TOLERANCE_S:g} s")))
+    both = canonicalisation(model, world, users, test_pairs, chosen, args.seed, log, kind="duplicate",
+                            canonical=Canonical(fixes["alias"], fixes["duplicate"]), what="alias map and duplicates")
+    return SeedResult(model_seed, rows, best, chosen, before, after, alias, duplicates, both)
 
 
-def alias_canonicalisation(model: HSTUModel, world: SyntheticWorld, users: Users,
-                           test_pairs: Sequence[cons.EquivalentPair], editing: EditingConfig | None, seed: int,
-                           log: Callable[[str], None]) -> dict[str, Any]:
-    """The fix for aliases where it belongs, measured on the test users: ids canonicalised by ``AliasMap``
-    before the model. Alias pairs become one input (consistent by construction); the figures that can
-    move are the quality from the histories as the log writes them and all rewrites with the edit too."""
-    alias_map = AliasMap(world.canonical_of)
+def canonicalisation(model: HSTUModel, world: SyntheticWorld, users: Users,
+                     test_pairs: Sequence[cons.EquivalentPair], editing: EditingConfig | None, seed: int,
+                     log: Callable[[str], None], *, kind: str, canonical: Canonicaliser,
+                     what: str) -> dict[str, Any]:
+    """A rewrite fixed where it belongs, on the features, measured on the test users: the ``kind`` pairs
+    before and after ``canonical`` (they become one input: consistent by construction), the quality from
+    the histories as the log writes them (aliases and duplicates in them) with and without it, and all
+    rewrites with the chosen edit and ``canonical`` together."""
     edit = model.edit_from(editing)
-    alias_pairs = [p for p in test_pairs if p.kind == "alias"]
-    before = cons.consistency(model, world, alias_pairs)
-    after = cons.consistency(model, world, alias_pairs, alias_map=alias_map)
-    both = cons.consistency(model, world, test_pairs, edit, alias_map=alias_map)
+    kind_pairs = [p for p in test_pairs if p.kind == kind]
+    before = cons.consistency(model, world, kind_pairs)
+    after = cons.consistency(model, world, kind_pairs, canonical=canonical)
+    both = cons.consistency(model, world, test_pairs, edit, canonical=canonical)
     plain_q = cons.quality(model, world, users.test_quality, logged=True)
-    mapped_q = cons.quality(model, world, users.test_quality, logged=True, alias_map=alias_map)
+    mapped_q = cons.quality(model, world, users.test_quality, logged=True, canonical=canonical)
     change = cons.paired_quality_bootstrap(plain_q, mapped_q, query_users=len(users.test_quality), seed=seed)
-    log(f"alias map on the features (test): alias pairs' top10_same {before.top10_same:.3f} → {after.top10_same:.3f}; "
+    log(f"{what} (test): {kind} pairs' top10_same {before.top10_same:.3f} → {after.top10_same:.3f}; "
         f"NDCG@10 from logged histories {plain_q.ndcg10:.4f} → {mapped_q.ndcg10:.4f} "
-        f"(95% [{100 * change[0]:+.2f}%, {100 * change[1]:+.2f}%]); all rewrites with the edit and the map: "
+        f"(95% [{100 * change[0]:+.2f}%, {100 * change[1]:+.2f}%]); all rewrites with the edit and it: "
         f"top10_same {both.top10_same:.3f}")
-    return {"alias_top10_same": {"before": before.top10_same, "after": after.top10_same},
+    return {f"{kind}_top10_same": {"before": before.top10_same, "after": after.top10_same},
             "logged_ndcg10": {"before": plain_q.ndcg10, "after": mapped_q.ndcg10, "change_95": change},
             "edit_and_map_top10_same": both.top10_same, "edit_and_map_by_rewrite": both.by_kind}
 
@@ -464,6 +476,10 @@ def eval_gr(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
         "non_alias_gain_points": na_gain,
         "ndcg10_change_relative": ndcg_change,
         "alias_canonicalisation": {"by_seed": [{"seed": r.seed, **r.alias} for r in results]},
+        "duplicate_canonicalisation": {"tolerance_s": DUPLICATE_TOLERANCE_S,
+                                       "by_seed": [{"seed": r.seed, **r.duplicates} for r in results]},
+        "alias_and_duplicate_canonicalisation": {"by_seed": [{"seed": r.seed, **r.alias_and_duplicates}
+                                                             for r in results]},
         "validation": {"pairs": len(users.validation) * len(REWRITES), "rows_mean": [asdict(r) for r in val_mean],
                        "by_seed": [{"seed": r.seed, "baseline": asdict(r.rows[0]), "best": asdict(r.best),
                                     "rows": [asdict(x) for x in r.rows], "degrades_at_alpha": degradation_alphas(r.rows)}
