@@ -209,6 +209,19 @@ class EditingConfig:
         return sha256_of(to_plain(self))
 
 
+MAX_DEDUP_TOLERANCE_S = 86_400.0
+
+
+@dataclass(frozen=True)
+class FeaturePolicy:
+    """How histories are canonicalised before the model sees them, and so before their cache key is
+    taken (``relay_engine.core.features``)."""
+
+    # Collapse an event logged again (same item and action as the one before it) within this many
+    # seconds of it; None (the default): off.
+    dedup_events_within_s: float | None = None
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     trigger: TriggerPolicy = TriggerPolicy()
@@ -216,6 +229,8 @@ class PolicySpec:
     slo: SLO = SLO()
     editing: EditingConfig | None = None
     schema_version: int = SCHEMA_VERSION
+    # Left out of the plain form while at its default, so a spec without it keeps its hash.
+    features: FeaturePolicy = added_field(FeaturePolicy())
 
     def to_dict(self) -> dict[str, Any]:
         return to_plain(self)
@@ -394,6 +409,13 @@ def _disk_tier(data: Any, path: str, errs: FieldErrors) -> DiskTierPolicy | None
         budget_mb=_float(obj, "budget_mb", path, 0.0, MAX_BUDGET_MIB, d.budget_mb, errs),
         ttl_ms=_int(obj, "ttl_ms", path, 1, MAX_TTL_MS, d.ttl_ms, errs),
     )
+
+
+def _features(data: Any, path: str, errs: FieldErrors) -> FeaturePolicy:
+    obj = _obj(data, path, {f.name for f in dataclasses.fields(FeaturePolicy)}, errs)
+    if obj is None or obj.get("dedup_events_within_s") is None:
+        return FeaturePolicy()
+    return FeaturePolicy(_float(obj, "dedup_events_within_s", path, 0.0, MAX_DEDUP_TOLERANCE_S, None, errs))
 
 
 def _slo(data: Any, path: str, errs: FieldErrors) -> SLO:
@@ -624,7 +646,7 @@ def _direction(raw: Any, path: str, fingerprint: ModelFingerprint | None, errs: 
     return tuple(values)
 
 
-_TOP_LEVEL = {"trigger", "cache", "slo", "editing", "schema_version"}
+_TOP_LEVEL = {"trigger", "cache", "slo", "editing", "schema_version", "features"}
 
 
 def validate_policy(data: Any) -> tuple[PolicySpec | None, dict[str, list[str]]]:
@@ -641,6 +663,7 @@ def validate_policy(data: Any) -> tuple[PolicySpec | None, dict[str, list[str]]]
         cache=_cache(obj.get("cache", {}), "cache", errs),
         slo=_slo(obj.get("slo", {}), "slo", errs),
         editing=_editing(obj.get("editing"), "editing", errs),
+        features=_features(obj.get("features", {}), "features", errs),
     )
     if errs.by_path:
         return None, errs.by_path

@@ -21,6 +21,8 @@ Two seams make the same policy code run on a virtual clock (the fleet simulator)
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import threading
 import time
 from collections import Counter
@@ -34,6 +36,7 @@ import torch
 
 from relay_engine.core import devices
 from relay_engine.core.config import PolicySpec, default_policy
+from relay_engine.core.features import EventDedup
 from relay_engine.core.forward_times import ForwardTimes, TimedForwards, clock_for
 from relay_engine.core.kvcache import CacheKey, HBMCache
 from relay_engine.core.lane import Lane, PreInferLane
@@ -141,6 +144,16 @@ class _State:
     policy: PolicySpec
     edit: EditTensors
     slo_ms: float
+
+    @functools.cached_property
+    def canonical(self) -> EventDedup | None:
+        """The canonicalisation the policy asks for (``features``), applied to every history before its
+        cache key is taken and the model sees it; None: off."""
+        within = self.policy.features.dedup_events_within_s
+        return None if within is None else EventDedup(within)
+
+    def canonicalised(self, history: History) -> History:
+        return history if self.canonical is None else self.canonical.apply(history)
 
 
 @dataclass(frozen=True)
@@ -312,8 +325,8 @@ class RelayEngine:
     def _admit(self, request: PreInferRequest) -> _Admission | PreInferResult:
         """The trigger's decision; an admission reserves the bytes and registers the key as producing."""
         state = self._state
-        prefix = request.prefix
-        self.model.check_history(prefix, "prefix", allow_empty=False)
+        self.model.check_history(request.prefix, "prefix", allow_empty=False)
+        prefix = state.canonicalised(request.prefix)
         self._count("preinfer_signals")
         self._maybe_expire()
         key = self.cache_key(request.user_id, prefix, state.edit)
@@ -371,6 +384,9 @@ class RelayEngine:
                                       f"{len(request.prefix) + len(request.short_term)} tokens; "
                                       f"the model takes at most {m.config.max_seq_len}")
             candidates = m.check_candidates(request.candidates)
+            if state.canonical is not None:
+                request = dataclasses.replace(request, prefix=state.canonicalised(request.prefix),
+                                              short_term=state.canonicalised(request.short_term))
             try:
                 kv, source = self._prefix_kv(request, state)
             except _TooLate:  # the computation in flight would finish too late: recompute alone

@@ -251,3 +251,17 @@ def test_every_error_of_the_disk_section_is_named_by_field():
         parse_policy({"cache": {"disk": {"path": "relative/dir", "budget_mb": -1, "ttl_ms": 0, "size": 3}}})
     assert set(info.value.errors) == {"cache.disk.path", "cache.disk.budget_mb", "cache.disk.ttl_ms",
                                       "cache.disk.size"}
+
+
+def test_the_features_section_is_off_by_default_leaves_the_hash_alone_and_names_its_field():
+    from relay_engine.core.config import PolicySpec
+
+    plain = PolicySpec()
+    assert "features" not in plain.to_dict()  # a spec stored before the section keeps its sha256
+    on = parse_policy({"features": {"dedup_events_within_s": 1.5}})
+    assert on.features.dedup_events_within_s == 1.5 and on.to_dict()["features"] == {"dedup_events_within_s": 1.5}
+    assert parse_policy(on.to_dict()).sha256() == on.sha256() != plain.sha256()
+    assert parse_policy({"features": {"dedup_events_within_s": None}}).sha256() == plain.sha256()
+    with pytest.raises(PolicyError) as err:
+        parse_policy({"features": {"dedup_events_within_s": -1, "dedup": 1}})
+    assert set(err.value.errors) == {"features.dedup_events_within_s", "features.dedup"}

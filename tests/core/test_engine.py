@@ -416,3 +416,25 @@ def test_a_prefill_within_its_share_or_alone_does_not_pause():
     alone = _pace_in_thread(pace)
     alone.join(10)
     assert not alone.is_alive(), "a prefill paused with nothing ranking"
+
+
+def _logged_twice(h: History, at: int) -> History:
+    """h with its event at index ``at`` written again one second later (a log's duplicate)."""
+    keep = torch.cat([torch.arange(at + 1), torch.tensor([at]), torch.arange(at + 1, len(h))])
+    ts = h.timestamps[keep].clone()
+    ts[at + 1] += 1
+    return History(h.items[keep], h.actions[keep], ts)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_with_duplicates_collapsed_a_prefix_logged_twice_hits_the_cache_of_the_prefix_once(on):
+    features = {"features": {"dedup_events_within_s": 1}} if on else {}
+    engine = engine_with(trigger={"at_risk_seq_len": 100}, **features)
+    once = make_history(300, SMALL, seed=7, timestamps=True, t0=10_000)
+    short = make_history(8, SMALL, seed=8, timestamps=True, t0=10_000_000)
+    assert engine.pre_infer(PreInferRequest("bob", once)).admitted
+    result = engine.rank(RankRequest("bob", _logged_twice(once, 40), _logged_twice(short, 2), CANDS))
+    assert result.source == ("hbm" if on else "miss")
+    if on:  # the scores of the history as it happened, not of the one with the extra events
+        full = engine.model.rank_full(once, short, CANDS)
+        assert relative_error(torch.tensor(result.scores), full) <= TOLERANCE
