@@ -1,7 +1,8 @@
 """/metrics as Prometheus takes it: the real exposition of a small fleet (two instances, every cache
 tier, a rollout rolled back) parsed by prometheus_client and checked by ``promtool check metrics``;
 label sets stable and bounded by the fleet's shape; counters restart-safe through ``_created``;
-buckets that resolve the SLO; and every series the shipped rules read is one the exposition has."""
+buckets that resolve the SLO; and every series the shipped rules and dashboards read is one the
+exposition has."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.rollouts.models import Rollout
+from controlplane.telemetry import grafana
 from relay_engine.core.config import PolicySpec
 from relay_engine.core.outcomes import TIERS
 from relay_engine.core.telemetry import LATENCY_BUCKETS_MS, REFUSAL_REASONS
+from tests.deploy.test_grafana_dashboards import concrete, rendered
 from tests.promtool import promtool
 
 from .fleet_helpers import snapshot
@@ -117,7 +120,7 @@ def test_the_latency_buckets_resolve_the_slo(exposition):
     assert widths and max(widths) < 1.34
 
 
-# --- the rules read only what the exposition has ---------------------------------------------------
+# --- the rules and dashboards read only what the exposition has ---------------------------------------------------
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _GROUPING = re.compile(r"\b(?:by|on|without|ignoring|group_left|group_right)\s*\(([^)]*)\)")
@@ -160,6 +163,15 @@ def test_every_rule_reads_only_series_and_labels_the_exposition_has(exposition):
     recorded = {rule["record"] for rule in rules() if "record" in rule}
     exprs = {rule.get("record") or rule["alert"]: rule["expr"] for rule in rules()}
     assert len(exprs) > 20
+    assert check_reads(exprs, names, labels, recorded) == []
+
+
+def test_every_dashboard_query_reads_only_series_and_labels_the_exposition_has(exposition):
+    names, labels = exposed(exposition)
+    recorded = {rule["record"] for rule in rules() if "record" in rule}
+    exprs = {f"{name} {where}": concrete(expr) for name, dashboard in rendered().items()
+             for where, expr in grafana.expressions(dashboard).items()}
+    assert len(exprs) > 30
     assert check_reads(exprs, names, labels, recorded) == []
 
 
