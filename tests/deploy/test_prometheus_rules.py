@@ -68,3 +68,17 @@ def test_each_alert_has_a_case_that_fires_it_and_one_that_does_not(alert):
     assert any(expected for _, expected in cases), f"no unit test fires {alert}"
     assert any(_quiet_on_some_series(inputs, expected) for inputs, expected in cases), \
         f"no unit test shows series on which {alert} stays quiet"
+
+
+def test_the_example_scrape_configuration_is_valid_with_the_rules(tmp_path):
+    """deploy/prometheus/prometheus.yml, its token file put in a temporary folder (promtool reads it)."""
+    config = yaml.safe_load((RULES_DIR / "prometheus.yml").read_text())
+    job = config["scrape_configs"][0]
+    assert (job["honor_labels"], job["metrics_path"], job["authorization"]["type"]) == (True, "/metrics", "Token")
+    token = tmp_path / "relaygr.token"
+    token.write_text("rgr_example\n")
+    job["authorization"]["credentials_file"] = str(token)
+    (tmp_path / RULES.name).write_text(RULES.read_text())
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    result = promtool("check", "config", str(tmp_path / "prometheus.yml"))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
