@@ -11,11 +11,11 @@ import subprocess
 import pytest
 
 
-def promtool(*args: str, stdin: bytes | None = None, cwd=None) -> subprocess.CompletedProcess:
+def promtool(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
     path = shutil.which("promtool")
     if path is None:
         message = "promtool is missing: `make promtool` (Debian: apt-get install prometheus)"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"{message}; CI=true, where the set-up must have installed it")
         pytest.skip(message)
-    return subprocess.run([path, *args], input=stdin, cwd=cwd, capture_output=True, timeout=120, check=False)
+    return subprocess.run([path, *args], input=stdin, capture_output=True, timeout=120, check=False)

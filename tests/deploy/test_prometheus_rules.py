@@ -52,7 +52,7 @@ def test_the_rules_file_is_valid():
 
 
 def test_every_rule_unit_test_passes():
-    result = promtool("test", "rules", RULE_TESTS.name, cwd=RULES_DIR)
+    result = promtool("test", "rules", str(RULE_TESTS))
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
 
