@@ -28,7 +28,8 @@ browser:
 	  fi; \
 	fi
 
-# The alert rules' tests run Debian's promtool (package prometheus; its server is not started here).
+# The alert rules' tests run Debian's promtool (package prometheus; where systemd runs, the package
+# also enables its server: systemctl disable --now prometheus if it is not wanted).
 promtool:
 	@if ! command -v promtool >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
