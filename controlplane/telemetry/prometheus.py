@@ -2,8 +2,9 @@
 
 Counters and the latency histogram are each instance's latest cumulative snapshot (the ``1s``
 tier), so Prometheus sees counters that only grow within a run and reset at a restart, exactly
-as it expects; each carries its run's start as ``_created``, so a restart reads as a reset even
-when the new run has counted past the old value by the next scrape. Aggregate across instances in
+as it expects; each carries its run's start as ``_created`` (as ``relaygr_instance_start_time_seconds``
+does), so a consumer that reads it tells a restart from growth even when the new run has counted
+past the old value by the next scrape. Aggregate across instances in
 PromQL with ``sum by (le)`` before ``histogram_quantile``. Latency is in seconds, as Prometheus
 convention has it. Labels are ``pool``, ``instance``, ``tier``, ``reason`` and a rollout's
 ``state``: each bounded by the fleet's shape, none by its users. The rules and dashboards built
