@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser run test lint bench profile clean
+.PHONY: setup browser promtool run test lint bench profile clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,19 @@ browser:
 	  fi; \
 	fi
 
-setup: $(STAMP) browser
+# The alert rules' tests run Debian's promtool (package prometheus; where systemd runs, the package
+# also enables its server: systemctl disable --now prometheus if it is not wanted).
+promtool:
+	@if ! command -v promtool >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's prometheus for promtool (the alert rules' tests)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else \
+	    echo "promtool is missing: install it (Debian: sudo apt-get install prometheus)"; \
+	  fi; \
+	fi
+
+setup: $(STAMP) browser promtool
 
 # The whole stack on embedded defaults; options after ARGS=, e.g. make run ARGS="--instances 4 --rate 10"
 run: $(STAMP)
@@ -37,7 +49,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) browser
+test: $(STAMP) browser promtool
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 

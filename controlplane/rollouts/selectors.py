@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from controlplane.policies.models import Pool
@@ -27,6 +27,15 @@ def rollouts_baking() -> QuerySet[Rollout]:
 def rollouts_unpublished() -> QuerySet[Rollout]:
     """Decisions whose Redis half has not been written yet (Redis was down when they were taken)."""
     return Rollout.objects.filter(published=False).exclude(state=Rollout.State.BAKING).select_related("pool")
+
+
+def rollout_counts() -> dict[str, dict[str, int]]:
+    """Rollouts per pool name and state, every state present (0 where none): one query for any number
+    of pools. Rows are never deleted (a pool is PROTECTed), so each count only grows."""
+    counts: dict[str, dict[str, int]] = {}
+    for row in Rollout.objects.values("pool__name", "state").annotate(n=Count("id")).order_by():
+        counts.setdefault(row["pool__name"], dict.fromkeys(Rollout.State.values, 0))[row["state"]] = row["n"]
+    return counts
 
 
 def instance_desired(*, pool: Pool) -> dict[str, int]:

@@ -2,8 +2,13 @@
 
 Counters and the latency histogram are each instance's latest cumulative snapshot (the ``1s``
 tier), so Prometheus sees counters that only grow within a run and reset at a restart, exactly
-as it expects; aggregate across instances in PromQL with ``sum by (le)`` before
-``histogram_quantile``. Latency is in seconds, as Prometheus convention has it.
+as it expects; each carries its run's start as ``_created`` (as ``relaygr_instance_start_time_seconds``
+does), so a consumer that reads it tells a restart from growth even when the new run has counted
+past the old value by the next scrape. Aggregate across instances in
+PromQL with ``sum by (le)`` before ``histogram_quantile``. Latency is in seconds, as Prometheus
+convention has it. Labels are ``pool``, ``instance``, ``tier``, ``reason`` and a rollout's
+``state``: each bounded by the fleet's shape, none by its users. The rules and dashboards built
+on these series: ``deploy/prometheus/`` and ``deploy/grafana/``.
 """
 
 from __future__ import annotations
@@ -25,14 +30,19 @@ from controlplane.common.errors import Unavailable
 from controlplane.common.redis import get_redis
 from controlplane.fleet.selectors import pool_status
 from controlplane.policies.selectors import pool_list
+from controlplane.rollouts.models import Rollout
+from controlplane.rollouts.selectors import rollout_counts
+from relay_engine.core.config import slo_of
 from relay_engine.core.outcomes import TIER_COUNTERS, TIER_GAUGES
 from relay_engine.core.telemetry import COUNTERS, LATENCY_BUCKETS_MS, REFUSAL_REASONS, Snapshot
-from relay_engine.core.wire import ACK, TELEMETRY_TIERS, PoolKeys
+from relay_engine.core.wire import ACK, NACK, TELEMETRY_TIERS, PoolKeys
 
 from .history import reporting_instances
 
 LATEST_TIER = "1s"
 _LE = [floatToGoString(bound / 1000.0) for bound in LATENCY_BUCKETS_MS] + ["+Inf"]
+# The decided states a rollout ends in: a counter each (a baking rollout is the gauge).
+ROLLOUT_DECISIONS = tuple(state for state in Rollout.State.values if state != Rollout.State.BAKING)
 
 
 def _latest_snapshots(pool: str, now: float) -> list[Snapshot]:
@@ -69,6 +79,13 @@ class FleetCollector:
         live = GaugeMetricFamily("relaygr_pool_live_instances", "Instances with a fresh heartbeat", labels=pool_labels)
         converged = GaugeMetricFamily("relaygr_pool_converged", "1 when every live instance ACKed the desired "
                                       "generation", labels=pool_labels)
+        slo = GaugeMetricFamily("relaygr_pool_slo_seconds", "Ranking P99 objective of the desired revision",
+                                labels=pool_labels)
+        slo_target = GaugeMetricFamily("relaygr_pool_slo_target_ratio", "Share of requests that must meet the "
+                                       "objective (the error budget is 1 minus this)", labels=pool_labels)
+        baking = GaugeMetricFamily("relaygr_pool_rollout_baking", "1 while a canary bakes", labels=pool_labels)
+        decided = CounterMetricFamily("relaygr_pool_rollouts_decided", "Canary rollouts ended, by the state "
+                                      "they ended in", labels=[*pool_labels, "state"])
         up = GaugeMetricFamily("relaygr_instance_up", "1 while the heartbeat is fresh", labels=inst_labels)
         heartbeat = GaugeMetricFamily("relaygr_instance_heartbeat_age_seconds", "Seconds since the last heartbeat",
                                       labels=inst_labels)
@@ -76,6 +93,8 @@ class FleetCollector:
                                     labels=inst_labels)
         acked = GaugeMetricFamily("relaygr_instance_config_acked", "1 when the last config was ACKed",
                                   labels=inst_labels)
+        nacked = GaugeMetricFamily("relaygr_instance_config_nacked", "1 when the last config was refused (NACK)",
+                                   labels=inst_labels)
         memory = {
             name: GaugeMetricFamily(f"relaygr_instance_{name}", doc, labels=inst_labels)
             for name, doc in (
@@ -99,10 +118,20 @@ class FleetCollector:
         redis_up = GaugeMetricFamily("relaygr_redis_up", "1 when the control plane reaches Redis")
 
         reachable = 1
+        rollouts = rollout_counts()
         for pool in pool_list():
             desired.add_metric([pool.name], pool.desired_generation)
             published.add_metric([pool.name], pool.published_generation)
             expected.add_metric([pool.name], pool.expected_instances)
+            objective = slo_of(pool.desired_spec)
+            if objective.p99_ms is not None:
+                slo.add_metric([pool.name], objective.p99_ms / 1000.0)
+            if objective.target_ratio is not None:
+                slo_target.add_metric([pool.name], objective.target_ratio)
+            states = rollouts.get(pool.name, {})
+            baking.add_metric([pool.name], states.get(Rollout.State.BAKING, 0))
+            for state in ROLLOUT_DECISIONS:
+                decided.add_metric([pool.name, state], states.get(state, 0), created=pool.created_at.timestamp())
             if not reachable:
                 continue
             try:
@@ -120,26 +149,33 @@ class FleetCollector:
                     heartbeat.add_metric(labels, view.heartbeat_age_s)
                 applied.add_metric(labels, view.status.applied_generation)
                 acked.add_metric(labels, int(view.status.config_state == ACK))
+                nacked.add_metric(labels, int(view.status.config_state == NACK))
                 for name, family in memory.items():
                     family.add_metric(labels, getattr(view.status, name))
             for snap in snapshots:
                 labels = [pool.name, snap.instance]
-                started.add_metric(labels, snap.started_at)
+                run = snap.started_at
+                started.add_metric(labels, run)
                 for name in COUNTERS:
-                    counters[name].add_metric(labels, snap.counters.get(name, 0))
+                    counters[name].add_metric(labels, snap.counters.get(name, 0), created=run)
                 for reason in REFUSAL_REASONS:
-                    refusals.add_metric([*labels, reason], snap.refusals.get(reason, 0))
+                    refusals.add_metric([*labels, reason], snap.refusals.get(reason, 0), created=run)
                 for tier, figures in snap.tiers.items():
-                    for name, family in (*tier_gauges.items(), *tier_counters.items()):
+                    for name, family in tier_gauges.items():
                         family.add_metric([*labels, tier], figures.get(name, 0))
+                    for name, family in tier_counters.items():
+                        family.add_metric([*labels, tier], figures.get(name, 0), created=run)
                 cumulative, buckets = 0, []
                 for le, count in zip(_LE, snap.rank_latency.counts, strict=True):
                     cumulative += count
                     buckets.append((le, cumulative))
                 latency_sum = snap.rank_latency.sum_ms / 1000.0
                 latency.add_metric(labels, buckets, latency_sum if math.isfinite(latency_sum) else 0.0)
+                # HistogramMetricFamily.add_metric takes no ``created``; the sample is what it would add.
+                latency.add_sample(f"{latency.name}_created", dict(zip(inst_labels, labels, strict=True)), run)
         redis_up.add_metric([], reachable)
-        yield from (desired, published, expected, live, converged, up, heartbeat, applied, acked,
+        yield from (desired, published, expected, live, converged, slo, slo_target, baking, decided, up, heartbeat,
+                    applied, acked, nacked,
                     *memory.values(), started, *counters.values(), *tier_gauges.values(), *tier_counters.values(),
                     refusals, latency, redis_up)
 

@@ -1,0 +1,84 @@
+"""The shipped Prometheus rules (deploy/prometheus/): valid for promtool, every unit test passing, and
+every alert covered by a case that fires it and one that does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.promtool import promtool
+
+RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
+RULES = RULES_DIR / "relaygr-rules.yml"
+RULE_TESTS = RULES_DIR / "relaygr-rules.test.yml"
+
+
+def _alerts() -> list[str]:
+    return [rule["alert"] for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
+            if "alert" in rule]
+
+
+def _series_labels(series: str) -> dict[str, str]:
+    """``name{a="x",b="y"}`` → {"a": "x", "b": "y"} (the test file's values hold no commas)."""
+    body = series[series.index("{") + 1:series.rindex("}")] if "{" in series else ""
+    return {k: v.strip('"') for k, v in (pair.split("=", 1) for pair in body.split(",") if pair)}
+
+
+def _cases(alert: str) -> list[tuple[list[dict], list[dict]]]:
+    """(input series labels, expected alerts' labels) of every evaluation of ``alert``."""
+    cases = []
+    for test in yaml.safe_load(RULE_TESTS.read_text())["tests"]:
+        inputs = [_series_labels(series["series"]) for series in test["input_series"]]
+        for check in test.get("alert_rule_test", []):
+            if check["alertname"] == alert:
+                cases.append((inputs, [e["exp_labels"] for e in check["exp_alerts"]]))
+    return cases
+
+
+def _quiet_on_some_series(inputs: list[dict], expected: list[dict]) -> bool:
+    """Some input series matches no expected alert on the labels both carry: it did not fire."""
+    def fired(series: dict) -> bool:
+        return any(all(series[k] == str(v) for k, v in alert.items() if k in series) for alert in expected)
+
+    return not expected or any(not fired(series) for series in inputs if "pool" in series)
+
+
+def test_the_rules_file_is_valid():
+    result = promtool("check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert b"SUCCESS" in result.stdout
+
+
+def test_every_rule_unit_test_passes():
+    result = promtool("test", "rules", str(RULE_TESTS))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_the_rules_ship_the_alerts_the_slo_needs():
+    assert set(_alerts()) >= {"RelayGRErrorBudgetFastBurn", "RelayGRErrorBudgetSlowBurn", "RelayGRHBMPressure",
+                              "RelayGRInstanceNACK", "RelayGRPoolNotConverged", "RelayGRCanaryRolledBack",
+                              "RelayGRPreinferRefusalsSpiking"}
+
+
+@pytest.mark.parametrize("alert", _alerts())
+def test_each_alert_has_a_case_that_fires_it_and_one_that_does_not(alert):
+    cases = _cases(alert)
+    assert any(expected for _, expected in cases), f"no unit test fires {alert}"
+    assert any(_quiet_on_some_series(inputs, expected) for inputs, expected in cases), \
+        f"no unit test shows series on which {alert} stays quiet"
+
+
+def test_the_example_scrape_configuration_is_valid_with_the_rules(tmp_path):
+    """deploy/prometheus/prometheus.yml, its token file put in a temporary folder (promtool reads it)."""
+    config = yaml.safe_load((RULES_DIR / "prometheus.yml").read_text())
+    job = config["scrape_configs"][0]
+    assert (job["honor_labels"], job["metrics_path"], job["authorization"]["type"]) == (True, "/metrics", "Token")
+    token = tmp_path / "relaygr.token"
+    token.write_text("rgr_example\n")
+    job["authorization"]["credentials_file"] = str(token)
+    (tmp_path / RULES.name).write_text(RULES.read_text())
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    result = promtool("check", "config", str(tmp_path / "prometheus.yml"))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
