@@ -440,8 +440,9 @@ MAX_TIER_NAME = 32
 
 
 def _status_tiers(data: dict[str, Any]) -> dict[str, dict[str, int]]:
-    """status.tiers: at most 16 tiers named by identifiers, each level a count (a level this side does not
-    know is dropped: a newer worker's extra one does not break the page).
+    """status.tiers: at most 16 tiers named by identifiers, each with every level (``TIER_LEVELS``) as a
+    count, 0 where it says none (a level this side does not know is dropped: a newer worker's extra one
+    does not break the page).
 
     Rolling upgrade: a worker from before per-tier levels writes none, but one flat field per level of its
     fixed tiers, ``<tier>_<level>`` (``hbm_bytes``); those are read into the same shape. (An older control
@@ -450,7 +451,7 @@ def _status_tiers(data: dict[str, Any]) -> dict[str, dict[str, int]]:
         legacy: dict[str, dict[str, int]] = {}
         for name, (tier, level) in TIER_LEVEL_GAUGES.items():
             if name in data:
-                legacy.setdefault(tier, {})[level] = _level(data, name, "status")
+                legacy.setdefault(tier, dict.fromkeys(TIER_LEVELS, 0))[level] = _level(data, name, "status")
         return legacy
     tiers = data["tiers"]
     if not isinstance(tiers, dict) or len(tiers) > MAX_STATUS_TIERS:
@@ -462,7 +463,8 @@ def _status_tiers(data: dict[str, Any]) -> dict[str, dict[str, int]]:
                             f"got {name[:40]!r}")
         if not isinstance(levels, dict):
             raise WireError(f"status.tiers.{name} must be an object, got {type(levels).__name__}")
-        out[name] = {level: _level(levels, level, f"status.tiers.{name}") for level in TIER_LEVELS if level in levels}
+        out[name] = {level: _level(levels, level, f"status.tiers.{name}") if level in levels else 0
+                     for level in TIER_LEVELS}
     return out
 
 

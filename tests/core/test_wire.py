@@ -71,9 +71,12 @@ def test_a_status_from_a_worker_before_per_tier_levels_reads_its_fixed_fields_as
                                                    "dram": {"bytes": 30, "budget_bytes": 40}}
 
 
-def test_a_tier_level_this_side_does_not_know_is_dropped():
-    status = InstanceStatus.from_json(_status(tiers={"hbm": {"bytes": 1, "budget_bytes": 2, "shiny": 3}}))
-    assert status.tiers == {"hbm": {"bytes": 1, "budget_bytes": 2}}
+def test_a_tier_level_this_side_does_not_know_is_dropped_and_one_left_out_is_0():
+    status = InstanceStatus.from_json(_status(tiers={"hbm": {"bytes": 1, "budget_bytes": 2, "shiny": 3},
+                                                     "dram": {"bytes": 4}}))
+    assert status.tiers == {"hbm": {"bytes": 1, "budget_bytes": 2}, "dram": {"bytes": 4, "budget_bytes": 0}}
+    old = InstanceStatus.from_json(_status(hbm_budget_bytes=20))
+    assert old.tiers == {"hbm": {"bytes": 0, "budget_bytes": 20}}
 
 
 @pytest.mark.parametrize(("tiers", "field"), [
