@@ -54,9 +54,7 @@ def engine_gauges(engine: RelayEngine) -> dict[str, Any]:
     stats = engine.stats()
     # On the CPU the "HBM" tier lives in host memory, which is then the device's memory.
     device_bytes = devices.device_memory_bytes(engine.device) or devices.host_memory_bytes()
-    return {"hbm_bytes": stats.hbm_bytes, "hbm_budget_bytes": stats.hbm_budget_bytes,
-            "dram_bytes": stats.dram_bytes, "dram_budget_bytes": stats.dram_budget_bytes,
-            "device_memory_bytes": device_bytes}
+    return {"tiers": stats.tier_levels(), "device_memory_bytes": device_bytes}
 
 
 def model_dims(engine: RelayEngine) -> dict[str, int]:

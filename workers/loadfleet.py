@@ -35,6 +35,7 @@ import numpy as np
 from relay_engine.core.config import PolicySpec, default_policy
 from relay_engine.core.engine import EngineStats, PolicyApplyError
 from relay_engine.core.lifetime import follow_parent
+from relay_engine.core.outcomes import OUTCOME_COUNTERS, Outcome, TierCounters
 from relay_engine.core.telemetry import (
     COUNTERS,
     LATENCY_BUCKETS_MS,
@@ -43,6 +44,7 @@ from relay_engine.core.telemetry import (
     LatencyHistogram,
     RefusalReason,
 )
+from relay_engine.core.tiers import TierFigures
 from relay_engine.core.wire import InstanceStatus, instance_name
 from workers.app import redis_client
 from workers.loops import TELEMETRY_CHECK_S, InstanceLoops
@@ -54,7 +56,9 @@ from workers.telemetry_publisher import WorkerCounts
 
 DEVICE = "loadgen"
 DEVICE_MEMORY_BYTES = 16 * 2**30  # what the stand-in's "device" holds: larger HBM budgets are NACKed
-LOOKUP_SHARES = (0.7, 0.1, 0.05, 0.15)  # HBM hit, DRAM hit, joined a reload in flight, miss
+# Where the stand-in's lookups are served from: its HBM, the tier under it, a reload in flight, a miss.
+LOOKUP_SHARES: dict[Outcome, float] = {Outcome.HBM: 0.7, Outcome.DRAM: 0.1, Outcome.INFLIGHT: 0.05, Outcome.MISS: 0.15}
+LOWER_FILL = 0.3  # the share of its budget the tier under HBM holds
 
 
 @dataclass(frozen=True)
@@ -116,11 +120,13 @@ class LoadEngine:
         self._latency.counts = [a + int(b) for a, b in zip(self._latency.counts, buckets, strict=True)]
         self._latency.sum_ms += float(latencies_ms.sum())
         within = int((latencies_ms <= self._policy.trigger.ranking_p99_slo_ms).sum())
-        hbm, dram, inflight, misses = (int(c) for c in self._rng.multinomial(n, LOOKUP_SHARES))
-        for name, count in (("rank_requests", n), ("rank_ok", n), ("rank_within_slo", within), ("hbm_hits", hbm),
-                            ("dram_hits", dram), ("inflight_joins", inflight), ("misses", misses),
+        served = dict(zip(LOOKUP_SHARES, (int(c) for c in self._rng.multinomial(n, list(LOOKUP_SHARES.values()))),
+                          strict=True))
+        for outcome, count in served.items():
+            self._counters[OUTCOME_COUNTERS[outcome]] += count
+        for name, count in (("rank_requests", n), ("rank_ok", n), ("rank_within_slo", within),
                             ("preinfer_signals", n), ("preinfer_admitted", n // 2), ("preinfer_completed", n // 2),
-                            ("evictions", n // 10), ("demotions", n // 10), ("promotions", dram)):
+                            ("evictions", n // 10), ("demotions", n // 10), ("promotions", served[Outcome.DRAM])):
             self._counters[name] += count
         self._refusals[RefusalReason.NOT_AT_RISK] += n - n // 2
 
@@ -129,20 +135,23 @@ class LoadEngine:
             self._advance()
             cache = self._policy.cache
             hbm_bytes = int(cache.hbm_budget_bytes * self.profile.hbm_fill * self._rng.uniform(0.97, 1.0))
-            dram_bytes = int(cache.dram_budget_bytes * 0.3)
+            hbm = _figures(hbm_bytes, cache.hbm_budget_bytes)
             return EngineStats(
                 name=self.name, device=DEVICE, model_version="loadgen", policy_sha256=self._policy_sha256,
                 edit_hash="", counters=dict(self._counters), refusals=dict(self._refusals),
-                rank_latency=self._latency.copy(), hbm_bytes=hbm_bytes, hbm_budget_bytes=cache.hbm_budget_bytes,
-                hbm_peak_bytes=hbm_bytes, hbm_entries=hbm_bytes // 2**21, dram_bytes=dram_bytes,
-                dram_budget_bytes=cache.dram_budget_bytes, dram_peak_bytes=dram_bytes, dram_entries=dram_bytes // 2**21,
+                rank_latency=self._latency.copy(), hbm_bytes=hbm.bytes, hbm_budget_bytes=hbm.budget_bytes,
+                hbm_peak_bytes=hbm.peak_bytes, hbm_entries=hbm.entries,
+                tiers={Outcome.HBM: hbm, Outcome.DRAM: _figures(int(cache.dram_budget_bytes * LOWER_FILL),
+                                                                cache.dram_budget_bytes)},
             )
 
     def gauges(self) -> dict[str, Any]:
-        stats = self.stats()
-        return {"hbm_bytes": stats.hbm_bytes, "hbm_budget_bytes": stats.hbm_budget_bytes,
-                "dram_bytes": stats.dram_bytes, "dram_budget_bytes": stats.dram_budget_bytes,
-                "device_memory_bytes": DEVICE_MEMORY_BYTES}
+        return {"tiers": self.stats().tier_levels(), "device_memory_bytes": DEVICE_MEMORY_BYTES}
+
+
+def _figures(used_bytes: int, budget_bytes: int) -> TierFigures:
+    """A stand-in tier holding used_bytes, its peak, in entries of 2 MiB."""
+    return TierFigures(used_bytes, budget_bytes, used_bytes, used_bytes // 2**21, TierCounters(peak_bytes=used_bytes))
 
 
 def start_instance(settings: Settings, index: int, profile: Profile) -> InstanceLoops:

@@ -106,8 +106,7 @@ class Reconciler:
         stats = self.engine.stats()
         return self.board.publish(
             applied_generation=desired.generation, applied_sha256=desired.sha256, config_state=ACK,
-            nacked_generation=0, error="", hbm_budget_bytes=stats.hbm_budget_bytes,
-            dram_budget_bytes=stats.dram_budget_bytes,
+            nacked_generation=0, error="", tiers=stats.tier_levels(),
         )
 
     def _refuse(self, current: InstanceStatus, generation: int, digest: str, error: str) -> InstanceStatus:
@@ -150,7 +149,7 @@ class Reconciler:
         self.board.update(
             applied_generation=revision.generation, applied_sha256=revision.sha256, config_state=PENDING,
             error=f"serving generation {revision.generation} from local disk until the desired revision is read",
-            hbm_budget_bytes=stats.hbm_budget_bytes, dram_budget_bytes=stats.dram_budget_bytes)
+            tiers=stats.tier_levels())
         self.known.set()
 
     # --- the loop ----------------------------------------------------------------------------

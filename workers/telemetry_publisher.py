@@ -134,8 +134,7 @@ class TelemetryPublisher:
         return Snapshot(
             instance=self.engine.name, ts=now, started_at=self.started_at, counters=counters,
             refusals=refusals, rank_latency=stats.rank_latency, hbm_bytes=stats.hbm_bytes,
-            hbm_budget_bytes=stats.hbm_budget_bytes, dram_bytes=stats.dram_bytes,
-            dram_budget_bytes=stats.dram_budget_bytes,
+            hbm_budget_bytes=stats.hbm_budget_bytes,
             applied_generation=self.board.current().applied_generation,
             slo_ms=self.engine.policy.trigger.ranking_p99_slo_ms,
             tiers={name: figures.to_dict() for name, figures in stats.tiers.items()},

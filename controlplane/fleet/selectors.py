@@ -22,6 +22,7 @@ from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies.models import Pool
 from controlplane.rollouts.selectors import instance_desired
 from relay_engine.core.config import ModelFingerprint
+from relay_engine.core.outcomes import TIERS
 from relay_engine.core.wire import (
     ACK,
     HEARTBEAT_MAX_AHEAD_S,
@@ -89,6 +90,7 @@ class PoolStatus:
     checked_at: float = 0.0
     counts: StateCounts = field(default_factory=StateCounts)
     total_instances: int = 0  # all of them, however many ``instances`` holds (a page)
+    tiers: list[str] = field(default_factory=list)  # every cache tier an instance of the pool runs, in lookup order
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -172,7 +174,15 @@ def pool_status(*, pool: Pool, now: float | None = None, order: str = "name", of
         live_instances=len(live), converged=bool(live) and all(view.up_to_date for view in live),
         instances=instances[offset:None if limit is None else offset + limit], checked_at=now,
         counts=StateCounts(**tally), total_instances=len(instances),
+        tiers=_tiers_run(instances),
     )
+
+
+def _tiers_run(instances: list[InstanceView]) -> list[str]:
+    """Every tier an instance runs, in lookup order: the core's tiers in its order, then any it does not
+    know (a newer worker's) in the order the instances list them."""
+    run = dict.fromkeys(name for view in instances for name in view.status.tiers)
+    return sorted(run, key=lambda name: TIERS.index(name) if name in TIERS else len(TIERS))
 
 
 def instance_status(*, pool: Pool, instance: str, now: float | None = None) -> InstanceView:

@@ -64,6 +64,7 @@ def _setup_django(db_path: str, redis_url: str, prefix: str) -> None:
 
 def _snapshot(instance: str, ts: float, started_at: float, rng: random.Random):
     """What a busy instance would have published at ``ts``: ~200 requests/s since ``started_at``."""
+    from relay_engine.core.outcomes import Outcome
     from relay_engine.core.telemetry import COUNTERS, N_BUCKETS, REFUSAL_REASONS, LatencyHistogram, Snapshot
 
     elapsed_s = ts - started_at
@@ -82,9 +83,13 @@ def _snapshot(instance: str, ts: float, started_at: float, rng: random.Random):
             histogram.counts[i] = int(requests * w)
     histogram.sum_ms = requests * 9.5
     return Snapshot(instance=instance, ts=ts, started_at=started_at, counters=counters, refusals=refusals,
-                    rank_latency=histogram, hbm_bytes=rng.randint(500, 1000) * 2**20, hbm_budget_bytes=1024 * 2**20,
-                    dram_bytes=rng.randint(1000, 3000) * 2**20, dram_budget_bytes=4096 * 2**20,
-                    applied_generation=1, slo_ms=50.0)
+                    rank_latency=histogram, applied_generation=1, slo_ms=50.0,
+                    tiers={Outcome.HBM: _levels(rng.randint(500, 1000), 1024),
+                           Outcome.DRAM: _levels(rng.randint(1000, 3000), 4096)})
+
+
+def _levels(used_mib: int, budget_mib: int) -> dict[str, int]:
+    return {"bytes": used_mib * 2**20, "budget_bytes": budget_mib * 2**20}
 
 
 class Writer:
@@ -146,13 +151,14 @@ class Writer:
 
     def statuses(self, names: list[str], now: float) -> None:
         """Each instance's status record and membership, as its heartbeat writes them."""
+        from relay_engine.core.outcomes import Outcome
         from relay_engine.core.wire import STATUS_TTL_S, InstanceStatus
 
         pipe = self.client.pipeline(transaction=False)
         for name in names:
             status = InstanceStatus(instance=name, pool=self.keys.pool, device="cuda:0", pid=4242, heartbeat_ts=now,
                                     started_at=self.started_at, applied_generation=1, applied_sha256="0" * 64,
-                                    config_state="ACK", hbm_bytes=700 * 2**20, hbm_budget_bytes=2**30)
+                                    config_state="ACK", tiers={Outcome.HBM: _levels(700, 1024)})
             pipe.set(self.keys.status(name), status.to_json(), ex=STATUS_TTL_S)
             pipe.zadd(self.keys.members, {name: now})
         pipe.execute()

@@ -34,7 +34,13 @@ from controlplane.rollouts.models import Rollout
 from controlplane.rollouts.selectors import rollout_counts
 from relay_engine.core.config import slo_of
 from relay_engine.core.outcomes import TIER_COUNTERS, TIER_GAUGES
-from relay_engine.core.telemetry import COUNTERS, LATENCY_BUCKETS_MS, REFUSAL_REASONS, Snapshot
+from relay_engine.core.telemetry import (
+    COUNTERS,
+    LATENCY_BUCKETS_MS,
+    REFUSAL_REASONS,
+    TIER_LEVEL_GAUGES,
+    Snapshot,
+)
 from relay_engine.core.wire import ACK, NACK, TELEMETRY_TIERS, PoolKeys
 
 from .history import reporting_instances
@@ -95,12 +101,11 @@ class FleetCollector:
                                   labels=inst_labels)
         nacked = GaugeMetricFamily("relaygr_instance_config_nacked", "1 when the last config was refused (NACK)",
                                    labels=inst_labels)
+        # Each tier's levels as its status says them, ``relaygr_instance_<tier>_<level>`` (``…_hbm_bytes``).
         memory = {
-            name: GaugeMetricFamily(f"relaygr_instance_{name}", doc, labels=inst_labels)
-            for name, doc in (
-                ("hbm_bytes", "KV cache bytes resident in HBM"), ("hbm_budget_bytes", "HBM cache budget"),
-                ("dram_bytes", "KV cache bytes in DRAM"), ("dram_budget_bytes", "DRAM cache budget"),
-            )
+            name: GaugeMetricFamily(f"relaygr_instance_{name}", f"{tier} cache tier {level.replace('_', ' ')}",
+                                    labels=inst_labels)
+            for name, (tier, level) in TIER_LEVEL_GAUGES.items()
         }
         started = GaugeMetricFamily("relaygr_instance_start_time_seconds", "Start of the run the counters count",
                                     labels=inst_labels)
@@ -150,8 +155,9 @@ class FleetCollector:
                 applied.add_metric(labels, view.status.applied_generation)
                 acked.add_metric(labels, int(view.status.config_state == ACK))
                 nacked.add_metric(labels, int(view.status.config_state == NACK))
-                for name, family in memory.items():
-                    family.add_metric(labels, getattr(view.status, name))
+                for name, (tier, level) in TIER_LEVEL_GAUGES.items():
+                    if level in view.status.tiers.get(tier, {}):
+                        memory[name].add_metric(labels, view.status.tiers[tier][level])
             for snap in snapshots:
                 labels = [pool.name, snap.instance]
                 run = snap.started_at

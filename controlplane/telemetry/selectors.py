@@ -22,7 +22,7 @@ from controlplane.audit.models import AuditEntry
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import Pool
 from relay_engine.core.config import slo_of
-from relay_engine.core.outcomes import OUTCOME_COUNTERS, TIERS, Outcome
+from relay_engine.core.outcomes import OUTCOME_COUNTERS, TIER_LABELS, TIERS, Outcome
 from relay_engine.core.telemetry import GAUGES, REFUSAL_REASONS, TIER_LEVEL_GAUGES
 from relay_engine.core.wire import TELEMETRY_TIERS
 
@@ -70,10 +70,10 @@ def lookup_outcomes() -> list[dict]:
 
 
 def cache_tiers() -> list[dict]:
-    """Every cache tier the core can run, in lookup order, as the browser reads it: ``tier`` and the names
-    of its level gauges in the series answers (``bytes``: used, ``budget_bytes``)."""
+    """Every cache tier the core can run, in lookup order, as the browser reads it: ``tier``, ``label``
+    and the names of its level gauges in the series answers (``bytes``: used, ``budget_bytes``)."""
     gauge_of = {levels: name for name, levels in TIER_LEVEL_GAUGES.items()}
-    return [{"tier": tier.value, "bytes": gauge_of[tier.value, "bytes"],
+    return [{"tier": tier.value, "label": TIER_LABELS.get(tier, tier.value), "bytes": gauge_of[tier.value, "bytes"],
              "budget_bytes": gauge_of[tier.value, "budget_bytes"]} for tier in TIERS]
 
 

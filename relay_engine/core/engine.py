@@ -42,7 +42,14 @@ from relay_engine.core.kvcache import CacheKey, HBMCache
 from relay_engine.core.lane import Lane, PreInferLane
 from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
 from relay_engine.core.outcomes import OUTCOME_COUNTERS, Outcome
-from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, LatencyHistogram, RefusalReason
+from relay_engine.core.telemetry import (
+    COUNTERS,
+    LOWER_TIER_EVICTIONS,
+    REFUSAL_REASONS,
+    TIER_LEVELS,
+    LatencyHistogram,
+    RefusalReason,
+)
 from relay_engine.core.tiers import TierFigures, TierSite, TierStack, build_lower_tiers, lower_tiers_problem
 from relay_engine.core.trigger import CacheFootprint, RankingLoad, SequenceAwareTrigger
 
@@ -131,12 +138,12 @@ class EngineStats:
     hbm_budget_bytes: int
     hbm_peak_bytes: int
     hbm_entries: int
-    dram_bytes: int
-    dram_budget_bytes: int
-    dram_peak_bytes: int
-    dram_entries: int
     device_allocated_bytes: int | None = None
-    tiers: dict[str, TierFigures] = field(default_factory=dict)  # every tier's figures, by name
+    tiers: dict[str, TierFigures] = field(default_factory=dict)  # every tier's figures, by name, in lookup order
+
+    def tier_levels(self) -> dict[str, dict[str, int]]:
+        """Each tier's levels (``telemetry.TIER_LEVELS``) by name, in lookup order: what the status carries."""
+        return {name: {level: getattr(figures, level) for level in TIER_LEVELS} for name, figures in self.tiers.items()}
 
 
 @dataclass(frozen=True)
@@ -543,14 +550,14 @@ class RelayEngine:
             counters = {name: int(self._counters.get(name, 0)) for name in COUNTERS}
             latency = self._rank_latency.copy()
         tiers = self.cache.figures()
-        hbm, dram = tiers[Outcome.HBM], tiers[Outcome.DRAM]
+        hbm = tiers[Outcome.HBM]
         counters.update(
             evictions=hbm.counters.evictions,
             demotions=self.cache.demotions,
             promotions=self.cache.promotions,
             expirations=sum(t.counters.expirations for t in tiers.values()),
-            dram_evictions=dram.counters.evictions,
             dedup_reloads=self.cache.dedup_reloads,
+            **{LOWER_TIER_EVICTIONS[name]: t.counters.evictions for name, t in tiers.items() if name != Outcome.HBM},
         )
         refusals = {reason: int(self.trigger.refusals.get(reason, 0)) for reason in REFUSAL_REASONS}
         state = self._state
@@ -567,10 +574,6 @@ class RelayEngine:
             hbm_budget_bytes=hbm.budget_bytes,
             hbm_peak_bytes=hbm.peak_bytes,
             hbm_entries=hbm.entries,
-            dram_bytes=dram.bytes,
-            dram_budget_bytes=dram.budget_bytes,
-            dram_peak_bytes=dram.peak_bytes,
-            dram_entries=dram.entries,
             device_allocated_bytes=devices.device_allocated_bytes(self.device),
             tiers=tiers,
         )

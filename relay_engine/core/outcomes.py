@@ -50,6 +50,8 @@ LOWER_TIER_MODULES: dict[Outcome, str] = {
 }
 # Every tier the core can run, in lookup order (HBM, the top tier, is always there).
 TIERS: tuple[Outcome, ...] = (Outcome.HBM, *LOWER_TIER_MODULES)
+# How people name a tier (a page's column, a chart's legend); one left out is shown by its name.
+TIER_LABELS: dict[Outcome, str] = {Outcome.HBM: "HBM", Outcome.DRAM: "DRAM", Outcome.DISK: "local disk"}
 
 
 @dataclass

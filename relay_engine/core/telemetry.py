@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from relay_engine.core.outcomes import OUTCOME_COUNTERS, TIER_COUNTERS, TIER_GAUGES, TIERS
+from relay_engine.core.outcomes import LOWER_TIER_MODULES, OUTCOME_COUNTERS, TIER_COUNTERS, TIER_GAUGES, TIERS
 
 # Upper bounds (ms) of the latency buckets: 0.05 ms … ~60 s, 8 buckets per decade (×1.334 each),
 # followed by an implicit +Inf bucket. Fixed forever: changing them breaks merging with old data.
@@ -26,6 +26,10 @@ LATENCY_BUCKETS_MS: tuple[float, ...] = tuple(
     for i in range(int(_DECADES * _BUCKETS_PER_DECADE) + 1)
 )
 N_BUCKETS = len(LATENCY_BUCKETS_MS) + 1  # + the +Inf bucket
+
+# The counter of the evictions of each tier under HBM (``evictions`` counts HBM's): named for the tier, so
+# a new tier's counter comes with its registration.
+LOWER_TIER_EVICTIONS: dict[str, str] = {str(tier): f"{tier}_evictions" for tier in LOWER_TIER_MODULES}
 
 # Counter names, in one place, so the publisher, the merge and the dashboard agree.
 COUNTERS: tuple[str, ...] = (
@@ -43,7 +47,7 @@ COUNTERS: tuple[str, ...] = (
     "demotions",
     "promotions",
     "expirations",
-    "dram_evictions",
+    *LOWER_TIER_EVICTIONS.values(),
     "dedup_reloads",  # reloads from a lower tier that concurrent ranks joined (the ranks: inflight_joins)
 )
 
@@ -153,8 +157,6 @@ class Snapshot:
     rank_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     hbm_bytes: int = 0
     hbm_budget_bytes: int = 0
-    dram_bytes: int = 0
-    dram_budget_bytes: int = 0
     applied_generation: int = 0
     slo_ms: float = 0.0
     # Every cache tier's figures by tier name (``outcomes.TIER_GAUGES`` + ``TIER_COUNTERS``): the one
@@ -173,8 +175,6 @@ class Snapshot:
             "rank_latency": {"buckets": sparse, "sum_ms": self.rank_latency.sum_ms},
             "hbm_bytes": self.hbm_bytes,
             "hbm_budget_bytes": self.hbm_budget_bytes,
-            "dram_bytes": self.dram_bytes,
-            "dram_budget_bytes": self.dram_budget_bytes,
             "applied_generation": self.applied_generation,
             "slo_ms": self.slo_ms,
             "tiers": self.tiers,

@@ -61,6 +61,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from relay_engine.core.config import ModelFingerprint
+from relay_engine.core.telemetry import TIER_LEVEL_GAUGES, TIER_LEVELS
 
 DEFAULT_KEY_PREFIX = "relaygr"
 KEY_PREFIX_ENV = "RELAYGR_KEY_PREFIX"
@@ -385,10 +386,9 @@ class InstanceStatus:
     config_state: str = PENDING  # ACK, NACK or PENDING (see CONFIG_STATES)
     nacked_generation: int = 0
     error: str = ""
-    hbm_bytes: int = 0
-    hbm_budget_bytes: int = 0
-    dram_bytes: int = 0
-    dram_budget_bytes: int = 0
+    # Every cache tier the instance runs, in the tier stack's lookup order: its levels by name
+    # (``telemetry.TIER_LEVELS``: bytes used, budget_bytes), from the engine's per-tier figures.
+    tiers: dict[str, dict[str, int]] = field(default_factory=dict)
     device_memory_bytes: int = 0
     capture_off: str = ""  # why this instance records no traffic (empty while it captures)
     # The model it serves, which an edit must target (``ModelConfig.fingerprint``); 0 where it says
@@ -407,15 +407,17 @@ class InstanceStatus:
         return ModelFingerprint(*dims) if all(d > 0 for d in dims) else None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(asdict(self))  # not sorted: ``tiers`` keeps the stack's lookup order
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> InstanceStatus:
         """Decode and type-check a status; unknown fields are ignored (newer workers), a missing
         required one or a wrong type is a WireError naming it."""
         data = _json_object(raw, "status")
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {"tiers": _status_tiers(data)}
         for f in dataclasses.fields(cls):
+            if f.name == "tiers":
+                continue
             if f.name not in data:
                 if f.default is dataclasses.MISSING:
                     raise WireError(f"status.{f.name} is missing")
@@ -433,3 +435,41 @@ class InstanceStatus:
 
 
 _STATUS_TYPES = {"str": str, "int": int, "float": float}
+MAX_STATUS_TIERS = 16
+MAX_TIER_NAME = 32
+
+
+def _status_tiers(data: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """status.tiers: at most 16 tiers named by identifiers, each with every level (``TIER_LEVELS``) as a
+    count, 0 where it says none (a level this side does not know is dropped: a newer worker's extra one
+    does not break the page).
+
+    Rolling upgrade: a worker from before per-tier levels writes none, but one flat field per level of its
+    fixed tiers, ``<tier>_<level>`` (``hbm_bytes``); those are read into the same shape. (An older control
+    plane ignores ``tiers`` and shows no memory for a newer worker until it is upgraded too.)"""
+    if "tiers" not in data:
+        legacy: dict[str, dict[str, int]] = {}
+        for name, (tier, level) in TIER_LEVEL_GAUGES.items():
+            if name in data:
+                legacy.setdefault(tier, dict.fromkeys(TIER_LEVELS, 0))[level] = _level(data, name, "status")
+        return legacy
+    tiers = data["tiers"]
+    if not isinstance(tiers, dict) or len(tiers) > MAX_STATUS_TIERS:
+        raise WireError(f"status.tiers must be an object of at most {MAX_STATUS_TIERS} tiers, got {repr(tiers)[:40]}")
+    out = {}
+    for name, levels in tiers.items():
+        if not name.isidentifier() or len(name) > MAX_TIER_NAME:
+            raise WireError(f"status.tiers: tier names are identifiers of at most {MAX_TIER_NAME} characters, "
+                            f"got {name[:40]!r}")
+        if not isinstance(levels, dict):
+            raise WireError(f"status.tiers.{name} must be an object, got {type(levels).__name__}")
+        out[name] = {level: _level(levels, level, f"status.tiers.{name}") if level in levels else 0
+                     for level in TIER_LEVELS}
+    return out
+
+
+def _level(data: dict[str, Any], name: str, what: str) -> int:
+    value = _typed(data, name, int, what)
+    if value < 0:
+        raise WireError(f"{what}.{name} must be at least 0, got {value}")
+    return value

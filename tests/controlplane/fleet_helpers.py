@@ -14,6 +14,7 @@ import time
 import redis
 
 from relay_engine.core.config import PolicyError, parse_policy
+from relay_engine.core.outcomes import Outcome
 from relay_engine.core.telemetry import LatencyHistogram, Snapshot
 from relay_engine.core.wire import DesiredRevision, InstanceStatus, PoolKeys, instance_name
 from workers.telemetry_publisher import TelemetryWriter
@@ -59,8 +60,9 @@ class FakeWorker:
                 else:
                     self.status.applied_generation = desired.generation
                     self.status.applied_sha256 = spec.sha256()
-                    self.status.hbm_budget_bytes = spec.cache.hbm_budget_bytes
-                    self.status.dram_budget_bytes = spec.cache.dram_budget_bytes
+                    self.status.tiers = {tier: {"bytes": 0, "budget_bytes": budget} for tier, budget in
+                                         ((Outcome.HBM, spec.cache.hbm_budget_bytes),
+                                          (Outcome.DRAM, spec.cache.dram_budget_bytes))}
                     self.status.config_state = "ACK"
                     self.status.error = ""
         self.heartbeat(at)

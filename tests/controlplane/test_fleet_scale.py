@@ -3,6 +3,7 @@ table and drill-down, and the bounded cache. Real Redis; snapshots written by th
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -12,7 +13,11 @@ from hypothesis import strategies as st
 
 from controlplane.telemetry.cache import BoundedCache
 from controlplane.telemetry.history import COUNTER_COLUMN, InstanceHistory, decode_snapshot
+from relay_engine.core.config import parse_policy
+from relay_engine.core.engine import RelayEngine
 from relay_engine.core.telemetry import COUNTERS, LatencyHistogram, Snapshot, rollup_contribution
+from tests.models import SMALL
+from workers.instance import engine_gauges
 
 from .fleet_helpers import snapshot
 
@@ -303,3 +308,59 @@ def test_decoding_only_each_points_last_sample_sums_the_same(steps, offset):
     assert np.array_equal(thin_sums, full_sums)
     assert np.array_equal(np.nan_to_num(thin_levels, nan=-1), np.nan_to_num(full_levels, nan=-1))
     assert len(thin.ts) <= len(full.ts)
+
+
+# --- the fleet's cache tiers --------------------------------------------------------------------
+
+def _status_tiers(name: str, **cache) -> dict:
+    """What a worker's status says of its tiers (``workers.instance.engine_gauges``) under ``cache``."""
+    engine = RelayEngine(SMALL, device="cpu", policy=parse_policy({"cache": cache}), name=name)
+    try:
+        return engine_gauges(engine)["tiers"]
+    finally:
+        engine.close()
+
+
+def test_a_pool_running_the_disk_tier_gets_its_column_from_the_statuses_alone(viewer, pool, worker_factory, tmp_path):
+    with_disk, without = worker_factory(POOL, 0), worker_factory(POOL, 1)
+    with_disk.status.tiers = _status_tiers(with_disk.name, disk={"path": str(tmp_path / "kv"), "budget_mb": 64})
+    without.status.tiers = _status_tiers(without.name)
+    for worker in (with_disk, without):
+        worker.heartbeat()
+    body = viewer.get(f"{BASE}/status/").json()
+    assert body["tiers"] == ["hbm", "dram", "disk"]
+    rows = {row["instance"]: row["tiers"] for row in body["instances"]}
+    assert list(rows[with_disk.name]) == ["hbm", "dram", "disk"]
+    assert rows[with_disk.name]["disk"] == {"bytes": 0, "budget_bytes": 64 * 2**20}
+    assert list(rows[without.name]) == ["hbm", "dram"]
+    one = viewer.get(f"{BASE}/instances/{with_disk.name}/").json()
+    assert one["tiers"] == rows[with_disk.name]
+
+
+def test_a_status_an_older_worker_wrote_shows_its_fixed_tiers_in_the_per_tier_shape(viewer, pool, worker_factory,
+                                                                                     redis_client):
+    worker = worker_factory(POOL, 0)
+    worker.heartbeat()
+    old = {k: v for k, v in json.loads(worker.status.to_json()).items() if k != "tiers"}
+    old.update(hbm_bytes=10, hbm_budget_bytes=20, dram_bytes=30, dram_budget_bytes=40)
+    redis_client.set(worker.keys.status(worker.name), json.dumps(old))
+    body = viewer.get(f"{BASE}/status/").json()
+    assert body["tiers"] == ["hbm", "dram"]
+    assert body["instances"][0]["tiers"] == {"hbm": {"bytes": 10, "budget_bytes": 20},
+                                             "dram": {"bytes": 30, "budget_bytes": 40}}
+    assert body["instances"][0]["error"] == ""
+
+
+def test_a_page_of_a_256_instance_pool_with_three_tiers_stays_small(viewer, pool, worker_factory, redis_client):
+    levels = {"bytes": 3 * 2**30, "budget_bytes": 16 * 2**30}
+    pipe = redis_client.pipeline(transaction=False)
+    for i in range(256):
+        worker = worker_factory(POOL, i)
+        worker.status.tiers = {"hbm": levels, "dram": levels, "disk": levels}
+        pipe.zadd(worker.keys.members, {worker.name: time.time()})
+        pipe.set(worker.keys.status(worker.name), worker.status.to_json())
+    pipe.execute()
+    response = viewer.get(f"{BASE}/status/?order=problems&limit=50")  # what the fleet page asks for
+    body = response.json()
+    assert body["total_instances"] == 256 and len(body["instances"]) == 50 and body["tiers"] == ["hbm", "dram", "disk"]
+    assert len(response.content) <= 50 * 800  # bytes a row, three tiers included

@@ -65,7 +65,7 @@ def test_reconciling_worker_acks_and_the_pool_converges(operator, pool, worker_f
     first = status["instances"][0]
     assert (first["instance"], first["config_state"], first["applied_generation"]) == (f"{POOL}.0", "ACK", generation)
     assert first["device"] == "cpu" and first["heartbeat_age_s"] < HEARTBEAT_TIMEOUT_S
-    assert first["hbm_budget_bytes"] == 1024 * 1024 * 1024
+    assert first["tiers"]["hbm"]["budget_bytes"] == 1024 * 1024 * 1024
 
 
 def test_a_nack_keeps_the_pool_unconverged_and_shows_the_error(operator, pool, worker_factory, redis_client,

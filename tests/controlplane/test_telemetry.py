@@ -240,6 +240,25 @@ def test_prometheus_shows_every_cache_tier_through_the_generic_tier_series(viewe
     assert disk_hits == [2]
 
 
+def test_prometheus_names_each_instances_tier_levels_from_its_status_as_before(viewer, pool, worker_factory):
+    """``relaygr_instance_<tier>_bytes`` / ``…_budget_bytes`` keep their names (``hbm``, ``dram``) and
+    come from the status's per-tier levels: a disk tier gets its own with no code of its own."""
+    with_disk, without = worker_factory(POOL, 0), worker_factory(POOL, 1)
+    with_disk.status.tiers = {"hbm": {"bytes": 1, "budget_bytes": 2}, "dram": {"bytes": 3, "budget_bytes": 4},
+                              "disk": {"bytes": 5, "budget_bytes": 6}}
+    without.status.tiers = {"hbm": {"bytes": 7, "budget_bytes": 8}, "dram": {"bytes": 9, "budget_bytes": 10}}
+    for worker in (with_disk, without):
+        worker.heartbeat()
+    families = {f.name: f for f in text_string_to_metric_families(viewer.get("/metrics").content.decode())}
+
+    def gauge(name: str) -> dict[str, float]:
+        return {s.labels["instance"]: s.value for s in families[f"relaygr_instance_{name}"].samples}
+
+    assert gauge("hbm_bytes") == {with_disk.name: 1, without.name: 7}
+    assert gauge("dram_budget_bytes") == {with_disk.name: 4, without.name: 10}
+    assert gauge("disk_bytes") == {with_disk.name: 5}  # only the instance that runs it
+
+
 def _publish_with_and_without_disk(worker_factory, now):
     """Instance 0 runs a disk tier (1 GiB, 4 KiB used), instance 1 none; 20 one-second samples, each
     second 10 lookups on 0 (6 HBM hits, 3 disk hits, 1 miss) and 10 HBM hits on 1."""

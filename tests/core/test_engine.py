@@ -83,6 +83,22 @@ def test_an_evicted_prefix_comes_back_from_dram():
     assert stats.hbm_peak_bytes <= stats.hbm_budget_bytes
 
 
+def test_each_lower_tiers_evictions_are_counted_under_its_name_and_its_levels_are_in_the_stats():
+    per_prefix = SMALL.kv_bytes_per_token() * 200
+    room_for_one = 1.5 * per_prefix / 2**20
+    engine = engine_with(cache={"hbm_budget_mb": room_for_one, "dram_budget_mb": room_for_one})
+    for i, user in enumerate(["u1", "u2", "u3"]):  # u1 goes down to DRAM, then out of it for u2
+        rank(engine, user, make_history(200, SMALL, seed=i))
+    assert engine.cache.flush(timeout_s=10)
+    stats = engine.stats()
+    assert stats.counters["evictions"] == 2 and stats.counters[f"{Outcome.DRAM}_evictions"] == 1
+    levels = stats.tier_levels()
+    assert list(levels) == [Outcome.HBM, Outcome.DRAM]
+    assert levels[Outcome.DRAM] == {"bytes": stats.tiers[Outcome.DRAM].bytes,
+                                    "budget_bytes": int(room_for_one * 2**20)}
+    assert 0 < levels[Outcome.DRAM]["bytes"] <= levels[Outcome.DRAM]["budget_bytes"]
+
+
 def test_without_dram_an_evicted_prefix_is_a_miss():
     per_prefix = SMALL.kv_bytes_per_token() * 200
     engine = engine_with(cache={"hbm_budget_mb": 1.5 * per_prefix / 2**20, "dram_budget_mb": 0})

@@ -15,6 +15,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -978,14 +979,21 @@ def test_the_pages_loaded_nothing_from_outside(operator_session, stack):
     assert any(url.startswith(f"{stack.base_url}/vendor/plotly.min.js") for url in operator_session.requested)
 
 
+def _with_disk(directory) -> Callable[[dict], dict]:
+    def change(spec: dict) -> dict:
+        return {**spec, "cache": {**spec["cache"], "disk": {"path": str(directory / "kv"), "budget_mb": 64}}}
+
+    return change
+
+
+def _without_disk(spec: dict) -> dict:
+    return {**spec, "cache": {key: value for key, value in spec["cache"].items() if key != "disk"}}
+
+
 def test_the_live_view_shows_the_disk_tier_a_revision_turns_on_and_drops_it_when_turned_off(sre, stack, tmp_path,
                                                                                            screenshot):
     """Generic per-tier figures: no page names the disk tier, yet it shows once the instances run it."""
-    def with_disk(spec: dict) -> dict:
-        return {**spec, "cache": {**spec["cache"], "disk": {"path": str(tmp_path / "kv"), "budget_mb": 64}}}
-
-    def without_disk(spec: dict) -> dict:
-        return {**spec, "cache": {key: value for key, value in spec["cache"].items() if key != "disk"}}
+    with_disk, without_disk = _with_disk(tmp_path), _without_disk
 
     sre.goto(f"{LIVE}?window=5m")
     occupancy = sre.locator('[data-role="tier-occupancy"]')
@@ -1005,3 +1013,25 @@ def test_the_live_view_shows_the_disk_tier_a_revision_turns_on_and_drops_it_when
     # Its line stays on the chart for the minutes it ran; the figures now list the tiers with a budget now.
     occupancy.locator('li[data-tier="disk"]').wait_for(state="detached", timeout=CONVERGE_TIMEOUT_MS)
     assert occupancy.locator('li[data-tier="hbm"]').count() == 1
+
+
+def test_the_fleet_page_gets_a_disk_column_while_the_instances_run_the_disk_tier(sre, stack, tmp_path, screenshot):
+    """One column per tier the pool's instances run, from their statuses: the page names no tier."""
+    sre.goto(FLEET)
+    head = sre.locator('[data-role="instances"] thead')
+    head.locator('th[data-tier="dram"]').wait_for()
+    assert [th.get_attribute("data-tier") for th in head.locator("th[data-tier]").all()] == ["hbm", "dram"]
+    publish_spec_via_api(stack, _with_disk(tmp_path))
+    try:
+        disk = head.locator('th[data-tier="disk"]')
+        disk.wait_for(timeout=CONVERGE_TIMEOUT_MS)
+        assert disk.inner_text() == "local disk bytes / budget"
+        assert [th.get_attribute("data-tier") for th in head.locator("th[data-tier]").all()] == ["hbm", "dram", "disk"]
+        # Each of the two instances: its disk tier's bytes of its 64 MiB budget.
+        cells = sre.locator('[data-role="instances"] tbody tr[data-instance] td[data-tier="disk"]', has_text="/ 64.0 MiB")
+        cells.nth(1).wait_for(timeout=CONVERGE_TIMEOUT_MS)
+        assert cells.count() == 2
+        screenshot(sre, "41-fleet-disk-tier")
+    finally:
+        publish_spec_via_api(stack, _without_disk)
+    head.locator('th[data-tier="disk"]').wait_for(state="detached", timeout=CONVERGE_TIMEOUT_MS)

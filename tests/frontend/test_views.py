@@ -26,6 +26,7 @@ from controlplane.policies import services as policy_services
 from frontend.policy_fields import FIELD_GROUPS
 from relay_engine.core.config import DiskTierPolicy, ModelFingerprint, parse_policy, validate_policy
 from relay_engine.core.editing_io import editing_json, write_editing_npz
+from relay_engine.core.outcomes import TIER_LABELS, TIERS
 from relay_engine.core.telemetry import REFUSAL_REASONS
 from relay_engine.lab.editing.directions import build_editing
 from tests.controlplane.fleet_helpers import FakeWorker
@@ -145,6 +146,16 @@ def test_the_scripts_spell_no_refusal_reason_the_page_gets_them_from_the_server(
     reasons = json.loads(html.unescape(re.search(r'data-refusal-reasons="([^"]*)"', page).group(1)))
     assert [r["reason"] for r in reasons] == list(REFUSAL_REASONS)
     assert [r["reason"] for r in reasons if not r["refusal"]] == ["already_cached"]
+
+
+def test_the_fleet_page_takes_its_tier_columns_from_the_server_and_names_no_tier_itself(pool, operator):
+    page = operator.get(f"/pools/{POOL}/fleet/").content.decode()
+    tiers = json.loads(html.unescape(re.search(r'data-cache-tiers="([^"]*)"', page).group(1)))
+    assert [(t["tier"], t["label"]) for t in tiers] == [(str(t), TIER_LABELS[t]) for t in TIERS]
+    script = (importlib.resources.files("frontend") / "static" / "frontend" / "fleet.js").read_text()
+    template = page[page.index('data-role="instances"'):page.index("</table>")]
+    assert not [t for t in TIERS for text in (script, template) if re.search(rf"\b{t}_|[\"'`]{t}[\"'`]", text)]
+    assert not [t for t in TIERS if TIER_LABELS[t] in template]
 
 
 def test_overview_without_pools_explains_how_to_start(db):

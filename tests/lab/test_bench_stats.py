@@ -17,7 +17,7 @@ from tests.models import SMALL, make_history
 
 
 def point(latencies, slo_ms=100.0) -> PointResult:
-    return PointResult("m", 512, 10.0, 1.0, slo_ms, np.asarray(latencies, dtype=float), {}, 0, 0, {}, 0, 0, 0, 0)
+    return PointResult("m", 512, 10.0, 1.0, slo_ms, np.asarray(latencies, dtype=float), {}, 0, 0, {}, {}, {})
 
 
 def test_the_crossing_is_interpolated_between_the_last_pass_and_the_first_failure():

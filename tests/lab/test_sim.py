@@ -234,7 +234,9 @@ def test_the_preview_gives_every_figure_of_a_policy_on_a_window():
     assert 0 < figures.p50_ms <= figures.p99_ms
     assert 0 <= figures.within_slo_share <= 1 and 0 <= figures.hit_ratio <= 1
     assert 0 < figures.slo_throughput_qps <= 20 * 1.5
-    assert 0 < figures.hbm_peak_bytes <= 32 * 2**20
+    assert 0 < figures.peak_bytes["hbm"] <= 32 * 2**20
+    plain = figures.to_dict()  # one peak per tier the core can run, by its name: the API's figures
+    assert plain["hbm_peak_bytes"] == figures.peak_bytes["hbm"] and plain["disk_peak_bytes"] == 0
     assert figures.preinfer_admitted > 0 and figures.preinfer_refused.get("not_at_risk", 0) > 0
 
 

@@ -257,7 +257,7 @@ def test_a_worker_restarted_while_redis_is_empty_serves_its_last_revision_not_th
         wait_for(lambda: victim in stack.live(), RESTART_S, interval_s=0.25, what=f"{victim} to serve again")
         status = InstanceStatus.from_json(stack.redis.get(keys.status(victim)))
         assert (status.config_state, status.applied_generation) == ("PENDING", generation)
-        assert status.hbm_budget_bytes == DISTINCT_HBM_MB * 2**20 and "serving generation" in status.error
+        assert status.tiers["hbm"]["budget_bytes"] == DISTINCT_HBM_MB * 2**20 and "serving generation" in status.error
         assert stack.redis.get(keys.desired) is None
         back = time.monotonic()
         wait_for(lambda: any(o.kind == OK and o.instance == victim for o in load.client.between(back)), 60,

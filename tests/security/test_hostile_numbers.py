@@ -84,7 +84,7 @@ def dumps(value) -> str:
 # --- the decoders both sides share -------------------------------------------------------------------
 
 STATUS = InstanceStatus("p.0", "p", "cpu", 12, 1e9, 1e9, applied_generation=3, applied_sha256="a" * 64,
-                        config_state="ACK", hbm_bytes=10, hbm_budget_bytes=20).to_json()
+                        config_state="ACK", tiers={"hbm": {"bytes": 10, "budget_bytes": 20}}).to_json()
 DESIRED = DesiredRevision(3, "a" * 64, default_policy().to_dict(), 1e9, "sre").to_json()
 SNAPSHOT = json.dumps(Snapshot(instance="p.0", ts=1e9, started_at=1e9, counters={"rank_ok": 5},
                                refusals={"not_at_risk": 1}, rank_latency=LatencyHistogram()).to_dict())

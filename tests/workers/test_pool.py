@@ -32,7 +32,7 @@ def test_instances_join_the_live_set_and_report_their_status(fleet):
         assert (status.instance, status.pool, status.device) == (name, "test", "cpu")
         assert status.pid == fleet.procs[name].pid
         assert is_live(status.heartbeat_ts, time.time())  # the liveness rule, not a speed
-        assert status.hbm_budget_bytes > 0 and status.device_memory_bytes > 0
+        assert status.tiers["hbm"]["budget_bytes"] > 0 and status.device_memory_bytes > 0
 
 
 def test_same_user_is_served_by_one_instance_and_hits_its_cache_on_the_second_request(fleet):

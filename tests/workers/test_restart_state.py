@@ -57,7 +57,7 @@ def test_restarted_with_redis_empty_it_serves_its_last_applied_revision_and_repo
              what="the restarted instance to serve")
     status = status_of(single, name)
     assert (status.config_state, status.applied_generation) == (PENDING, generation)
-    assert status.hbm_budget_bytes == BUDGET_MB * 2**20  # its revision, not the schema's 1024 MB
+    assert status.tiers["hbm"]["budget_bytes"] == BUDGET_MB * 2**20  # its revision, not the schema's 1024 MB
     assert "serving generation" in status.error
     single.client.refresh()
     assert single.client.rank("after-restart", seq_len=32, short_len=2, n_candidates=4).instance == name

@@ -31,7 +31,7 @@ def test_published_revision_is_acked_by_every_instance(fleet):
     wait_for(lambda: acked(fleet, generation), CONVERGE_S, what=f"ACK of generation {generation}")
     for status in fleet.statuses().values():
         assert status.applied_sha256 == parse_policy(spec).sha256()
-        assert status.hbm_budget_bytes == 300 * 2**20
+        assert status.tiers["hbm"]["budget_bytes"] == 300 * 2**20
         assert status.error == ""
 
 
@@ -47,7 +47,7 @@ def test_invalid_revision_is_nacked_and_the_previous_keeps_serving(fleet):
     wait_for(lambda: nacked(fleet, bad), CONVERGE_S, what=f"NACK of generation {bad}")
     for status in fleet.statuses().values():
         assert status.applied_generation == good
-        assert status.hbm_budget_bytes == 302 * 2**20
+        assert status.tiers["hbm"]["budget_bytes"] == 302 * 2**20
         assert "trigger.at_risk_seq_len" in status.error and "cahce" in status.error
     for user in ("after-nack-1", "after-nack-2", "after-nack-3"):
         assert fleet.client.rank(user, seq_len=32, short_len=2, n_candidates=4).scores
@@ -84,7 +84,7 @@ def test_a_revision_stored_before_a_field_with_a_default_existed_is_acked_after_
     fleet.redis.set(fleet.keys.desired, revision.to_json())
     fleet.redis.publish(fleet.keys.poke_channel, str(revision.generation))
     wait_for(lambda: acked(fleet, revision.generation), CONVERGE_S, what="ACK of a revision stored by an older schema")
-    assert all(s.hbm_budget_bytes == 303 * 2**20 and s.applied_sha256 == sha256_of(stored)
+    assert all(s.tiers["hbm"]["budget_bytes"] == 303 * 2**20 and s.applied_sha256 == sha256_of(stored)
                for s in fleet.running_statuses())
     tampered = fleet.desired_revision({**stored, "cache": {**stored["cache"], "hbm_budget_mb": 304.0}},
                                       sha256=sha256_of(stored))
@@ -111,7 +111,7 @@ def test_a_refused_generation_repaired_under_the_same_generation_is_applied(flee
     repaired = DesiredRevision(broken.generation, parse_policy(spec).sha256(), spec, time.time(), "sync")
     fleet.redis.set(fleet.keys.desired, repaired.to_json())  # no poke: the periodic pass finds it
     wait_for(lambda: acked(fleet, broken.generation), CONVERGE_S + 1.5, what="the repaired generation's ACK")
-    assert all(s.hbm_budget_bytes == 307 * 2**20 for s in fleet.running_statuses())
+    assert all(s.tiers["hbm"]["budget_bytes"] == 307 * 2**20 for s in fleet.running_statuses())
 
 
 def test_an_older_generation_in_redis_is_reported_not_applied(fleet):
@@ -123,4 +123,4 @@ def test_an_older_generation_in_redis_is_reported_not_applied(fleet):
     fleet.redis.publish(fleet.keys.poke_channel, str(stale.generation))
     wait_for(lambda: nacked(fleet, stale.generation), CONVERGE_S)
     assert all(s.applied_generation == good and "older than the applied generation" in s.error
-               and s.hbm_budget_bytes == 308 * 2**20 for s in fleet.running_statuses())
+               and s.tiers["hbm"]["budget_bytes"] == 308 * 2**20 for s in fleet.running_statuses())

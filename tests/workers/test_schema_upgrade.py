@@ -106,6 +106,6 @@ def test_upgrading_a_running_pool_to_a_schema_with_a_new_field_nacks_nothing(red
             time.sleep(2 * 1.0)  # two reconcile periods: a late NACK would show
         assert watch.reads > 100, "the watch read too few statuses to have seen a NACK"
         assert watch.nacks == [], f"NACKs during the upgrade: {watch.nacks[:3]}"
-        assert all(s.hbm_budget_bytes == 1024 * 2**20 for s in pool.running_statuses())
+        assert all(s.tiers["hbm"]["budget_bytes"] == 1024 * 2**20 for s in pool.running_statuses())
     finally:
         pool.stop()

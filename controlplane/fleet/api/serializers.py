@@ -4,6 +4,11 @@ from controlplane.common.fields import QueryIntegerField
 from relay_engine.core.wire import CONFIG_STATES
 
 
+class TierLevelsSerializer(serializers.Serializer):
+    bytes = serializers.IntegerField(help_text="KV cache bytes the tier holds")
+    budget_bytes = serializers.IntegerField()
+
+
 class InstanceStatusSerializer(serializers.Serializer):
     instance = serializers.CharField()
     live = serializers.BooleanField()
@@ -19,10 +24,8 @@ class InstanceStatusSerializer(serializers.Serializer):
     desired_generation = serializers.IntegerField(
         help_text="the generation this instance should run: the pool's, or a baking canary's")
     canary = serializers.BooleanField(help_text="a canary instance of the rollout baking on the pool")
-    hbm_bytes = serializers.IntegerField()
-    hbm_budget_bytes = serializers.IntegerField()
-    dram_bytes = serializers.IntegerField()
-    dram_budget_bytes = serializers.IntegerField()
+    tiers = serializers.DictField(child=TierLevelsSerializer(), help_text="every cache tier the instance runs, "
+                                  "by name, in lookup order (the names: the core's tiers, as the pages get them)")
     device_memory_bytes = serializers.IntegerField()
     started_at = serializers.FloatField(allow_null=True)
     capture_off = serializers.CharField(allow_blank=True, help_text="why this instance records no traffic "
@@ -58,4 +61,6 @@ class PoolStatusSerializer(serializers.Serializer):
     checked_at = serializers.FloatField()
     counts = StateCountsSerializer()
     total_instances = serializers.IntegerField()
+    tiers = serializers.ListField(child=serializers.CharField(), help_text="every cache tier an instance of the "
+                                  "pool runs, in lookup order: the keys of the instances' `tiers`")
     instances = InstanceStatusSerializer(many=True)

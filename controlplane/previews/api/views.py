@@ -108,7 +108,7 @@ class PreviewDetailView(APIView):
         responses={200: PreviewSerializer, **error_responses(401, 403, 404)},
         description="A preview: `status` queued | running | done | failed, `error` (a sentence when failed), "
         "`result` when done: `live` and `proposed` figures (p99_ms, p50_ms, within_slo_share, "
-        "slo_throughput_qps, hbm_peak_bytes, dram_peak_bytes, hit_ratio, preinfer_admitted, "
+        "slo_throughput_qps, `<tier>_peak_bytes` for each cache tier (hbm_peak_bytes, …), hit_ratio, preinfer_admitted, "
         "preinfer_refused by reason), `requests` replayed, `window`, the profile used, and `model_error`: the "
         "largest |P99 error| of the pool's last 5 scored previews (`scorecard`; null with a note while none was "
         "scored; see `GET …/previews/scores/`), the simulator's offline figure apart in `sim_validation`.",

@@ -3,7 +3,7 @@
 "use strict";
 
 (() => {
-  const { api, Poller, fmt, el } = RelayGR;
+  const { api, Poller, fmt, el, cacheTiers } = RelayGR;
   const root = document.getElementById("fleet");
   const pool = root.dataset.pool;
   const part = (role) => root.querySelector(`[data-role="${role}"]`);
@@ -19,7 +19,28 @@
       el("span", { class: "meter" }, el("span", { style: `width:${(share * 100).toFixed(1)}%` })));
   }
 
-  function row(i, desired) {
+  /* One column per cache tier an instance of the pool runs (`status.tiers`, in lookup order), named as the
+     server names the core's tiers; a tier the page does not know yet shows by its name. */
+  const tierLabel = (tier) => (cacheTiers().find((t) => t.tier === tier) || { label: tier }).label;
+  let tierColumns = null;
+
+  function heading(tiers) {
+    const key = tiers.join(",");
+    if (key === tierColumns) return;
+    tierColumns = key;
+    const head = part("instances").querySelector("thead tr");
+    head.querySelectorAll("th[data-tier]").forEach((th) => th.remove());
+    const pid = head.querySelector('th[data-role="pid"]');
+    tiers.forEach((tier) => head.insertBefore(
+      el("th", { class: "num", dataset: { tier } }, `${tierLabel(tier)} bytes / budget`), pid));
+  }
+
+  function tierCell(i, tier) {
+    const levels = (i.tiers || {})[tier];
+    return el("td", { class: "num", dataset: { tier } }, levels ? memory(levels.bytes, levels.budget_bytes) : "–");
+  }
+
+  function row(i, desired, tiers) {
     const state = i.config_state;
     const config = el("div", {},
       el("span", { class: `badge state-${state.toLowerCase()}` }, state),
@@ -37,8 +58,7 @@
       el("td", { class: `num ${i.applied_generation === wanted ? "" : "bad"}` }, i.applied_generation || "–"),
       el("td", {}, config),
       el("td", { class: "num" }, fmt.age(i.heartbeat_age_s)),
-      el("td", { class: "num" }, memory(i.hbm_bytes, i.hbm_budget_bytes)),
-      el("td", { class: "num" }, memory(i.dram_bytes, i.dram_budget_bytes)),
+      ...tiers.map((tier) => tierCell(i, tier)),
       el("td", {}, i.pid || "–"));
   }
 
@@ -72,8 +92,11 @@
     part("summary").textContent = summary;
     part("progress").style.width = `${live ? (100 * acked) / live : 0}%`;
     part("empty").hidden = status.total_instances > 0;
-    const rows = status.instances.map((i) => row(i, desired));
-    if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No instances.")));
+    heading(status.tiers);
+    const rows = status.instances.map((i) => row(i, desired, status.tiers));
+    if (!rows.length) {
+      rows.push(el("tr", {}, el("td", { colspan: 7 + status.tiers.length, class: "muted" }, "No instances.")));
+    }
     part("instances").querySelector("tbody").replaceChildren(...rows);
     const last = Math.min(status.total_instances, offset + status.instances.length);
     part("page").textContent = status.total_instances ? `${offset + 1}–${last} of ${status.total_instances}` : "";

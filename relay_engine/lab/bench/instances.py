@@ -118,9 +118,7 @@ class Instance:
             t.join()
         if engine is not None:
             engine.close()  # the lane drains here, not into the next window
-            st = engine.stats()
-            report.hbm_peak_bytes, report.hbm_budget_bytes = st.hbm_peak_bytes, st.hbm_budget_bytes
-            report.dram_peak_bytes, report.dram_budget_bytes = st.dram_peak_bytes, st.dram_budget_bytes
+            report.record_tiers(engine.stats())
         return report
 
     def _rank_loop(self, plan: WindowPlan, start_s: float, ranks: queue.SimpleQueue, report: InstanceReport) -> None:

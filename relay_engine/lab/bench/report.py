@@ -44,8 +44,8 @@ def markdown(result: dict) -> str:
         f"| mode | max seq len @ SLO | SLO throughput @ cap {cap} (QPS here / reference) | P99 there (ms) [95 % CI] "
         f"| P99 unscaled (ms) | hit ratio ({' / '.join(t.upper() for t in TIER_OUTCOMES)} / in flight) | miss "
         "| pre-infer admitted / refused "
-        "| peak HBM / budget (MiB) | peak DRAM / budget (MiB) |",
-        "|---|---:|---:|---:|---:|---|---:|---|---:|---:|",
+        + "".join(f"| peak {t.upper()} / budget (MiB) " for t in TIER_OUTCOMES) + "|",
+        "|---|---:|---:|---:|---:|---|---:|---|" + "---:|" * len(TIER_OUTCOMES),
     ]
     for name, m in result["modes"].items():
         r = m.get("reference") or {}
@@ -58,8 +58,8 @@ def markdown(result: dict) -> str:
             f"| {thr} | {_fmt(r.get('p99_ms'))}{_ci(r.get('p99_ci_ms'))} | {_fmt(r.get('p99_ms_unscaled'), '.2f')} "
             f"| {' / '.join(_pct(r.get(f'{t}_hit_rate')) for t in TIER_OUTCOMES)} / {_pct(r.get('inflight_join_rate'))} "
             f"| {_pct(r.get('miss_rate'))} | {pre.get('admitted', 0)} / {refused} "
-            f"| {r.get('hbm_peak_bytes', 0) / MiB:.0f} / {r.get('hbm_budget_bytes', 0) / MiB:.0f} "
-            f"| {r.get('dram_peak_bytes', 0) / MiB:.0f} / {r.get('dram_budget_bytes', 0) / MiB:.0f} |")
+            + "".join(f"| {r.get(f'{t}_peak_bytes', 0) / MiB:.0f} / {r.get(f'{t}_budget_bytes', 0) / MiB:.0f} "
+                      for t in TIER_OUTCOMES) + "|")
     ratios, overhead = result["ratios"], result["overhead"]
     lines += [
         "",

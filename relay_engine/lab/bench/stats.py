@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from relay_engine.core.outcomes import Outcome
+from relay_engine.core.outcomes import TIERS, Outcome
 from relay_engine.lab.bench.workload import InstanceReport
 
 SLO_QUANTILE = 0.99
@@ -61,16 +61,15 @@ class PointResult:
     preinfer_signals: int
     preinfer_admitted: int
     preinfer_refused: dict[str, int]
-    hbm_peak_bytes: int
-    hbm_budget_bytes: int
-    dram_peak_bytes: int
-    dram_budget_bytes: int
+    # Each cache tier's peak and budget by tier name: the largest window's sum over the instances.
+    peak_bytes: dict[str, int]
+    budget_bytes: dict[str, int]
     wall_s: float = 0.0
     host: dict = field(default_factory=dict)  # contention check (real runs)
     redone: int = 0
     p99_replicates: np.ndarray = field(default_factory=lambda: np.empty(0))
-    instance_hbm_peak_bytes: int = 0  # the largest peak of any one instance in any window
-    instance_dram_peak_bytes: int = 0
+    # Each tier's largest peak of any one instance in any window, by tier name.
+    instance_peak_bytes: dict[str, int] = field(default_factory=dict)
     # The ranked ones (not past their deadline): what a dashboard's P99 is of (``telemetry``: the engine
     # records the latency of a served request only; a missed deadline counts against the SLO share).
     served_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
@@ -128,12 +127,16 @@ class PointResult:
             "outcomes": dict(self.outcomes),
             "preinfer": {"signals": self.preinfer_signals, "admitted": self.preinfer_admitted,
                          "refused": dict(self.preinfer_refused)},
-            "hbm_peak_bytes": self.hbm_peak_bytes, "hbm_budget_bytes": self.hbm_budget_bytes,
-            "dram_peak_bytes": self.dram_peak_bytes, "dram_budget_bytes": self.dram_budget_bytes,
-            "within_budget": self.hbm_peak_bytes <= self.hbm_budget_bytes
-            and self.dram_peak_bytes <= self.dram_budget_bytes,
+            **per_tier(self.peak_bytes, "peak_bytes"), **per_tier(self.budget_bytes, "budget_bytes"),
+            "within_budget": all(peak <= self.budget_bytes.get(tier, 0) for tier, peak in self.peak_bytes.items()),
             "wall_s": round(self.wall_s, 2), "host": self.host, "redone": self.redone,
         }
+
+
+def per_tier(values: dict[str, int], figure: str) -> dict[str, int]:
+    """A per-tier figure in the plain form of results, ``<tier>_<figure>`` (``hbm_peak_bytes``): one for
+    every tier the core can run (0 where none ran, as with the relay off), then any other tier named."""
+    return {f"{tier}_{figure}": values.get(tier, 0) for tier in dict.fromkeys([*TIERS, *values])}
 
 
 def point_result(mode: str, cap: int, qps: float, time_scale: float, slo_ms: float,
@@ -145,15 +148,16 @@ def point_result(mode: str, cap: int, qps: float, time_scale: float, slo_ms: flo
     outcomes = Counter(o for r in reports for (_, _, o, m) in r.ranks if m)
     pre = [(a, reason) for r in reports for (_, a, reason, m) in r.preinfers if m]
 
-    def peak(attr: str) -> int:
-        return max((sum(getattr(r, attr) for r in window) for window in windows), default=0)
+    tiers = list(dict.fromkeys(tier for r in reports for tier in r.peak_bytes))
+
+    def peak(attr: str) -> dict[str, int]:
+        return {tier: max(sum(getattr(r, attr).get(tier, 0) for r in window) for window in windows) for tier in tiers}
 
     return PointResult(
         mode, cap, qps, time_scale, slo_ms, latencies, dict(outcomes), len(pre), sum(1 for a, _ in pre if a),
-        dict(Counter(reason for a, reason in pre if not a)), peak("hbm_peak_bytes"), peak("hbm_budget_bytes"),
-        peak("dram_peak_bytes"), peak("dram_budget_bytes"), wall_s,
-        instance_hbm_peak_bytes=max((r.hbm_peak_bytes for r in reports), default=0),
-        instance_dram_peak_bytes=max((r.dram_peak_bytes for r in reports), default=0), served_ms=served)
+        dict(Counter(reason for a, reason in pre if not a)), peak("peak_bytes"), peak("budget_bytes"), wall_s,
+        instance_peak_bytes={tier: max(r.peak_bytes.get(tier, 0) for r in reports) for tier in tiers},
+        served_ms=served)
 
 
 # --- sweeps ------------------------------------------------------------------------------------

@@ -154,7 +154,11 @@ class InstanceReport:
 
     ranks: list[tuple[int, float, str, bool]] = field(default_factory=list)  # (query, ms, outcome, measured)
     preinfers: list[tuple[int, bool, str | None, bool]] = field(default_factory=list)  # (query, admitted, reason, measured)
-    hbm_peak_bytes: int = 0
-    hbm_budget_bytes: int = 0
-    dram_peak_bytes: int = 0
-    dram_budget_bytes: int = 0
+    # Each cache tier's peak and budget at the window's end, by tier name (every tier the engine ran).
+    peak_bytes: dict[str, int] = field(default_factory=dict)
+    budget_bytes: dict[str, int] = field(default_factory=dict)
+
+    def record_tiers(self, stats) -> None:
+        """Take each tier's peak and budget from an engine's ``EngineStats``."""
+        self.peak_bytes = {name: figures.peak_bytes for name, figures in stats.tiers.items()}
+        self.budget_bytes = {name: figures.budget_bytes for name, figures in stats.tiers.items()}

@@ -137,10 +137,7 @@ class SimInstance:
 
     def finish(self) -> InstanceReport:
         if self.engine is not None:
-            st = self.engine.stats()
-            r = self.report
-            r.hbm_peak_bytes, r.hbm_budget_bytes = st.hbm_peak_bytes, st.hbm_budget_bytes
-            r.dram_peak_bytes, r.dram_budget_bytes = st.dram_peak_bytes, st.dram_budget_bytes
+            self.report.record_tiers(self.engine.stats())
         return self.report
 
 

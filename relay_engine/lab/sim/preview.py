@@ -25,7 +25,7 @@ from relay_engine.core.config import PolicySpec
 from relay_engine.core.lifetime import follow_parent
 from relay_engine.core.model import HSTUModel, ModelConfig
 from relay_engine.core.trace import TraceQuery
-from relay_engine.lab.bench.stats import PointResult, point_result, quantile
+from relay_engine.lab.bench.stats import PointResult, per_tier, point_result, quantile
 from relay_engine.lab.bench.workload import Window, schedule, trace_qps, window_rng
 from relay_engine.lab.costmodel import CostModel
 from relay_engine.lab.sim.fleet import FleetSpec, Tokens, replay_window
@@ -82,8 +82,9 @@ class PreviewFigures:
     p50_ms: float | None
     within_slo_share: float | None  # of every measured request
     slo_throughput_qps: float  # ranking requests answered within the SLO per second of the window
-    hbm_peak_bytes: int  # the largest peak of any one instance (budgets are per instance)
-    dram_peak_bytes: int
+    # Each cache tier's largest peak of any one instance (budgets are per instance), by tier name; in the
+    # plain form one figure per tier, ``<tier>_peak_bytes`` (``hbm_peak_bytes``).
+    peak_bytes: dict[str, int]
     hit_ratio: float | None  # ranked requests whose prefix was cached (HBM, DRAM or in flight)
     preinfer_admitted: int
     preinfer_refused: dict[str, int]  # by the trigger's reason
@@ -95,7 +96,9 @@ class PreviewFigures:
     p99_range_ms: tuple[float, float] | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out.update(per_tier(out.pop("peak_bytes"), "peak_bytes"))
+        return out
 
 
 def _median(values: list) -> float | None:
@@ -119,8 +122,7 @@ def combined(replays: Sequence[PreviewFigures]) -> PreviewFigures:
         p99_ms=_median(p99s), p50_ms=_median([f.p50_ms for f in replays]),
         within_slo_share=_median([f.within_slo_share for f in replays]),
         slo_throughput_qps=statistics.median(f.slo_throughput_qps for f in replays),
-        hbm_peak_bytes=count([f.hbm_peak_bytes for f in replays]),
-        dram_peak_bytes=count([f.dram_peak_bytes for f in replays]),
+        peak_bytes={tier: count([f.peak_bytes.get(tier, 0) for f in replays]) for tier in first.peak_bytes},
         hit_ratio=_median([f.hit_ratio for f in replays]),
         preinfer_admitted=count([f.preinfer_admitted for f in replays]),
         preinfer_refused={k: count([f.preinfer_refused.get(k, 0) for f in replays]) for k in reasons},
@@ -157,8 +159,7 @@ def preview(queries: Sequence[TraceQuery], spec: PolicySpec | None, instances: i
         replays.append(PreviewFigures(
             p99_ms=quantile(point.served_ms, 0.99), p50_ms=quantile(point.served_ms, 0.5),
             within_slo_share=point.within_slo_share,
-            slo_throughput_qps=within / span_s, hbm_peak_bytes=point.instance_hbm_peak_bytes,
-            dram_peak_bytes=point.instance_dram_peak_bytes,
+            slo_throughput_qps=within / span_s, peak_bytes=point.instance_peak_bytes,
             hit_ratio=point.hit_ratio, preinfer_admitted=point.preinfer_admitted,
             preinfer_refused=dict(point.preinfer_refused), requests=point.n,
             deadline_missed=point.outcomes.get("deadline", 0), window_s=span_s, sim_wall_s=point.wall_s))
