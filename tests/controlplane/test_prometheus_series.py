@@ -38,6 +38,8 @@ def exposition(viewer, pool, worker_factory) -> str:
     now = time.time()
     fast, _ = _publish_two_instances(worker_factory, now)
     fast.reconcile()
+    fast.status.tiers = {tier.value: {"bytes": 300, "budget_bytes": 1000} for tier in TIERS}  # as a running engine says
+    fast.heartbeat()
     tiered = worker_factory(POOL, 2)
     snap = snapshot(tiered.name, now, now - 10, rank_requests=3, disk_hits=2, evictions=1)
     snap.tiers = {tier.value: {"bytes": 700, "budget_bytes": 1000, "hits": 5} for tier in TIERS}

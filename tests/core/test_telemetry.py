@@ -47,7 +47,8 @@ def test_merging_then_taking_the_quantile_differs_from_averaging_quantiles():
 def test_snapshot_round_trips():
     h = LatencyHistogram()
     h.record(3.0)
-    snap = Snapshot("p.0", 10.0, 1.0, {"rank_ok": 1}, {"not_at_risk": 2}, h, 5, 10, 0, 20, 3, 50.0)
+    snap = Snapshot("p.0", 10.0, 1.0, {"rank_ok": 1}, {"not_at_risk": 2}, h, 5, 10, 3, 50.0,
+                    tiers={"dram": {"bytes": 0, "budget_bytes": 20}})
     again = Snapshot.from_dict(snap.to_dict())
     assert again == snap
 
