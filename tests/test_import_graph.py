@@ -168,7 +168,7 @@ def test_the_tier_rule_catches_a_direct_import(module):
 
 
 def test_the_engine_builds_its_lower_tiers_through_their_registration_only():
-    """A new tier is its module and its line in ``outcomes.LOWER_TIER_MODULES``: the engine imports none."""
+    """A new tier is its module and its entry in ``lower_tiers.LOWER_TIERS``: the engine imports none."""
     lower = set(LOWER_TIER_MODULES.values())
     assert lower <= set(MODULES)
     imported = {_project_target(module) for module, _, _ in _imports("relay_engine.core.engine",
