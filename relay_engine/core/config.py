@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -294,28 +295,27 @@ def sha256_of(data: Any) -> str:
 # --- validation ------------------------------------------------------------------------------
 
 
-def _int(data: dict, key: str, path: str, lo: int, hi: int, default: Any, errs: FieldErrors,
-         nullable: bool = False) -> Any:
+def _checked(data: dict, key: str, path: str, check: Callable[[Any], Any], default: Any, errs: FieldErrors) -> Any:
+    """``check(data[key])``, or ``default`` when the key is absent or the check fails (the error named by path)."""
     if key not in data:
         return default
-    if data[key] is None and nullable:
-        return None
     try:
-        return fields.integer(data[key], lo, hi)
+        return check(data[key])
     except fields.FieldValueError as exc:
         errs.add(join(path, key), str(exc))
         return default
+
+
+def _int(data: dict, key: str, path: str, lo: int, hi: int, default: Any, errs: FieldErrors,
+         nullable: bool = False) -> Any:
+    if nullable and data.get(key, default) is None:
+        return None
+    return _checked(data, key, path, lambda value: fields.integer(value, lo, hi), default, errs)
 
 
 def _float(data: dict, key: str, path: str, lo: float, hi: float, default: Any, errs: FieldErrors,
            lo_open: bool = False) -> Any:
-    if key not in data:
-        return default
-    try:
-        return fields.number(data[key], lo, hi, lo_open=lo_open)
-    except fields.FieldValueError as exc:
-        errs.add(join(path, key), str(exc))
-        return default
+    return _checked(data, key, path, lambda value: fields.number(value, lo, hi, lo_open=lo_open), default, errs)
 
 
 def _obj(data: Any, path: str, allowed: set[str], errs: FieldErrors) -> dict[str, Any] | None:
@@ -396,17 +396,9 @@ def _tier_section(data: Any, path: str, name: str, errs: FieldErrors) -> Any:
     obj = _obj(data, path, {f.name for f in section.fields}, errs)
     if obj is None:
         return None
-    values = {}
-    for f in section.fields:
-        if f.name not in obj and not f.required:
-            values[f.name] = f.default
-            continue
-        try:
-            values[f.name] = f.parse(obj.get(f.name))
-        except fields.FieldValueError as exc:
-            errs.add(join(path, f.name), str(exc))
-            values[f.name] = f.default
-    return _SECTION_TYPES[name](**values)
+    given = {f.name: None for f in section.fields if f.required} | obj  # a required field missing is checked as None
+    return _SECTION_TYPES[name](**{f.name: _checked(given, f.name, path, f.parse, f.default, errs)
+                                   for f in section.fields})
 
 
 def _slo(data: Any, path: str, errs: FieldErrors) -> SLO:
