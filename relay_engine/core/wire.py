@@ -61,6 +61,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from relay_engine.core.config import ModelFingerprint
+from relay_engine.core.fields import json_value
 
 DEFAULT_KEY_PREFIX = "relaygr"
 KEY_PREFIX_ENV = "RELAYGR_KEY_PREFIX"
@@ -259,10 +260,7 @@ def pools_key(prefix: str | None = None) -> str:
 
 
 def _json_object(raw: str | bytes, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise WireError(f"{what} is not JSON: {exc}") from None
+    data = json_value(raw, what, WireError)
     if not isinstance(data, dict):
         raise WireError(f"{what} must be a JSON object, got {type(data).__name__}")
     return data
