@@ -137,16 +137,16 @@ def _here(kind: type) -> type:
 
 def _section_type(name: str, section: PolicySection) -> type:
     """The frozen dataclass of a tier's policy section (``cache.disk`` → ``DiskTierPolicy``)."""
-    return _here(dataclasses.make_dataclass(
+    return dataclasses.make_dataclass(
         f"{name.capitalize()}TierPolicy",
         [(f.name, Any) if f.required else (f.name, Any, added_field(f.default) if f.added else field(default=f.default))
          for f in section.fields],
-        frozen=True))
+        frozen=True)
 
 
 # The policy section of each registered tier that has one, by tier name: ``cache.<name>``.
 TIER_SECTIONS: dict[str, PolicySection] = {tier.name: tier.policy for tier in LOWER_TIERS if tier.policy is not None}
-_SECTION_TYPES: dict[str, type] = {name: _section_type(name, section) for name, section in TIER_SECTIONS.items()}
+_SECTION_TYPES: dict[str, type] = {name: _here(_section_type(name, section)) for name, section in TIER_SECTIONS.items()}
 
 
 def tier_policy_type(name: str) -> type:
