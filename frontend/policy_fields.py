@@ -1,12 +1,15 @@
 """The policy fields the config editor shows as a form: path (as validation errors name it), unit, help.
 
-Ranges are not repeated here: the schema (``relay_engine.core.config``) judges every value and its
+A cache tier's section (``cache.disk``) comes from the tier's registration, so a new tier adds nothing
+here. Ranges are not repeated here: the schema (``relay_engine.core.config``) judges every value and its
 messages state what is allowed, so the form and the API can never disagree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from controlplane.policies.checks import TIER_SECTIONS
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,14 @@ class FieldGroup:
     # a field left empty takes the schema's default.
     section: str = ""
     toggle: str = ""
+
+
+def _tier_group(name: str, section) -> FieldGroup:
+    """The form of a cache tier's policy section, from its declaration (``relay_engine.core.lower_tiers``)."""
+    path = f"cache.{name}"
+    return FieldGroup(section.title, section.note, tuple(
+        PolicyField(f"{path}.{f.name}", f.label, f.unit, f.kind, f.help) for f in section.fields),
+        section=path, toggle=section.toggle)
 
 
 FIELD_GROUPS: tuple[FieldGroup, ...] = (
@@ -64,17 +75,7 @@ FIELD_GROUPS: tuple[FieldGroup, ...] = (
         PolicyField("cache.entry_ttl_ms", "HBM entry TTL", "ms", "int", "An HBM entry unused this long expires."),
         PolicyField("cache.dram_ttl_ms", "DRAM entry TTL", "ms", "int", "A DRAM entry unused this long expires."),
     )),
-    FieldGroup("Disk tier", "A local-disk cache tier under DRAM: entries DRAM evicts are written to files (off the "
-               "ranking path, checksummed) instead of dropped. Off by default.", (
-        PolicyField("cache.disk.path", "Directory", "", "text",
-                    "An absolute local directory; each instance keeps its files in a directory of its own below it "
-                    "(created if missing). An instance that cannot write there refuses the revision."),
-        PolicyField("cache.disk.budget_mb", "Disk budget", "MiB", "float",
-                    "The bytes of the tier's files per instance; beyond it the oldest are deleted. Empty: the "
-                    "schema's default."),
-        PolicyField("cache.disk.ttl_ms", "Disk entry TTL", "ms", "int",
-                    "A file unused this long expires. Empty: the schema's default."),
-    ), section="cache.disk", toggle="Use a disk tier"),
+    *(_tier_group(name, section) for name, section in TIER_SECTIONS.items()),
     FieldGroup("SLO", "What the dashboards measure against the ranking P99 SLO.", (
         PolicyField("slo.target_ratio", "Target share within SLO", "ratio (0–1]", "float",
                     "Share of ranking requests that must finish within the SLO; 1 − target is the error budget."),

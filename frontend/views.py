@@ -27,7 +27,7 @@ from controlplane.audit.api.serializers import AuditQuerySerializer
 from controlplane.audit.models import AuditEntry
 from controlplane.common.errors import NotFound
 from controlplane.common.throttling import UploadRateThrottle
-from controlplane.common.views import is_instance_of
+from controlplane.common.views import is_instance_of, validated
 from controlplane.policies import checks
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import Pool
@@ -220,9 +220,8 @@ class SpecCheckView(PageJsonView):
     throttle_classes = []
 
     def post(self, request, pool):
-        body = SpecCheckInputSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        check = checks.spec_check(pool=policy_selectors.pool_get(name=pool), spec=body.validated_data["spec"])
+        body = validated(SpecCheckInputSerializer, request.data)
+        check = checks.spec_check(pool=policy_selectors.pool_get(name=pool), spec=body["spec"])
         return Response(check.to_dict())
 
 
@@ -246,9 +245,7 @@ class EditingUploadView(PageJsonView):
 
     def post(self, request, pool):
         pool_obj = policy_selectors.pool_get(name=pool)
-        form = EditingUploadInputSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        fields = form.validated_data
+        fields = validated(EditingUploadInputSerializer, request.data)
         upload = fields["file"]
         result = checks.editing_upload_check(
             pool=pool_obj, name=upload.name, data=upload.read(), rows=fields["rows"],

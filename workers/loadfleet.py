@@ -34,6 +34,7 @@ import numpy as np
 
 from relay_engine.core.config import PolicySpec, default_policy
 from relay_engine.core.engine import EngineStats, PolicyApplyError
+from relay_engine.core.fields import argument
 from relay_engine.core.lifetime import follow_parent
 from relay_engine.core.outcomes import OUTCOME_COUNTERS, Outcome, TierCounters
 from relay_engine.core.telemetry import (
@@ -248,20 +249,14 @@ class LoadFleet:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.loadfleet", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--instances", type=int, default=32, help="stand-in instances (1 to 1024; default 32)")
+    parser.add_argument("--instances", type=argument(1, 1024, as_int=True), default=32, help="stand-in instances (1 to 1024; default 32)")
     parser.add_argument("--pool", help="pool name (default $RELAYGR_POOL)")
-    parser.add_argument("--processes", type=int, default=2, help="processes to spread them over (default 2)")
-    parser.add_argument("--rank-per-s", type=float, default=20.0, help="simulated ranking requests/s per instance")
+    parser.add_argument("--processes", type=argument(1, 64, as_int=True), default=2, help="processes to spread them over (default 2)")
+    parser.add_argument("--rank-per-s", type=argument(0, 100_000), default=20.0, help="simulated ranking requests/s per instance")
     parser.add_argument("--slow-every", type=int, default=8, help="every k-th instance ranks 4x slower (0: none)")
     parser.add_argument("--hot-every", type=int, default=8, help="every k-th instance fills 95%% of its HBM (0: none)")
     parser.add_argument("--duration", type=float, default=0.0, help="seconds to run (default: until interrupted)")
     args = parser.parse_args(argv)
-    if not 1 <= args.instances <= 1024:
-        parser.error(f"--instances must be in [1, 1024], got {args.instances}")
-    if not 1 <= args.processes <= 64:
-        parser.error(f"--processes must be in [1, 64], got {args.processes}")
-    if not (math.isfinite(args.rank_per_s) and 0 <= args.rank_per_s <= 100_000):
-        parser.error(f"--rank-per-s must be in [0, 100000], got {args.rank_per_s}")
     settings = Settings.from_env(pool=args.pool)
     fleet = LoadFleet(settings, args.instances, processes=args.processes, rank_per_s=args.rank_per_s,
                       slow_every=max(0, args.slow_every), hot_every=max(0, args.hot_every))

@@ -34,6 +34,7 @@ import urllib.request
 from pathlib import Path
 
 from relay_engine.core.config import parse_policy
+from relay_engine.core.fields import argument
 from relay_engine.core.lifetime import die_with_parent
 from workers.embedded_redis import free_port
 
@@ -260,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--change", choices=CHANGES, default="trigger",
                         help="trigger: a stricter at_risk_seq_len; hbm: half the HBM budget; ttl: a quarter of the TTL; "
                              "live: no change, the live revision previewed on --windows successive windows")
-    parser.add_argument("--windows", type=int, default=5, help="with --change live: successive windows (default 5)")
-    parser.add_argument("--at-risk-seq-len", type=int, help="with --change trigger: the proposed threshold "
+    parser.add_argument("--windows", type=argument(1, 100, as_int=True), default=5, help="with --change live: successive windows (default 5)")
+    parser.add_argument("--at-risk-seq-len", type=argument(1, 1 << 20, as_int=True), help="with --change trigger: the proposed threshold "
                         "(default: twice the live one)")
     parser.add_argument("--out", type=Path, help="JSON file for the figures")
     parser.add_argument("--url", help="a running control plane (default: start a stack here)")
@@ -275,10 +276,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.url and not args.token:
         parser.error("--url needs --token (an operator's API token)")
-    if not 1 <= args.windows <= 100:
-        parser.error(f"--windows must be in [1, 100], got {args.windows}")
-    if args.at_risk_seq_len is not None and not 1 <= args.at_risk_seq_len <= 1 << 20:
-        parser.error(f"--at-risk-seq-len must be in [1, {1 << 20}], got {args.at_risk_seq_len}")
     process = None
     with tempfile.TemporaryDirectory(prefix="relaygr-preview-check-") as tmp:
         try:

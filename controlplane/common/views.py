@@ -1,4 +1,5 @@
-"""Shared view pieces: who is acting, OpenAPI parameters for pool and generation paths."""
+"""Shared view pieces: who is acting, validated input, OpenAPI parameters for pool and generation
+paths."""
 
 from __future__ import annotations
 
@@ -31,6 +32,14 @@ class ErrorSerializer(serializers.Serializer):
 
 def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
     return {code: OpenApiResponse(ErrorSerializer) for code in codes}
+
+
+def validated(serializer_class: type[serializers.Serializer], data) -> dict:
+    """``data`` (a request's body or query parameters) validated by ``serializer_class``: a 400 naming each
+    bad field, else the validated data."""
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
 
 
 def actor_name(request) -> str:

@@ -11,14 +11,15 @@ from typing import Any
 
 from controlplane.common.errors import Unavailable
 from controlplane.fleet import selectors as fleet_selectors
-from relay_engine.core.config import ModelFingerprint, validate_policy
+from relay_engine.core.config import TIER_SECTIONS, ModelFingerprint, validate_policy
 from relay_engine.core.editing_io import FINGERPRINT_KEYS, UploadResult, parse_upload
 
 from . import selectors
 from .diff import spec_diff
 from .models import Pool
 
-__all__ = ["FINGERPRINT_KEYS", "SpecCheck", "editing_upload_check", "spec_check"]
+# The policy sections of the cache tiers (``cache.<tier>``), which the editor shows as forms of their own.
+__all__ = ["FINGERPRINT_KEYS", "TIER_SECTIONS", "SpecCheck", "editing_upload_check", "spec_check"]
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,13 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from relay_engine.core import fields
 from relay_engine.core.fields import FieldErrors, join
+from relay_engine.core.lower_tiers import LOWER_TIERS, MAX_BUDGET_MIB, MAX_TTL_MS, PolicySection
 
 SCHEMA_VERSION = 1
 
@@ -25,8 +27,6 @@ SCHEMA_VERSION = 1
 MAX_SEQ_LEN = 1 << 20
 # Budgets are in MiB (2^20 bytes) wherever they are shown; the fields keep their stored names (``_mb``).
 BYTES_PER_MIB = 1024 * 1024
-MAX_BUDGET_MIB = 16 * 1024 * 1024  # 16 TiB: far above any host, still a finite number
-MAX_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_ALPHA = 1000.0
 MAX_EDITS = 4096
 EDIT_SCOPES = ("all", "candidates")
@@ -112,32 +112,12 @@ class TriggerPolicy:
         return None if self.latency_model is None else self.latency_model.predict_ms(seq_len)
 
 
-MAX_PATH_CHARS = 4096
-
-
 @dataclass(frozen=True)
-class DiskTierPolicy:
-    """A local-disk cache tier under DRAM: files in ``path`` (a local directory of the instance's own,
-    created if missing), under their own byte budget and TTL."""
-
-    path: str
-    budget_mb: float = 16 * 1024.0
-    ttl_ms: int = 3_600_000
-
-    @property
-    def budget_bytes(self) -> int:
-        return int(self.budget_mb * BYTES_PER_MIB)
-
-
-@dataclass(frozen=True)
-class CacheBudget:
+class _CacheBudgets:
     hbm_budget_mb: float = 1024.0  # MiB
     dram_budget_mb: float = 4096.0  # MiB
     entry_ttl_ms: int = 120_000
     dram_ttl_ms: int = 600_000
-    # The disk tier; None (the default) is off. Left out of the plain form while off, so a spec without
-    # it keeps its hash.
-    disk: DiskTierPolicy | None = added_field(None)
 
     @property
     def hbm_budget_bytes(self) -> int:
@@ -146,6 +126,39 @@ class CacheBudget:
     @property
     def dram_budget_bytes(self) -> int:
         return int(self.dram_budget_mb * BYTES_PER_MIB)
+
+
+def _here(kind: type) -> type:
+    """A class made at import time, as if defined in this module (where pickle looks for it)."""
+    kind.__module__ = __name__
+    globals()[kind.__name__] = kind
+    return kind
+
+
+def _section_type(name: str, section: PolicySection) -> type:
+    """The frozen dataclass of a tier's policy section (``cache.disk`` → ``DiskTierPolicy``)."""
+    return dataclasses.make_dataclass(
+        f"{name.capitalize()}TierPolicy",
+        [(f.name, Any) if f.required else (f.name, Any, added_field(f.default) if f.added else field(default=f.default))
+         for f in section.fields],
+        frozen=True)
+
+
+# The policy section of each registered tier that has one, by tier name: ``cache.<name>``.
+TIER_SECTIONS: dict[str, PolicySection] = {tier.name: tier.policy for tier in LOWER_TIERS if tier.policy is not None}
+_SECTION_TYPES: dict[str, type] = {name: _here(_section_type(name, section)) for name, section in TIER_SECTIONS.items()}
+
+
+def tier_policy_type(name: str) -> type:
+    """The dataclass of the policy section of the tier ``name`` (its fields are the section's)."""
+    return _SECTION_TYPES[name]
+
+
+# The cache budgets, and one field per tier section: None (the default) is off. Each is an ``added_field``,
+# left out of the plain form while off, so a spec without it keeps its hash.
+CacheBudget = _here(dataclasses.make_dataclass(
+    "CacheBudget", [(name, f"{kind.__name__} | None", added_field(None)) for name, kind in _SECTION_TYPES.items()],
+    bases=(_CacheBudgets,), frozen=True))
 
 
 @dataclass(frozen=True)
@@ -297,28 +310,27 @@ def sha256_of(data: Any) -> str:
 # --- validation ------------------------------------------------------------------------------
 
 
-def _int(data: dict, key: str, path: str, lo: int, hi: int, default: Any, errs: FieldErrors,
-         nullable: bool = False) -> Any:
+def _checked(data: dict, key: str, path: str, check: Callable[[Any], Any], default: Any, errs: FieldErrors) -> Any:
+    """``check(data[key])``, or ``default`` when the key is absent or the check fails (the error named by path)."""
     if key not in data:
         return default
-    if data[key] is None and nullable:
-        return None
     try:
-        return fields.integer(data[key], lo, hi)
+        return check(data[key])
     except fields.FieldValueError as exc:
         errs.add(join(path, key), str(exc))
         return default
+
+
+def _int(data: dict, key: str, path: str, lo: int, hi: int, default: Any, errs: FieldErrors,
+         nullable: bool = False) -> Any:
+    if nullable and data.get(key, default) is None:
+        return None
+    return _checked(data, key, path, lambda value: fields.integer(value, lo, hi), default, errs)
 
 
 def _float(data: dict, key: str, path: str, lo: float, hi: float, default: Any, errs: FieldErrors,
            lo_open: bool = False) -> Any:
-    if key not in data:
-        return default
-    try:
-        return fields.number(data[key], lo, hi, lo_open=lo_open)
-    except fields.FieldValueError as exc:
-        errs.add(join(path, key), str(exc))
-        return default
+    return _checked(data, key, path, lambda value: fields.number(value, lo, hi, lo_open=lo_open), default, errs)
 
 
 def _obj(data: Any, path: str, allowed: set[str], errs: FieldErrors) -> dict[str, Any] | None:
@@ -387,28 +399,21 @@ def _cache(data: Any, path: str, errs: FieldErrors) -> CacheBudget:
         dram_budget_mb=_float(obj, "dram_budget_mb", path, 0.0, MAX_BUDGET_MIB, d.dram_budget_mb, errs),
         entry_ttl_ms=_int(obj, "entry_ttl_ms", path, 1, MAX_TTL_MS, d.entry_ttl_ms, errs),
         dram_ttl_ms=_int(obj, "dram_ttl_ms", path, 1, MAX_TTL_MS, d.dram_ttl_ms, errs),
-        disk=_disk_tier(obj.get("disk"), join(path, "disk"), errs),
+        **{name: _tier_section(obj.get(name), join(path, name), name, errs) for name in TIER_SECTIONS},
     )
 
 
-def _disk_tier(data: Any, path: str, errs: FieldErrors) -> DiskTierPolicy | None:
+def _tier_section(data: Any, path: str, name: str, errs: FieldErrors) -> Any:
+    """A tier's section by its declaration (``lower_tiers``): None when absent (the tier is off)."""
     if data is None:
         return None
-    obj = _obj(data, path, {f.name for f in dataclasses.fields(DiskTierPolicy)}, errs)
+    section = TIER_SECTIONS[name]
+    obj = _obj(data, path, {f.name for f in section.fields}, errs)
     if obj is None:
         return None
-    directory = obj.get("path")
-    if not isinstance(directory, str) or not directory.startswith("/") or "\x00" in directory \
-            or len(directory) > MAX_PATH_CHARS:
-        errs.add(join(path, "path"), f"must be an absolute directory path (at most {MAX_PATH_CHARS} characters), "
-                                     f"got {fields.show(directory)}")
-        directory = "/"
-    d = DiskTierPolicy(directory)
-    return DiskTierPolicy(
-        path=directory,
-        budget_mb=_float(obj, "budget_mb", path, 0.0, MAX_BUDGET_MIB, d.budget_mb, errs),
-        ttl_ms=_int(obj, "ttl_ms", path, 1, MAX_TTL_MS, d.ttl_ms, errs),
-    )
+    given = {f.name: None for f in section.fields if f.required} | obj  # a required field missing is checked as None
+    return _SECTION_TYPES[name](**{f.name: _checked(given, f.name, path, f.parse, f.default, errs)
+                                   for f in section.fields})
 
 
 def _features(data: Any, path: str, errs: FieldErrors) -> FeaturePolicy:

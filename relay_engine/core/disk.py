@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from relay_engine.core.config import CacheBudget
+from relay_engine.core.config import BYTES_PER_MIB, CacheBudget
 from relay_engine.core.kvcache import CacheKey
 from relay_engine.core.model import History, PrefixKV
 from relay_engine.core.outcomes import Outcome, TierCounters
@@ -417,10 +417,11 @@ def _build(cache: CacheBudget, site: TierSite, current: DiskTier | None) -> Disk
         return None
     # The policy names a directory for the pool; each instance keeps its files in its own below it.
     directory = Path(policy.path) / re.sub(r"[^A-Za-z0-9._-]", "_", site.engine_name)
+    budget_bytes = int(policy.budget_mb * BYTES_PER_MIB)
     tier = current
     if tier is None or tier.directory != directory:
-        tier = DiskTier(directory, policy.budget_bytes, policy.ttl_ms / 1000, clock=site.clock)
-    tier.resize(policy.budget_bytes, policy.ttl_ms / 1000)
+        tier = DiskTier(directory, budget_bytes, policy.ttl_ms / 1000, clock=site.clock)
+    tier.resize(budget_bytes, policy.ttl_ms / 1000)
     return tier
 
 

@@ -11,7 +11,10 @@ messages by field path so a caller can report every bad field at once.
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 # Longest rendering of a bad value inside a message: a huge integer or string is cut, not echoed.
@@ -43,6 +46,15 @@ class FieldErrors:
 
     def summary(self) -> str:
         return "; ".join(f"{path}: {' '.join(msgs)}" for path, msgs in sorted(self.by_path.items()))
+
+
+def json_value(raw: str | bytes, what: str, error: type[Exception] = FieldValueError) -> Any:
+    """The JSON value of raw, or ``error`` saying that ``what`` is not JSON (a line of thousands of nested
+    brackets included: ``RecursionError`` is caught, so a bad entry never crashes its decoder)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise error(f"{what} is not JSON: {exc}") from None
 
 
 def join(path: str, key: str | int) -> str:
@@ -112,6 +124,19 @@ def number_text(text: str, lo: float, hi: float, *, as_int: bool = False) -> int
         except ValueError:
             raise FieldValueError(f"must be a number in {_bounds(lo, hi, False)}, got {show(text)}") from None
     return integer(value, int(lo), int(hi)) if as_int else number(value, lo, hi)
+
+
+def argument(lo: float, hi: float, *, as_int: bool = False) -> Callable[[str], int | float]:
+    """An argparse ``type``: a command-line number checked like ``number_text``, so a bad one is refused
+    with what is allowed (``argument --threads: must be in [1, 256], got 0``)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            return number_text(text, lo, hi, as_int=as_int)
+        except FieldValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def text_number(text: str) -> int | float | None:

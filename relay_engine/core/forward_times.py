@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .fields import json_value
 from .model import EditTensors, History, PrefixKV
 
 OPS = ("prefill", "rank", "rank_full")
@@ -238,10 +239,7 @@ class ForwardTimesRecord:
     @classmethod
     def from_json(cls, raw: str | bytes) -> ForwardTimesRecord:
         """The one decoder of a forwards stream entry (field ``d``); ForwardTimesError names the field."""
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise ForwardTimesError(f"forward-times record is not JSON: {exc}") from None
+        data = json_value(raw, "forward-times record", ForwardTimesError)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ForwardTimesError(f"forward-times record must be an object with format {FORMAT!r}")
         texts = {}

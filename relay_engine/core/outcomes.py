@@ -2,11 +2,11 @@
 
 ``Outcome`` is the one spelling of "served from": ``RankResult.source``, the capture's outcome, the
 telemetry counter each outcome is counted in (``OUTCOME_COUNTERS``) and the tier names of the stack
-(a tier is named by the outcome of a prefix it served) all come from here. ``LOWER_TIER_MODULES`` is
-the one registration of a tier under HBM: its name and the core module that builds it, in lookup
-order. ``TierCounters`` is the one counter type of every tier; ``TIER_COUNTERS`` and ``TIER_GAUGES``
-name the per-tier figures that flow, generically, to telemetry and Prometheus. Stdlib only, so the
-control plane reads these words without loading torch.
+(a tier is named by the outcome of a prefix it served) all come from here; the outcome of a tier under
+HBM follows from its registration (``lower_tiers.LOWER_TIERS``), as does ``LOWER_TIER_MODULES``, its
+name and the core module that builds it, in lookup order. ``TierCounters`` is the one counter type of
+every tier; ``TIER_COUNTERS`` and ``TIER_GAUGES`` name the per-tier figures that flow, generically, to
+telemetry and Prometheus. Stdlib only, so the control plane reads these words without loading torch.
 """
 
 from __future__ import annotations
@@ -15,39 +15,42 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from relay_engine.core.lower_tiers import LOWER_TIERS
 
-class Outcome(enum.StrEnum):
-    """Where a ranking request's prefix KV came from (a string: ``Outcome.HBM == "hbm"``), with how
-    people read it (``label``; the browser gets both from the server)."""
 
-    HBM = "hbm", "HBM hit"  # resident in accelerator memory
-    INFLIGHT = "inflight", "joined a computation in flight"  # a pre-inference, a recompute or a reload running
-    DRAM = "dram", "DRAM hit"  # promoted from host memory
-    DISK = "disk", "disk hit"  # promoted from local disk
-    MISS = "miss", "miss (recompute)"  # recomputed by a full forward
+class _LabelledOutcome(enum.StrEnum):
+    """An outcome is a string (``Outcome.HBM == "hbm"``) with how people read it (``label``; the
+    browser gets both from the server)."""
 
-    def __new__(cls, value: str, label: str) -> Outcome:
+    def __new__(cls, value: str, label: str) -> _LabelledOutcome:
         member = str.__new__(cls, value)
         member._value_ = value
         member.label = label
         return member
 
 
+# Where a ranking request's prefix KV came from: resident in accelerator memory; a pre-inference, a
+# recompute or a reload running, joined; each registered lower tier (``Outcome.DRAM``: promoted from host
+# memory, ``Outcome.DISK``: from local disk), in lookup order; recomputed by a full forward. A lower tier's
+# member follows from its registration, so a new tier adds no line here.
+Outcome = _LabelledOutcome("Outcome", [
+    ("HBM", ("hbm", "HBM hit")),
+    ("INFLIGHT", ("inflight", "joined a computation in flight")),
+    *((tier.name.upper(), (tier.name, tier.label)) for tier in LOWER_TIERS),
+    ("MISS", ("miss", "miss (recompute)")),
+], module=__name__, qualname="Outcome")
+
 # The telemetry counter each outcome is counted in: every ranking lookup is counted once, in one of them.
 OUTCOME_COUNTERS: dict[Outcome, str] = {
     Outcome.HBM: "hbm_hits",
     Outcome.INFLIGHT: "inflight_joins",
-    Outcome.DRAM: "dram_hits",
-    Outcome.DISK: "disk_hits",
+    **{Outcome(tier.name): f"{tier.name}_hits" for tier in LOWER_TIERS},
     Outcome.MISS: "misses",
 }
 
 # The tiers under HBM, in lookup order, each with the core module that builds it from a policy (its
-# ``LOWER_TIER``, a ``tiers.LowerTier``): a new tier is its module and one line here.
-LOWER_TIER_MODULES: dict[Outcome, str] = {
-    Outcome.DRAM: "relay_engine.core.dram",
-    Outcome.DISK: "relay_engine.core.disk",
-}
+# ``LOWER_TIER``, a ``tiers.LowerTier``); registered in ``lower_tiers.LOWER_TIERS``.
+LOWER_TIER_MODULES: dict[Outcome, str] = {Outcome(tier.name): tier.module for tier in LOWER_TIERS}
 # Every tier the core can run, in lookup order (HBM, the top tier, is always there).
 TIERS: tuple[Outcome, ...] = (Outcome.HBM, *LOWER_TIER_MODULES)
 # How people name a tier (a page's column, a chart's legend); one left out is shown by its name.

@@ -8,12 +8,12 @@ merging (never by averaging per-instance percentiles).
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from relay_engine.core.fields import json_value
 from relay_engine.core.outcomes import LOWER_TIER_MODULES, OUTCOME_COUNTERS, TIER_COUNTERS, TIER_GAUGES, TIERS
 
 # Upper bounds (ms) of the latency buckets: 0.05 ms … ~60 s, 8 buckets per decade (×1.334 each),
@@ -213,11 +213,7 @@ class Snapshot:
     @classmethod
     def from_json(cls, raw: str | bytes) -> Snapshot:
         """The one decoder of a telemetry stream entry (field ``d``)."""
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise ValueError(f"snapshot is not JSON: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(json_value(raw, "snapshot", ValueError))
 
 
 _EXACT_INT = 2**53  # the largest integer a float holds exactly

@@ -11,9 +11,9 @@ The stack (``TierStack``) is what the engine asks; nothing outside the core touc
 * **single-flight promotion**: concurrent ranks of one key share one reload from a lower tier; a rank
   that joins a reload another started is served ``Outcome.INFLIGHT`` and counted once, as a join.
 
-How each tier under HBM is built from a policy is registered by its module (``LowerTier``, named in
-``outcomes.LOWER_TIER_MODULES``); ``build_lower_tiers`` builds the ones a policy asks for, so the engine
-names none of them.
+How each tier under HBM is built from a policy is registered by its module (``LowerTier``; the module is
+named in ``lower_tiers.LOWER_TIERS``, the one registration of a tier); ``build_lower_tiers`` builds the
+ones a policy asks for, so the engine names none of them.
 
 The top tier is the HBM tier (``kvcache.HBMCache``: it alone has a producing state, for pre-inferences
 in flight); every tier below implements ``CacheTier``. The shape follows vLLM v1's core: one pool owns
@@ -91,7 +91,7 @@ class TierSite:
 @dataclass(frozen=True)
 class LowerTier:
     """How one tier under HBM comes from a policy: what its module registers, as ``LOWER_TIER`` (the
-    module is named in ``outcomes.LOWER_TIER_MODULES``). The engine names no tier; it asks these."""
+    module is named in ``lower_tiers.LOWER_TIERS``). The engine names no tier; it asks these."""
 
     name: Outcome
     # The tier the cache section asks for: ``current`` (this tier as the engine runs it, None if it runs

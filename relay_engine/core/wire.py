@@ -61,6 +61,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from relay_engine.core.config import ModelFingerprint
+from relay_engine.core.fields import json_value
 from relay_engine.core.telemetry import TIER_LEVEL_GAUGES, TIER_LEVELS
 
 DEFAULT_KEY_PREFIX = "relaygr"
@@ -260,10 +261,7 @@ def pools_key(prefix: str | None = None) -> str:
 
 
 def _json_object(raw: str | bytes, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise WireError(f"{what} is not JSON: {exc}") from None
+    data = json_value(raw, what, WireError)
     if not isinstance(data, dict):
         raise WireError(f"{what} must be a JSON object, got {type(data).__name__}")
     return data

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from relay_engine.core.fields import argument
 from relay_engine.core.model import HSTUModel, ModelConfig, WeightsFileError
 from relay_engine.lab.bench.settings import REFERENCE_PROFILE
 from relay_engine.lab.costmodel import PROFILE_LENGTHS, CostModel, time_scale_against
@@ -109,16 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="the calibration (JSON) to write")
     parser.add_argument("--profile-out", type=Path, help="the pool model's cost model (default: next to --out, "
                                                         "profile-cpu.json)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per instance (default 1)")
+    parser.add_argument("--threads", type=argument(1, 256, as_int=True), default=1, help="torch threads per instance (default 1)")
     parser.add_argument("--weights", help="the pool's weights file (python -m relay_engine.import_gr); "
                                           "default: the default model")
     parser.add_argument("--model-config", help="the pool's model as ModelConfig fields (JSON), for a preset")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats per measured point (default 3)")
+    parser.add_argument("--repeats", type=argument(1, 50, as_int=True), default=3, help="repeats per measured point (default 3)")
     args = parser.parse_args(argv)
-    if not 1 <= args.threads <= 256:
-        parser.error(f"--threads must be in [1, 256], got {args.threads}")
-    if not 1 <= args.repeats <= 50:
-        parser.error(f"--repeats must be in [1, 50], got {args.repeats}")
     profile_out = args.profile_out or args.out.parent / "profile-cpu.json"
     try:
         model = pool_model(args.weights, args.model_config)

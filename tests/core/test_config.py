@@ -8,7 +8,15 @@ import math
 import pytest
 
 from relay_engine.core import config
-from relay_engine.core.config import PolicyError, default_policy, parse_policy, sha256_of, validate_policy
+from relay_engine.core.config import (
+    PolicyError,
+    default_policy,
+    parse_policy,
+    sha256_of,
+    to_plain,
+    validate_policy,
+)
+from relay_engine.core.lower_tiers import PolicySection, integer_field
 from tests import schema_next
 
 FP = {"num_layers": 2, "num_heads": 4, "head_dim": 3}
@@ -265,3 +273,12 @@ def test_the_features_section_is_off_by_default_leaves_the_hash_alone_and_names_
     with pytest.raises(PolicyError) as err:
         parse_policy({"features": {"dedup_events_within_s": -1, "dedup": 1}})
     assert set(err.value.errors) == {"features.dedup_events_within_s", "features.dedup"}
+
+
+def test_a_field_added_to_a_tier_section_leaves_the_hash_of_a_section_without_it_alone():
+    before = PolicySection("t", "n", "on", (integer_field("ttl_ms", 5, 1, 10, label="", unit="", help=""),))
+    added = integer_field("depth", 2, 1, 9, label="", unit="", help="")
+    after = PolicySection("t", "n", "on", (*before.fields, dataclasses.replace(added, added=True)))
+    old, new = config._section_type("probe", before)(ttl_ms=7), config._section_type("probe", after)(ttl_ms=7)
+    assert sha256_of(new) == sha256_of(old) and "depth" not in to_plain(new)
+    assert to_plain(config._section_type("probe", after)(ttl_ms=7, depth=3))["depth"] == 3

@@ -24,7 +24,7 @@ from controlplane.common.redis import get_redis
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies import services as policy_services
 from frontend.policy_fields import FIELD_GROUPS
-from relay_engine.core.config import DiskTierPolicy, ModelFingerprint, parse_policy, validate_policy
+from relay_engine.core.config import ModelFingerprint, parse_policy, tier_policy_type, validate_policy
 from relay_engine.core.editing_io import editing_json, write_editing_npz
 from relay_engine.core.outcomes import TIER_LABELS, TIERS
 from relay_engine.core.telemetry import REFUSAL_REASONS
@@ -213,7 +213,7 @@ def test_every_form_field_is_a_field_of_the_schema_and_the_disk_section_has_them
             assert list(errors) == [f.path] and "unknown field" not in errors[f.path][0], (f.path, errors)
             assert not group.section or f.path.startswith(f"{group.section}.")
     [disk] = [group for group in FIELD_GROUPS if group.section == "cache.disk"]
-    assert {f.path for f in disk.fields} == {f"cache.disk.{field.name}" for field in dataclasses.fields(DiskTierPolicy)}
+    assert {f.path for f in disk.fields} == {f"cache.disk.{field.name}" for field in dataclasses.fields(tier_policy_type("disk"))}
 
 
 def test_the_check_names_the_disk_tiers_errors_by_field(pool, operator):

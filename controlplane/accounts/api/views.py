@@ -4,7 +4,7 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.common.views import actor_name, error_responses
+from controlplane.common.views import actor_name, error_responses, validated
 
 from .. import selectors, services
 from ..models import ApiToken
@@ -46,11 +46,10 @@ class UserListView(GenericAPIView):
 
     @extend_schema(request=UserCreateInputSerializer, responses={201: UserSerializer, **ADMIN_WRITE_ERRORS})
     def post(self, request):
-        data = UserCreateInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
+        data = validated(UserCreateInputSerializer, request.data)
         user = services.user_create(
-            username=data.validated_data["username"], role=Role.parse(data.validated_data["role"]),
-            password=data.validated_data.get("password"), actor=actor_name(request),
+            username=data["username"], role=Role.parse(data["role"]),
+            password=data.get("password"), actor=actor_name(request),
         )
         return Response(UserSerializer(user).data, status=status.HTTP_201_CREATED)
 
@@ -70,11 +69,10 @@ class TokenListView(GenericAPIView):
 
     @extend_schema(request=TokenCreateInputSerializer, responses={201: TokenIssuedSerializer, **ADMIN_WRITE_ERRORS})
     def post(self, request):
-        data = TokenCreateInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
+        data = validated(TokenCreateInputSerializer, request.data)
         issued = services.token_create(
-            user=selectors.user_get(username=data.validated_data["username"]), name=data.validated_data["name"],
-            read_only=data.validated_data["read_only"], actor=actor_name(request),
+            user=selectors.user_get(username=data["username"]), name=data["name"],
+            read_only=data["read_only"], actor=actor_name(request),
         )
         body = TokenSerializer(issued.token).data
         return Response({**body, "key": issued.key}, status=status.HTTP_201_CREATED)

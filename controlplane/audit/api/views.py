@@ -1,7 +1,7 @@
 from drf_spectacular.utils import extend_schema
 from rest_framework.generics import GenericAPIView
 
-from controlplane.common.views import error_responses
+from controlplane.common.views import error_responses, validated
 
 from .. import selectors
 from .serializers import AuditEntrySerializer, AuditQuerySerializer
@@ -16,7 +16,6 @@ class AuditListView(GenericAPIView):
     @extend_schema(parameters=[AuditQuerySerializer], responses={200: AuditEntrySerializer(many=True),
                                                                  **error_responses(400, 401, 403)})
     def get(self, request):
-        query = AuditQuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
-        page = self.paginate_queryset(selectors.audit_list(**query.validated_data))
+        query = validated(AuditQuerySerializer, request.query_params)
+        page = self.paginate_queryset(selectors.audit_list(**query))
         return self.get_paginated_response(AuditEntrySerializer(page, many=True).data)

@@ -2,7 +2,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.common.views import INSTANCE_PARAM, POOL_PARAM, error_responses, instance_of
+from controlplane.common.views import INSTANCE_PARAM, POOL_PARAM, error_responses, instance_of, validated
 from controlplane.policies import selectors as policy_selectors
 
 from .. import selectors
@@ -19,9 +19,8 @@ class PoolStatusView(APIView):
         "`instances` is every instance, or a page of them with `limit`/`offset` in `order`.",
     )
     def get(self, request, pool):
-        query = PoolStatusQuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
-        status = selectors.pool_status(pool=policy_selectors.pool_get(name=pool), **query.validated_data)
+        query = validated(PoolStatusQuerySerializer, request.query_params)
+        status = selectors.pool_status(pool=policy_selectors.pool_get(name=pool), **query)
         return Response(PoolStatusSerializer(status.to_dict()).data)
 
 

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.accounts.roles import Role
-from controlplane.common.views import GENERATION_PARAM, POOL_PARAM, actor_name, error_responses
+from controlplane.common.views import GENERATION_PARAM, POOL_PARAM, actor_name, error_responses, validated
 from controlplane.rollouts import selectors as rollout_selectors
 from controlplane.rollouts import services as rollout_services
 from controlplane.rollouts.api.serializers import PublishInputSerializer, RolloutSerializer
@@ -45,9 +45,8 @@ class PoolListView(GenericAPIView):
 
     @extend_schema(request=PoolCreateInputSerializer, responses={201: PoolSerializer, **WRITE_ERRORS})
     def post(self, request):
-        data = PoolCreateInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        pool = services.pool_create(**data.validated_data, actor=actor_name(request))
+        data = validated(PoolCreateInputSerializer, request.data)
+        pool = services.pool_create(**data, actor=actor_name(request))
         pool = selectors.pool_get(name=pool.name)
         return Response(PoolSerializer(pool).data, status=status.HTTP_201_CREATED)
 
@@ -78,9 +77,8 @@ class RevisionListView(GenericAPIView):
     )
     def post(self, request, pool):
         pool_obj = selectors.pool_get(name=pool)
-        data = RevisionCreateInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        revision = services.revision_create(pool=pool_obj, author=actor_name(request), **data.validated_data)
+        data = validated(RevisionCreateInputSerializer, request.data)
+        revision = services.revision_create(pool=pool_obj, author=actor_name(request), **data)
         revision = selectors.revision_get(pool=pool_obj, generation=revision.generation)  # with its past
         return Response(RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)
 
@@ -101,11 +99,10 @@ class RevisionDiffView(APIView):
         responses={200: DiffSerializer, **error_responses(400, 401, 403, 404)},
     )
     def get(self, request, pool, generation):
-        query = DiffQuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
+        query = validated(DiffQuerySerializer, request.query_params)
         pool_obj = selectors.pool_get(name=pool)
         revision = selectors.revision_get(pool=pool_obj, generation=generation)
-        against_generation = query.validated_data.get("against") or revision.parent_generation or generation
+        against_generation = query.get("against") or revision.parent_generation or generation
         against = selectors.revision_get(pool=pool_obj, generation=against_generation)
         return Response(DiffSerializer({
             "pool": pool_obj.name, "generation": generation, "against": against_generation,
@@ -129,9 +126,8 @@ class RevisionPublishView(APIView):
     def post(self, request, pool, generation):
         pool_obj = selectors.pool_get(name=pool)
         if request.data:
-            body = PublishInputSerializer(data=request.data)
-            body.is_valid(raise_exception=True)
-            options = dict(body.validated_data)
+            body = validated(PublishInputSerializer, request.data)
+            options = dict(body)
             if options.pop("strategy") == "canary":
                 rollout_services.rollout_start(pool=pool_obj, generation=generation, actor=actor_name(request),
                                                **options)
@@ -153,8 +149,7 @@ class PoolRollbackView(APIView):
     )
     def post(self, request, pool):
         pool_obj = selectors.pool_get(name=pool)
-        data = RollbackInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        result = services.pool_roll_back(pool=pool_obj, actor=actor_name(request), **data.validated_data)
+        data = validated(RollbackInputSerializer, request.data)
+        result = services.pool_roll_back(pool=pool_obj, actor=actor_name(request), **data)
         return Response(PublishResultSerializer(result).data,
                         status=status.HTTP_201_CREATED if result.changed else status.HTTP_200_OK)

@@ -14,7 +14,18 @@ class TrafficQuerySerializer(serializers.Serializer):
                                    help_text="A duration from 1m to 1h (e.g. 15m, 90s, 1h), ending now.")
 
 
-class PreviewSerializer(serializers.ModelSerializer):
+def preview_url(pool: str, preview_id: int) -> str:
+    return f"/api/v1/pools/{pool}/previews/{preview_id}/"
+
+
+class WindowLabelMixin:
+    """A ``window`` field: the window's length as people write it (``15m``), from ``window_s``."""
+
+    def get_window(self, obj: Preview | PreviewScore) -> str:
+        return window_label(obj.window_s)
+
+
+class PreviewSerializer(WindowLabelMixin, serializers.ModelSerializer):
     pool = serializers.CharField(source="pool.name")
     window = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
@@ -25,14 +36,11 @@ class PreviewSerializer(serializers.ModelSerializer):
                   "window_end", "status", "error", "result", "requested_by", "created_at", "started_at",
                   "finished_at", "url"]
 
-    def get_window(self, obj: Preview) -> str:
-        return window_label(obj.window_s)
-
     def get_url(self, obj: Preview) -> str:
-        return f"/api/v1/pools/{obj.pool.name}/previews/{obj.pk}/"
+        return preview_url(obj.pool.name, obj.pk)
 
 
-class PreviewScoreSerializer(serializers.ModelSerializer):
+class PreviewScoreSerializer(WindowLabelMixin, serializers.ModelSerializer):
     pool = serializers.CharField(source="pool.name")
     preview = serializers.SerializerMethodField()
     window = serializers.SerializerMethodField()
@@ -44,7 +52,5 @@ class PreviewScoreSerializer(serializers.ModelSerializer):
                   "errors", "scored_at"]
 
     def get_preview(self, obj: PreviewScore) -> dict:
-        return {"id": obj.preview_id, "url": f"/api/v1/pools/{obj.pool.name}/previews/{obj.preview_id}/"}
+        return {"id": obj.preview_id, "url": preview_url(obj.pool.name, obj.preview_id)}
 
-    def get_window(self, obj: PreviewScore) -> str:
-        return window_label(obj.window_s)

@@ -4,7 +4,7 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.common.views import INSTANCE_PARAM, POOL_PARAM, error_responses, instance_of
+from controlplane.common.views import INSTANCE_PARAM, POOL_PARAM, error_responses, instance_of, validated
 from controlplane.policies import selectors as policy_selectors
 
 from .. import forwards, prometheus, selectors
@@ -36,10 +36,9 @@ class PoolMetricsView(APIView):
             **error_responses(400, 401, 403, 404, 503)},
     )
     def get(self, request, pool):
-        query = PoolMetricsQuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
+        query = validated(PoolMetricsQuerySerializer, request.query_params)
         pool_obj = policy_selectors.pool_get(name=pool)
-        return Response(selectors.pool_metrics(pool=pool_obj, **query.validated_data))
+        return Response(selectors.pool_metrics(pool=pool_obj, **query))
 
 
 class InstanceTableView(APIView):
@@ -53,10 +52,9 @@ class InstanceTableView(APIView):
             **error_responses(400, 401, 403, 404, 503)},
     )
     def get(self, request, pool):
-        query = InstanceTableQuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
+        query = validated(InstanceTableQuerySerializer, request.query_params)
         pool_obj = policy_selectors.pool_get(name=pool)
-        return Response(selectors.instance_table(pool=pool_obj, **query.validated_data))
+        return Response(selectors.instance_table(pool=pool_obj, **query))
 
 
 class InstanceMetricsView(APIView):
@@ -68,11 +66,10 @@ class InstanceMetricsView(APIView):
             **error_responses(400, 401, 403, 404, 503)},
     )
     def get(self, request, pool, instance):
-        query = MetricsQuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
+        query = validated(MetricsQuerySerializer, request.query_params)
         pool_obj = policy_selectors.pool_get(name=pool)
         return Response(selectors.instance_metrics(pool=pool_obj, instance=instance_of(pool, instance),
-                                                   **query.validated_data))
+                                                   **query))
 
 
 class PoolForwardTimesView(APIView):
@@ -90,10 +87,9 @@ class PoolForwardTimesView(APIView):
             **error_responses(400, 401, 403, 404, 503)},
     )
     def get(self, request, pool):
-        query = ForwardTimesQuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
+        query = validated(ForwardTimesQuerySerializer, request.query_params)
         pool_obj = policy_selectors.pool_get(name=pool)
-        return Response(_forward_times(pool=pool_obj.name, window_s=query.validated_data["window_s"]))
+        return Response(_forward_times(pool=pool_obj.name, window_s=query["window_s"]))
 
 
 @redis_reads

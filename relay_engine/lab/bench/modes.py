@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from relay_engine.core.config import CacheBudget, DiskTierPolicy, LatencyModel, PolicySpec, TriggerPolicy
+from relay_engine.core.config import CacheBudget, LatencyModel, PolicySpec, TriggerPolicy, tier_policy_type
 from relay_engine.core.engine import DeadlineExceeded, Forwards, RankRequest
 
 SMALL_DRAM_SHARE = 1 / 8
@@ -91,7 +91,7 @@ def mode_policy(mode: Mode, regime: Regime) -> PolicySpec | None:
         max_preinfer_inflight=regime.max_preinfer_inflight if mode.preinfer else 0,
         ranking_p99_slo_ms=regime.slo_ms, preinfer_compute_share=regime.preinfer_compute_share)
     dram_ttl_ms = max(1, round(regime.dram_ttl_ms))
-    disk = DiskTierPolicy(regime.disk_path, regime.disk_budget_mb, dram_ttl_ms) if mode.disk else None
+    disk = tier_policy_type("disk")(regime.disk_path, regime.disk_budget_mb, dram_ttl_ms) if mode.disk else None
     cache = CacheBudget(hbm_budget_mb=regime.hbm_budget_mb,
                         dram_budget_mb=regime.dram_budget_mb * mode.dram_share if mode.dram else 0.0,
                         entry_ttl_ms=max(1, round(regime.entry_ttl_ms)), dram_ttl_ms=dram_ttl_ms, disk=disk)
