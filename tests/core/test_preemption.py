@@ -58,10 +58,13 @@ def attention_events(monkeypatch):
     def recording_kernel(device):
         kernel = kernel_of(device)
 
-        def attend(q, *args):
+        def attend(q, *args, **kwargs):
             if q.shape[1] > 100:  # the prefill's (300 rows), not the rank's
                 events.append("prefill attention")
-            return kernel(q, *args)
+            out = kernel(q, *args, **kwargs)
+            if q.shape[1] > 100:
+                events.append("prefill attention done")
+            return out
 
         return attend
 
@@ -84,3 +87,15 @@ def test_a_rank_arriving_mid_layer_is_served_before_the_prefills_attention(atten
         forwards.ranked.join(30)
     assert events[:3] == ["yield inside layer 0", "rank scored", "prefill attention"], events
     assert events.count("prefill attention") == SMALL.num_layers
+
+
+def test_a_long_prefill_also_yields_between_its_attentions_tile_steps(attention_events):
+    events = attention_events
+    model = RelayEngine(SMALL, device="cpu").model
+    model.prefill(make_history(300, SMALL, seed=4), between_layers=lambda: events.append("yield"))
+    # 300 rows are several tiles (SMALL's block_rows): a step per diagonal, a yield between two, in every layer
+    for layer in range(SMALL.num_layers):
+        start = [i for i, e in enumerate(events) if e == "prefill attention"][layer]
+        end = events.index("prefill attention done", start)
+        inside = events[start + 1:end]
+        assert len(inside) >= 2 and set(inside) == {"yield"}, events

@@ -114,8 +114,9 @@ class HSTUModel(nn.Module):
                 between_layers: Callable[[], None] | None = None) -> PrefixKV:
         """Pre-infer a long-term prefix: its per-layer K/V, ready for ``rank``, under ``edit`` (none by default).
         ``between_layers`` is called between the prefill's steps, where pre-inference yields to ranking:
-        before every layer but the first, and before and after each layer's attention (a layer's
-        longest step), so a rank that arrives mid-layer waits for one step, not the rest of the layer."""
+        before every layer but the first, before and after each layer's attention (a layer's longest
+        step) and between the attention's batched tile steps, so a rank that arrives mid-layer waits
+        for one step, not the rest of the layer."""
         edit = self._edit_or_none(edit)
         self.check_history(prefix, "prefix", allow_empty=False)
         prefix = prefix.to(self.device)
@@ -315,7 +316,7 @@ class HSTUModel(nn.Module):
             bias = RelativeBias(layer.pos_bias, layer.time_bias, self.pos_bucket_of_diff, c.time_buckets)
             if between_layers is not None:
                 between_layers()
-            attn = attend(q, k, v, prefix_k, prefix_v, attn_rows, bias)  # [H, rows, D]
+            attn = attend(q, k, v, prefix_k, prefix_v, attn_rows, bias, between_steps=between_layers)  # [H, rows, D]
             if between_layers is not None:
                 between_layers()
             y = F.layer_norm(attn.transpose(0, 1).reshape(rows, c.attn_dim), (c.attn_dim,), eps=c.ln_eps)
