@@ -75,7 +75,7 @@ def attention_events(monkeypatch):
 def test_a_rank_arriving_mid_layer_is_served_before_the_prefills_attention(attention_events):
     events = attention_events
     # A share so small that any compute is beyond it: the prefill pauses until ranking ends.
-    policy = parse_policy({"trigger": {"at_risk_seq_len": 100, "preinfer_compute_share": 0.001}})
+    policy = parse_policy({"trigger": {"at_risk_seq_len": 100, "preinfer_compute_share": 1e-6}})
     model = RelayEngine(SMALL, device="cpu", policy=policy).model
     box: list[RelayEngine] = []
     forwards = _RankOnFirstYield(model, box, events)
