@@ -177,10 +177,13 @@ class _TooLate(Exception):
 
 
 class RankingGate:
-    """Where pre-inference yields to ranking, between two layers of a prefill.
+    """Where pre-inference yields to ranking, at a prefill's yield points: between its layers and
+    between the steps of a layer (``HSTUModel.prefill``'s ``between_layers``), so a rank arriving
+    mid-layer competes with one step of the prefill, for the cores and the interpreter lock, not with
+    the rest of the layer.
 
     While ranking requests are running on the instance, a prefill that got more than its compute
-    share over its last layer — its CPU time over that layer's wall time: all of it when ranking
+    share since its last yield point — its CPU time over that step's wall time: all of it when ranking
     runs on another core and only the interpreter lock is shared, about the share when they share a
     core (the lane's nice value does that) — pauses until ranking ends or until its share is back
     to ``share``. So pre-inference keeps its share and no more, and ranking runs alone as soon as it
@@ -206,8 +209,8 @@ class RankingGate:
 
     def pacer(self, share: float, *, wall: Callable[[], float] = time.perf_counter,
               cpu: Callable[[], float] = time.thread_time) -> Callable[[], None]:
-        """The ``between_layers`` hook of one prefill at the given compute share (``wall`` and ``cpu``
-        are the clocks it reads: the calling thread's CPU time, by default)."""
+        """The ``between_layers`` hook (the yield points) of one prefill at the given compute share
+        (``wall`` and ``cpu`` are the clocks it reads: the calling thread's CPU time, by default)."""
         last = [wall(), cpu()]
 
         def between_layers() -> None:

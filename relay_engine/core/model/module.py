@@ -113,7 +113,10 @@ class HSTUModel(nn.Module):
     def prefill(self, prefix: History, edit: EditTensors | None = None, *,
                 between_layers: Callable[[], None] | None = None) -> PrefixKV:
         """Pre-infer a long-term prefix: its per-layer K/V, ready for ``rank``, under ``edit`` (none by default).
-        ``between_layers`` is called before every layer but the first (where pre-inference yields to ranking)."""
+        ``between_layers`` is called between the prefill's steps, where pre-inference yields to ranking:
+        before every layer but the first, before and after each layer's attention (a layer's longest
+        step) and between the attention's batched tile steps, so a rank that arrives mid-layer waits
+        for one step, not the rest of the layer."""
         edit = self._edit_or_none(edit)
         self.check_history(prefix, "prefix", allow_empty=False)
         prefix = prefix.to(self.device)
@@ -311,7 +314,11 @@ class HSTUModel(nn.Module):
             new_kv[li, 1] = v[:, :Tn]
             prefix_k, prefix_v = (None, None) if cached is None else (cached.kv[li, 0], cached.kv[li, 1])
             bias = RelativeBias(layer.pos_bias, layer.time_bias, self.pos_bucket_of_diff, c.time_buckets)
-            attn = attend(q, k, v, prefix_k, prefix_v, attn_rows, bias)  # [H, rows, D]
+            if between_layers is not None:
+                between_layers()
+            attn = attend(q, k, v, prefix_k, prefix_v, attn_rows, bias, between_steps=between_layers)  # [H, rows, D]
+            if between_layers is not None:
+                between_layers()
             y = F.layer_norm(attn.transpose(0, 1).reshape(rows, c.attn_dim), (c.attn_dim,), eps=c.ln_eps)
             heads = (y * u.transpose(0, 1).reshape(rows, c.attn_dim)).reshape(rows, H, D)  # [rows, H, D]
             heads = edit.apply(li, heads, first_candidate_row=Tn)

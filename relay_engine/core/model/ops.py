@@ -16,6 +16,7 @@ scores, and the cached path the same as the full one (``tests/core/test_model.py
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,14 +74,17 @@ class RelativeBias:
 
 class AttentionKernel(Protocol):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_k: torch.Tensor | None,
-                 prefix_v: torch.Tensor | None, rows: AttentionRows, bias: RelativeBias) -> torch.Tensor:
+                 prefix_v: torch.Tensor | None, rows: AttentionRows, bias: RelativeBias, *,
+                 between_steps: Callable[[], None] | None = None) -> torch.Tensor:
         """q (pre-scaled), k, v: [H, Tn + C, D]; prefix_k, prefix_v: [H, Tp, D] or None when Tp = 0.
-        Returns the normalised A·V [H, Tn + C, D]."""
+        Returns the normalised A·V [H, Tn + C, D]. ``between_steps``, when given, is called between
+        the kernel's steps (never before the first): where a prefill yields to ranking."""
         ...
 
 
 def pytorch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_k: torch.Tensor | None,
-                      prefix_v: torch.Tensor | None, rows: AttentionRows, bias: RelativeBias) -> torch.Tensor:
+                      prefix_v: torch.Tensor | None, rows: AttentionRows, bias: RelativeBias, *,
+                      between_steps: Callable[[], None] | None = None) -> torch.Tensor:
     """The attention of every row, as ``AttentionKernel`` says, in tiled PyTorch matmuls."""
     H, _, D = q.shape
     Tp, Tn, C = rows.n_prefix, rows.n_history, rows.n_candidates
@@ -89,7 +93,7 @@ def pytorch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_
     parts = []  # A·V, before normalisation, of the history rows then the candidate rows
     if Tn:
         hist = _attend_causal(bias, q[:, :Tn], k[:, :Tn], v[:, :Tn], rows.ts_query, rows.ts_history, use_pos,
-                              rows.max_tile_rows)
+                              rows.max_tile_rows, between_steps)
         if Tp:
             hist += _attend_visible(bias, q[:, :Tn], Tp, rows.ts_query, prefix_k, prefix_v, rows.ts_prefix, use_pos)
         parts.append(hist)  # [H, Tn, D]
@@ -124,14 +128,14 @@ def attention_kernel(device: torch.device) -> AttentionKernel:
 
 def _attend_causal(bias: RelativeBias, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    ts_q: torch.Tensor | None, ts_k: torch.Tensor | None, use_pos: bool,
-                   max_tile_rows: int) -> torch.Tensor:
+                   max_tile_rows: int, between_steps: Callable[[], None] | None = None) -> torch.Tensor:
     """Un-normalised causal A·V of a run of tokens over its own keys: row i gets Σ_{j≤i} silu(s_ij)·v_j.
 
     q (pre-scaled), k, v: [H, T, D] → [H, T, D]; ts_q, ts_k: [T] query and key times, or None.
     Rows and keys are cut into b×b tiles. The position bias of a tile pair depends only on how
     many tiles apart they are, so every pair on one block diagonal shares one bias tile and they
     run as one batched matmul; tiles above the diagonal are never computed, and only the
-    diagonal tiles need the causal mask.
+    diagonal tiles need the causal mask. ``between_steps`` is called between two batched steps.
     """
     H, T, D = q.shape
     n_tiles = -(-T // min(max_tile_rows, _CAUSAL_TILE_ROWS))
@@ -151,6 +155,8 @@ def _attend_causal(bias: RelativeBias, q: torch.Tensor, k: torch.Tensor, v: torc
         for i0 in range(d, n_tiles, pairs_per_step):
             i1 = min(n_tiles, i0 + pairs_per_step)
             m = i1 - i0
+            if between_steps is not None and (d or i0):
+                between_steps()
             s = torch.matmul(q_t[i0:i1], k_t[i0 - d:i1 - d].transpose(-1, -2))  # [m, H, b, b]
             if pos is not None:
                 s.add_(pos)
