@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from relay_engine.core.fields import json_value
-from relay_engine.core.outcomes import LOWER_TIER_MODULES, OUTCOME_COUNTERS, TIER_COUNTERS, TIER_GAUGES, TIERS
+from relay_engine.core.outcomes import (LOWER_TIER_MODULES, OUTCOME_COUNTERS, TIER_COUNTERS, TIER_GAUGES, TIER_LABELS,
+                                        TIERS)
 
 # Upper bounds (ms) of the latency buckets: 0.05 ms … ~60 s, 8 buckets per decade (×1.334 each),
 # followed by an implicit +Inf bucket. Fixed forever: changing them breaks merging with old data.
@@ -78,6 +79,43 @@ class RefusalReason(StrEnum):
 
 
 REFUSAL_REASONS: tuple[RefusalReason, ...] = tuple(RefusalReason)
+
+
+class _MissReasonBase(StrEnum):
+    """A miss reason is a string (``MissReason.EXPIRED == "expired"``) with how people read it
+    (``label``), its ``family`` (``evicted``, ``not_admitted`` or the reason itself) and ``detail``
+    (the tier that evicted it, the trigger's refusal reason; "" for the others)."""
+
+    def __new__(cls, value: str, meaning: tuple[str, str, str]) -> _MissReasonBase:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.label, member.family, member.detail = meaning
+        return member
+
+
+# Why a ranking request found its prefix in no tier and recomputed it (``Outcome.MISS``): every miss is
+# counted under exactly one reason, decided where the engine knows it. ``evicted_<tier>``: pushed out
+# of that tier for space and out of every tier under it (an HBM eviction with a tier under it is a
+# demotion, not a loss); ``not_admitted_<refusal>``: the trigger refused its pre-inference for that
+# reason (``already_cached`` is no refusal, so it has no member). Order: the wire's column order.
+MissReason = _MissReasonBase("MissReason", [
+    ("FIRST_VISIT", ("first_visit", ("first visit", "first_visit", ""))),
+    ("PREFIX_CHANGED", ("prefix_changed", ("prefix changed since the last visit", "prefix_changed", ""))),
+    ("EXPIRED", ("expired", ("expired (past its TTL)", "expired", ""))),
+    *((f"EVICTED_{tier.upper()}", (f"evicted_{tier}", (f"evicted from {TIER_LABELS.get(tier, tier)}",
+                                                       "evicted", str(tier))))
+      for tier in TIERS),
+    *((f"NOT_ADMITTED_{reason.name}", (f"not_admitted_{reason.value}", (f"not admitted: {reason.label}",
+                                                                         "not_admitted", reason.value)))
+      for reason in RefusalReason if reason.is_refusal),
+    ("TOO_LATE", ("too_late", ("a computation in flight would finish too late", "too_late", ""))),
+    ("EDIT_CHANGED", ("edit_changed", ("cached under the previous edit", "edit_changed", ""))),
+    ("REROUTED", ("rerouted", ("routed here by a membership change", "rerouted", ""))),
+    ("FAILED", ("failed", ("the computation it joined failed", "failed", ""))),
+    ("UNREADABLE", ("unreadable", ("a lower tier's copy failed its checksum", "unreadable", ""))),
+], module=__name__, qualname="MissReason")
+
+MISS_REASONS: tuple[MissReason, ...] = tuple(MissReason)
 
 
 def bucket_index(value_ms: float) -> int:
@@ -162,6 +200,8 @@ class Snapshot:
     # Every cache tier's figures by tier name (``outcomes.TIER_GAUGES`` + ``TIER_COUNTERS``): the one
     # generic path per-tier figures take, whatever tiers an instance runs.
     tiers: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Misses by reason (``MISS_REASONS``; cumulative): they sum to ``counters["misses"]``.
+    misses: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         # Sparse buckets keep 24 h of snapshots small enough to merge on read quickly.
@@ -172,6 +212,7 @@ class Snapshot:
             "started_at": self.started_at,
             "counters": self.counters,
             "refusals": self.refusals,
+            "misses": self.misses,
             "rank_latency": {"buckets": sparse, "sum_ms": self.rank_latency.sum_ms},
             "hbm_bytes": self.hbm_bytes,
             "hbm_budget_bytes": self.hbm_budget_bytes,
@@ -201,6 +242,7 @@ class Snapshot:
             counters={str(k): _count(v, "counters", int, k) for k, v in _mapping(data, "counters").items()},
             refusals={str(k): _count(v, "refusals", int, k) for k, v in _mapping(data, "refusals").items()},
             rank_latency=hist,
+            misses={str(k): _count(v, "misses", int, k) for k, v in _mapping(data, "misses").items()},
             **{name: _count(data.get(name, 0), name, int) for name in GAUGES if name in _GAUGE_FIELDS},
             slo_ms=_finite(data.get("slo_ms", 0.0), "slo_ms", float),
             tiers=_tiers(data),
@@ -320,6 +362,10 @@ def rollup_refusal_field(reason: str) -> str:
     return f"refused.{reason}"
 
 
+def rollup_miss_field(reason: str) -> str:
+    return f"missed.{reason}"
+
+
 def rollup_bucket_field(index: int) -> str:
     return f"le.{index}"
 
@@ -340,6 +386,9 @@ def rollup_contribution(current: Snapshot, previous: Snapshot | None) -> dict[st
     for reason in REFUSAL_REASONS:
         fields[rollup_refusal_field(reason)] = delta(current.refusals.get(reason, 0),
                                                      previous.refusals.get(reason, 0) if same_run else 0)
+    for reason in MISS_REASONS:
+        fields[rollup_miss_field(reason)] = delta(current.misses.get(reason, 0),
+                                                  previous.misses.get(reason, 0) if same_run else 0)
     before = previous.rank_latency.counts if same_run else [0] * N_BUCKETS
     for i, (now, was) in enumerate(zip(current.rank_latency.counts, before, strict=True)):
         fields[rollup_bucket_field(i)] = delta(now, was)
