@@ -3,12 +3,16 @@
     python -m relay_engine.profile [--lengths 512,1024,2048,4096,8192] [--candidates 128]
                                    [--short 32] [--repeats 5] [--device auto] [--threads N]
     python -m relay_engine.profile --fit --out artifacts/profile-cpu.json [--threads 1]
+    python -m relay_engine.profile --floors [--threads 1] [--lengths 512,2048]
 
 The table: for each long-term prefix length, the median time of ``rank_full`` (the baseline),
 ``prefill`` (pre-inference) and ``rank`` against the cached prefix, the speed-up of cached ranking
 at the ranking step, and the prefix cache's size. ``--fit`` measures the cost model's grid instead
 (prefix lengths × short-term and candidate counts, ``relay_engine.lab.costmodel``), fits it and
-writes it as a file: what the fleet simulator and ``bench --time-scale auto`` read.
+writes it as a file: what the fleet simulator and ``bench --time-scale auto`` read. ``--floors``
+adds, per operation and length, its arithmetic floor (``relay_engine.lab.floors``: its FLOPs at this
+device's measured matmul peak or its unavoidable bytes at the measured bandwidth) and how many times
+the floor the measured median is.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 from relay_engine.core import devices
 from relay_engine.core.features import SyntheticFeatures
 from relay_engine.core.model import HSTUModel, ModelConfig
+from relay_engine.lab import floors
 from relay_engine.lab.costmodel import PROFILE_LENGTHS, CostModel, fit, measure, profile_grid
 
 
@@ -68,12 +73,33 @@ def profile_length(model: HSTUModel, features: SyntheticFeatures, length: int, n
     short = features.short_term("profile-user", 0, n_short)
     cands = features.candidates(0, n_cands)
     kv = model.prefill(prefix)
-    return {
-        "rank_full_ms": median_ms(lambda: model.rank_full(prefix, short, cands), repeats, model.device),
-        "prefill_ms": median_ms(lambda: model.prefill(prefix), repeats, model.device),
-        "rank_ms": median_ms(lambda: model.rank(kv, short, cands), repeats, model.device),
-        "cache_mib": kv.nbytes / 2**20,
-    }
+    ops = operations(model, prefix, short, cands, kv)
+    return {**{f"{op}_ms": median_ms(fn, repeats, model.device) for op, fn in ops.items()},
+            "cache_mib": kv.nbytes / 2**20}
+
+
+def operations(model: HSTUModel, prefix, short, cands, kv) -> dict[str, object]:
+    """The three forwards of one request, as calls: the baseline, the pre-inference, the cached rank."""
+    return {"rank_full": lambda: model.rank_full(prefix, short, cands),
+            "prefill": lambda: model.prefill(prefix),
+            "rank": lambda: model.rank(kv, short, cands)}
+
+
+def floor_rows(model: HSTUModel, features: SyntheticFeatures, lengths, n_short: int, n_cands: int,
+               repeats: int, roofline: floors.Roofline) -> list[floors.FloorRow]:
+    """Each forward at each length beside its floor. Bytes no forward avoids: the layers' weights, and
+    the prefix KV that ``prefill`` writes and ``rank`` reads (``rank_full`` keeps no KV)."""
+    weights = floors.layer_weight_bytes(model)
+    rows = []
+    for length in lengths:
+        prefix = features.prefix("profile-user", length)
+        short, cands = features.short_term("profile-user", 0, n_short), features.candidates(0, n_cands)
+        kv = model.prefill(prefix)
+        kv_bytes = {"rank_full": 0, "prefill": kv.nbytes, "rank": kv.nbytes}
+        for op, fn in operations(model, prefix, short, cands, kv).items():
+            rows.append(floors.floor_row(op, length, fn, weights + kv_bytes[op], roofline,
+                                         median_ms(fn, repeats, model.device)))
+    return rows
 
 
 def op_timer(model: HSTUModel, features: SyntheticFeatures, repeats: int):
@@ -118,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timestamps", action="store_true", help="use timestamps (time-bucket bias)")
     parser.add_argument("--fit", action="store_true", help="measure the cost model's grid and fit it")
     parser.add_argument("--out", help="with --fit: the cost model file to write")
+    parser.add_argument("--floors", action="store_true",
+                        help="each forward beside its arithmetic floor (FLOPs at the measured matmul peak, "
+                             "bytes at the measured bandwidth)")
     args = parser.parse_args(argv)
     default_lengths = PROFILE_LENGTHS if args.fit else (512, 1024, 2048, 4096, 8192)
     try:
@@ -126,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--lengths must be comma-separated integers, got {args.lengths!r}")
     if args.fit and not args.out:
         parser.error("--fit needs --out FILE")
+    if args.fit and args.floors:
+        parser.error("--floors and --fit are separate runs: choose one")
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be ≥ 1, got {args.threads}")
@@ -143,9 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         cost.save(args.out)
         print(f"wrote {args.out}; largest relative error of the fit: {cost.fit_errors()}")
         return 0
+    features = SyntheticFeatures(config, with_timestamps=args.timestamps)
+    if args.floors:
+        roofline = floors.measure_roofline(device)
+        rows = floor_rows(model, features, lengths, args.short, args.candidates, args.repeats, roofline)
+        print(floors.markdown(rows, roofline))
+        return 0
     print("| prefix tokens | rank_full (ms) | prefill (ms) | rank, cached (ms) | speed-up at ranking | cache (MiB) |")
     print("|---:|---:|---:|---:|---:|---:|")
-    features = SyntheticFeatures(config, with_timestamps=args.timestamps)
     for length in lengths:
         t = profile_length(model, features, length, args.short, args.candidates, args.repeats)
         print(f"| {length} | {t['rank_full_ms']:.1f} | {t['prefill_ms']:.1f} | {t['rank_ms']:.1f} "
