@@ -1,6 +1,6 @@
 """How far to trust a what-if preview: predict a change on captured traffic, publish it, measure it.
 
-    python -m workers.preview_check [--window 5m] [--change trigger|hbm|ttl|live] [--windows N] [--at-risk-seq-len N] [--out F]
+    python -m workers.preview_check [--window 5m] [--change trigger|hbm|ttl|live|curve] [--windows N] [--at-risk-seq-len N] [--out F]
         [--url URL --token KEY --pool NAME]          # a running stack (an operator's token)
         [--instances 2] [--rate 8] [--model default] [--device auto] [--warmup-s 60]   # else one started here
 
@@ -14,6 +14,9 @@ lets a whole window of traffic pass under it and measures that window the same w
 vs measured for the live and the proposed revision and writes them as JSON with ``--out``.
 ``--change live`` changes nothing: it previews the live revision on each of ``--windows`` successive
 windows and measures each of them (how far the preview is from what the pool did, window by window).
+``--change curve`` publishes nothing: it reads the pool's cache curve of one window
+(``GET …/cache-curves/``) and sets it against the hit ratio the instances measured at the live budget,
+and against the simulator's replay of the same window at half and twice the live HBM budget.
 
 Measured figures are the instances' own ranking latencies (``engine.rank``, as the capture records
 them) — the quantity the simulator predicts. The machine is shared: read the figures with that in mind.
@@ -110,7 +113,8 @@ def measured(summary: dict) -> dict:
             "to": summary["to"]}
 
 
-CHANGES = ("trigger", "hbm", "ttl", "live")
+CHANGES = ("trigger", "hbm", "ttl", "live", "curve")
+CURVE_FACTORS = (0.5, 2.0)  # the HBM budgets, × the live one, at which the curve is checked against the simulator
 
 
 def changed(spec: dict, change: str, at_risk_seq_len: int | None) -> tuple[dict, str, dict]:
@@ -163,6 +167,55 @@ def check_live(api: Api, pool: str, window: str, windows: int) -> dict:
                      "profile": preview["result"]["profile"]["note"]})
         say(f"window {i + 1}: P99 predicted {live['p99_ms']} ms, measured {measured_now['p99_ms']} ms")
     return {"pool": pool, "window": window, "generation": generation, "windows": rows}
+
+
+def _at(points: list[dict], budget_mb: float) -> float | None:
+    """The curve's hit ratio at ``budget_mb``, interpolated linearly between its points; None outside them."""
+    for a, b in zip(points, points[1:], strict=False):
+        if a["budget_mb"] <= budget_mb <= b["budget_mb"]:
+            span = b["budget_mb"] - a["budget_mb"]
+            w = 0.0 if span == 0 else (budget_mb - a["budget_mb"]) / span
+            return a["hit_ratio"] + w * (b["hit_ratio"] - a["hit_ratio"])
+    return None
+
+
+def check_curve(api: Api, pool: str, window: str) -> dict:
+    """The miss-ratio curve of one window against what the instances measured (at the live budget) and
+    against the simulator's replay of the same window (at half and twice the live HBM budget)."""
+    say(f"letting a full {window} window of traffic into the capture")
+    time.sleep(WINDOWS[window] + ROUND_STEP_S)
+    curves = api("GET", f"/api/v1/pools/{pool}/cache-curves/?window={window}")
+    state = api("GET", f"/api/v1/pools/{pool}/")
+    live = api("GET", f"/api/v1/pools/{pool}/revisions/{state['desired_generation']}/")
+    live_mb = parse_policy(live["spec"]).cache.hbm_budget_mb
+    rows = [{"factor": 1.0, "hbm_budget_mb": live_mb, "curve": curves["live"]["hit_ratio"],
+             "measured": curves["measured_hit_ratio"], "simulated": None}]
+    for factor in CURVE_FACTORS:
+        spec = {**live["spec"], "cache": {**(live["spec"].get("cache") or {}), "hbm_budget_mb": live_mb * factor}}
+        revision = api("POST", f"/api/v1/pools/{pool}/revisions/", {
+            "parent_generation": api("GET", f"/api/v1/pools/{pool}/")["latest_generation"], "spec": spec,
+            "comment": f"preview_check: the cache curve at {factor:g}× the HBM budget"})
+        preview, _ = previewed(api, pool, revision["generation"], window)
+        rows.append({"factor": factor, "hbm_budget_mb": live_mb * factor,
+                     "curve": _at(curves["axes"]["hbm"], live_mb * factor), "measured": None,
+                     "simulated": preview["result"]["proposed"]["hit_ratio"],
+                     "simulated_live": preview["result"]["live"]["hit_ratio"]})
+        say(f"{factor:g}× HBM: curve {rows[-1]['curve']}, simulator {rows[-1]['simulated']}")
+    return {"pool": pool, "window": window, "requests": curves["requests"], "sampling_rate": curves["sampling_rate"],
+            "elapsed_ms": curves["elapsed_ms"], "error_points": curves["error_points"], "rows": rows}
+
+
+def curve_table(report: dict) -> str:
+    lines = [f"Cache curve of pool {report['pool']} on one {report['window']} window ({report['requests']} requests, "
+             f"sampling rate {report['sampling_rate']:g}, computed in {report['elapsed_ms']:.0f} ms)",
+             "| HBM budget | curve | measured | simulator | curve − other (points) |", "|---:|---:|---:|---:|---:|"]
+    for row in report["rows"]:
+        other = row["measured"] if row["measured"] is not None else row["simulated"]
+        gap = None if other is None or row["curve"] is None else 100 * (row["curve"] - other)
+        lines.append(f"| {row['hbm_budget_mb']:g} MiB ({row['factor']:g}×) | {_share(row['curve'])} | "
+                     f"{_share(row['measured'])} | {_share(row['simulated'])} | "
+                     f"{'–' if gap is None else f'{gap:+.2f}'} |")
+    return "\n".join(lines)
 
 
 def within(predicted: float | None, measured: float | None, tolerance: float) -> bool:
@@ -260,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", default="5m", choices=sorted(WINDOWS, key=WINDOWS.get))
     parser.add_argument("--change", choices=CHANGES, default="trigger",
                         help="trigger: a stricter at_risk_seq_len; hbm: half the HBM budget; ttl: a quarter of the TTL; "
-                             "live: no change, the live revision previewed on --windows successive windows")
+                             "live: no change, the live revision previewed on --windows successive windows; "
+                             "curve: the cache curve against the measured hit ratio and the simulator at "
+                             "half and twice the HBM budget (nothing is published)")
     parser.add_argument("--windows", type=argument(1, 100, as_int=True), default=5, help="with --change live: successive windows (default 5)")
     parser.add_argument("--at-risk-seq-len", type=argument(1, 1 << 20, as_int=True), help="with --change trigger: the proposed threshold "
                         "(default: twice the live one)")
@@ -289,12 +344,14 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.warmup_s)
             if args.change == "live":
                 report = check_live(api, pool, args.window, args.windows)
+            elif args.change == "curve":
+                report = check_curve(api, pool, args.window)
             else:
                 report = check(api, pool, args.window, args.at_risk_seq_len, args.change)
         finally:
             if process is not None:
                 stop_stack(process)
-    print(live_table(report) if args.change == "live" else table(report))
+    print({"live": live_table, "curve": curve_table}.get(args.change, table)(report))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")

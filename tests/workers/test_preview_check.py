@@ -1,11 +1,11 @@
-"""The preview check's three changes: each one field of the live spec, the rest as it was."""
+"""The preview check's changes: each one field of the live spec, the rest as it was; its tables."""
 
 from __future__ import annotations
 
 import pytest
 
 from relay_engine.core.config import parse_policy
-from workers.preview_check import changed, live_table, table
+from workers.preview_check import _at, changed, curve_table, live_table, table
 
 LIVE = {"trigger": {"at_risk_seq_len": 600, "ranking_p99_slo_ms": 265}, "cache": {"hbm_budget_mb": 1024}}
 
@@ -50,3 +50,21 @@ def test_the_live_table_counts_the_windows_whose_p99_is_within_a_quarter():
     assert "| 1 | 1180 | 50.0 / 60.0 | -17 % | 9 (40.0–65.0) |" in text
     assert "| 2 | 1180 | 70.0 / 50.0 | +40 % |" in text
     assert "P99 within ±25 % of the measured in 1 of 3 windows." in text
+
+
+def test_the_curve_is_read_between_its_points_and_never_past_them():
+    points = [{"budget_mb": 128, "hit_ratio": 0.5}, {"budget_mb": 256, "hit_ratio": 0.7},
+              {"budget_mb": 512, "hit_ratio": 0.8}]
+    assert _at(points, 192) == pytest.approx(0.6)
+    assert _at(points, 512) == pytest.approx(0.8)
+    assert _at(points, 64) is None and _at(points, 1024) is None
+
+
+def test_the_curve_table_sets_the_curve_against_the_measured_at_the_live_budget_and_the_simulator_elsewhere():
+    report = {"pool": "main", "window": "15m", "requests": 7200, "sampling_rate": 1.0, "elapsed_ms": 41.0,
+              "error_points": -1.2,
+              "rows": [{"factor": 1.0, "hbm_budget_mb": 512, "curve": 0.70, "measured": 0.712, "simulated": None},
+                       {"factor": 0.5, "hbm_budget_mb": 256, "curve": 0.61, "measured": None, "simulated": 0.63}]}
+    text = curve_table(report)
+    assert "| 512 MiB (1×) | 70.00 % | 71.20 % | – | -1.20 |" in text
+    assert "| 256 MiB (0.5×) | 61.00 % | – | 63.00 % | -2.00 |" in text
