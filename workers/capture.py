@@ -77,7 +77,7 @@ class TrafficCapture:
                 self._signals.popitem(last=False)
 
     def record(self, user_id: str, *, arrived_s: float, prefix_len: int, short_len: int, candidates: int,
-               outcome: str, latency_ms: float) -> bool:
+               outcome: str, latency_ms: float, miss_reason: str = "") -> bool:
         """Queue one ranking request's shape; False (and counted) when the queue is full."""
         with self._lock:
             signalled = self._signals.pop(user_id, None)
@@ -86,7 +86,7 @@ class TrafficCapture:
             gap_ms = (arrived_s - signalled) * 1000
         try:
             self._queue.put_nowait((arrived_s * 1000, user_id, prefix_len, short_len, candidates, gap_ms,
-                                    outcome, latency_ms))
+                                    outcome, latency_ms, miss_reason))
         except queue.Full:
             with self._lock:
                 self.dropped += 1
@@ -133,10 +133,10 @@ class TrafficCapture:
 
     def _write(self, batch: list[tuple]) -> None:
         pipe = self.client.pipeline(transaction=False)
-        for ts_ms, user_id, prefix_len, short_len, candidates, gap_ms, outcome, latency_ms in batch:
+        for ts_ms, user_id, prefix_len, short_len, candidates, gap_ms, outcome, latency_ms, miss_reason in batch:
             record = CaptureRecord(ts_ms=ts_ms, user=user_hash(self._key, user_id), prefix_len=prefix_len,
                                    short_len=short_len, candidates=candidates, gap_ms=gap_ms, outcome=outcome,
-                                   latency_ms=latency_ms)
+                                   latency_ms=latency_ms, miss_reason=miss_reason)
             pipe.xadd(self.keys.traffic, record.to_fields(), maxlen=self.max_records, approximate=True)
         if batch:
             oldest_ms = int((self.clock() - CAPTURE_MAX_AGE_S) * 1000)

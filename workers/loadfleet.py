@@ -40,9 +40,11 @@ from relay_engine.core.outcomes import OUTCOME_COUNTERS, Outcome, TierCounters
 from relay_engine.core.telemetry import (
     COUNTERS,
     LATENCY_BUCKETS_MS,
+    MISS_REASONS,
     N_BUCKETS,
     REFUSAL_REASONS,
     LatencyHistogram,
+    MissReason,
     RefusalReason,
 )
 from relay_engine.core.tiers import TierFigures
@@ -98,6 +100,7 @@ class LoadEngine:
         self._lock = threading.Lock()
         self._counters = dict.fromkeys(COUNTERS, 0)
         self._refusals = dict.fromkeys(REFUSAL_REASONS, 0)
+        self._misses = dict.fromkeys(MISS_REASONS, 0)
         self._latency = LatencyHistogram()
 
     @property
@@ -125,11 +128,18 @@ class LoadEngine:
                           strict=True))
         for outcome, count in served.items():
             self._counters[OUTCOME_COUNTERS[outcome]] += count
+        # A miss is mostly an eviction, the rest refusals: fixed shares, summing to the misses.
+        evicted = served[Outcome.MISS] // 2
+        self._misses[MissReason.EVICTED_DRAM] += evicted
+        self._misses[MissReason.NOT_ADMITTED_NOT_AT_RISK] += served[Outcome.MISS] - evicted
         for name, count in (("rank_requests", n), ("rank_ok", n), ("rank_within_slo", within),
                             ("preinfer_signals", n), ("preinfer_admitted", n // 2), ("preinfer_completed", n // 2),
                             ("evictions", n // 10), ("demotions", n // 10), ("promotions", served[Outcome.DRAM])):
             self._counters[name] += count
         self._refusals[RefusalReason.NOT_AT_RISK] += n - n // 2
+
+    def set_rerouted_check(self, was_elsewhere: Any) -> None:
+        """A stand-in routes no real users: nothing to count as rerouted."""
 
     def stats(self) -> EngineStats:
         with self._lock:
@@ -144,6 +154,7 @@ class LoadEngine:
                 hbm_peak_bytes=hbm.peak_bytes, hbm_entries=hbm.entries,
                 tiers={Outcome.HBM: hbm, Outcome.DRAM: _figures(int(cache.dram_budget_bytes * LOWER_FILL),
                                                                 cache.dram_budget_bytes)},
+                misses=dict(self._misses),
             )
 
     def gauges(self) -> dict[str, Any]:

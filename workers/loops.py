@@ -15,7 +15,7 @@ from typing import Any
 import redis
 
 from relay_engine.core.wire import InstanceStatus, PoolKeys
-from workers.membership import StatusBoard
+from workers.membership import MembershipWatch, StatusBoard
 from workers.periodic import Periodic
 from workers.reconciler import Reconciler
 from workers.revision_store import RevisionStore
@@ -35,7 +35,8 @@ class InstanceLoops:
         self.reconciler = Reconciler(engine, client, keys, self.board, store)
         self.publisher = TelemetryPublisher(engine, client, keys, self.board, counts, status.started_at)
         self.telemetry = Periodic("telemetry", TELEMETRY_CHECK_S, self.publisher.publish)
-        self.heartbeat = Periodic("heartbeat", heartbeat_interval_s, self.board.heartbeat)
+        self.membership = MembershipWatch(client, keys, status.instance, engine.set_rerouted_check)
+        self.heartbeat = Periodic("heartbeat", heartbeat_interval_s, self._beat)
         self._next_heartbeat = math.inf  # when ``tick`` heartbeats next (after ``join(timers=False)``)
 
     def start(self, *, timers: bool = True) -> InstanceLoops:
@@ -43,6 +44,7 @@ class InstanceLoops:
         publishing telemetry: on a timer thread of its own, or, with ``timers=False``, on each
         ``tick`` (one thread drives a load fleet's hundreds). Membership waits for ``join``."""
         self.reconciler.start()
+        self._watch_membership()  # the baseline: the live set before this instance joins it
         if timers:
             self.telemetry.start()
         return self
@@ -64,6 +66,16 @@ class InstanceLoops:
             self._next_heartbeat += self.heartbeat.interval_s
             if self._next_heartbeat <= now:  # after a stall: the beat again from now, no burst
                 self._next_heartbeat = now + self.heartbeat.interval_s
+
+    def _beat(self) -> None:
+        self.board.heartbeat()
+        self._watch_membership()
+
+    def _watch_membership(self) -> None:
+        try:
+            self.membership.refresh()
+        except redis.RedisError as exc:  # read again at the next beat; only the miss reasons wait
+            log.warning("could not read the live set: %s", exc)
 
     def leave(self) -> None:
         """Leave the live set now (clean shutdown), so clients move this instance's users at once."""

@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from relay_engine.core import wire
+from relay_engine.core.router import AffinityRouter
 from relay_engine.core.wire import (
     HEARTBEAT_TIMEOUT_S,
     STATUS_TTL_S,
@@ -73,6 +74,30 @@ class StatusBoard:
     def leave(self) -> None:
         """Leave the live set now (clean shutdown), so clients move this instance's users at once."""
         self.client.zrem(self.keys.members, self._status.instance)
+
+
+class MembershipWatch:
+    """Which users a membership change moved to this instance: what the engine needs to count a miss
+    as rerouted (``RelayEngine.set_rerouted_check``). Each ``refresh`` (the heartbeat's) reads the live
+    set; when it differs from the last one read, the engine is told "routed elsewhere under the previous
+    set", by the rule clients route with (``AffinityRouter.route``, rendezvous, no load fallback). The
+    first read (before this instance joins) is the baseline: the set it joins is a change from it."""
+
+    def __init__(self, client: redis.Redis, keys: PoolKeys, instance: str,
+                 tell: Callable[[Callable[[str], bool] | None], None]):
+        self.client, self.keys, self.instance, self._tell = client, keys, instance, tell
+        self._members: tuple[str, ...] | None = None
+
+    def refresh(self) -> None:
+        members = tuple(live_members(self.client, self.keys))
+        previous, self._members = self._members, members
+        if previous is None or previous == members:
+            return
+        if not previous:  # nobody served the pool before: nobody was moved
+            self._tell(None)
+            return
+        router = AffinityRouter(previous)
+        self._tell(lambda user_id: router.route(user_id) != self.instance)
 
 
 class IndexClaim:

@@ -80,18 +80,19 @@ class InstanceRuntime:
             log.exception("rank for user %r failed", payload.user_id)
             self._capture(request, arrived_s, INTERNAL)
             return error_result(INTERNAL, f"{type(exc).__name__}: {exc}", instance=self.name)
-        self._capture(request, arrived_s, result.source, result.latency_ms)
+        self._capture(request, arrived_s, result.source, result.latency_ms, result.miss_reason or "")
         return {"ok": True, "instance": self.name, "scores": result.scores, "source": result.source,
                 "prefix_len": result.prefix_len, "latency_ms": result.latency_ms}
 
-    def _capture(self, request, arrived_s: float, outcome: str, latency_ms: float | None = None) -> None:
+    def _capture(self, request, arrived_s: float, outcome: str, latency_ms: float | None = None,
+                 miss_reason: str = "") -> None:
         if self.capture is None:
             return
         if latency_ms is None:
             latency_ms = (time.time() - arrived_s) * 1000
         self.capture.record(request.user_id, arrived_s=arrived_s, prefix_len=len(request.prefix),
                             short_len=len(request.short_term), candidates=len(request.candidates),
-                            outcome=outcome, latency_ms=latency_ms)
+                            outcome=outcome, latency_ms=latency_ms, miss_reason=miss_reason)
 
     def pre_infer(self, data: Any, sent_s: float | None = None) -> dict[str, Any]:
         """One pre-infer signal (``sent_s``: when its sender sent it; the capture's gap starts there)."""

@@ -138,6 +138,7 @@ class TelemetryPublisher:
             applied_generation=self.board.current().applied_generation,
             slo_ms=self.engine.policy.trigger.ranking_p99_slo_ms,
             tiers={name: figures.to_dict() for name, figures in stats.tiers.items()},
+            misses=dict(stats.misses),
         )
 
     def publish(self) -> list[str]:

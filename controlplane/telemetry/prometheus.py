@@ -37,6 +37,7 @@ from relay_engine.core.outcomes import TIER_COUNTERS, TIER_GAUGES
 from relay_engine.core.telemetry import (
     COUNTERS,
     LATENCY_BUCKETS_MS,
+    MISS_REASONS,
     REFUSAL_REASONS,
     TIER_LEVEL_GAUGES,
     Snapshot,
@@ -119,6 +120,9 @@ class FleetCollector:
                                                    labels=tier_labels) for name in TIER_COUNTERS}
         refusals = CounterMetricFamily("relaygr_preinfer_refusals", "Pre-infer signals refused, by reason",
                                        labels=[*inst_labels, "reason"])
+        # Every miss under one reason: they sum to ``relaygr_misses_total``.
+        misses = CounterMetricFamily("relaygr_rank_misses", "Ranking requests whose prefix was in no cache tier, "
+                                     "by reason", labels=[*inst_labels, "reason"])
         latency = HistogramMetricFamily("relaygr_rank_latency_seconds", "Ranking latency", labels=inst_labels)
         redis_up = GaugeMetricFamily("relaygr_redis_up", "1 when the control plane reaches Redis")
 
@@ -166,6 +170,8 @@ class FleetCollector:
                     counters[name].add_metric(labels, snap.counters.get(name, 0), created=run)
                 for reason in REFUSAL_REASONS:
                     refusals.add_metric([*labels, reason], snap.refusals.get(reason, 0), created=run)
+                for reason in MISS_REASONS:
+                    misses.add_metric([*labels, reason], snap.misses.get(reason, 0), created=run)
                 for tier, figures in snap.tiers.items():
                     for name, family in tier_gauges.items():
                         family.add_metric([*labels, tier], figures.get(name, 0))
@@ -183,7 +189,7 @@ class FleetCollector:
         yield from (desired, published, expected, live, converged, slo, slo_target, baking, decided, up, heartbeat,
                     applied, acked, nacked,
                     *memory.values(), started, *counters.values(), *tier_gauges.values(), *tier_counters.values(),
-                    refusals, latency, redis_up)
+                    refusals, misses, latency, redis_up)
 
 
 def exposition(now: float | None = None) -> bytes:

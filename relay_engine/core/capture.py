@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from relay_engine.core import fields
 from relay_engine.core.outcomes import Outcome
+from relay_engine.core.telemetry import MISS_REASONS
 from relay_engine.core.trace import MAX_CANDIDATES, MAX_TRACE_SEQ_LEN, TraceQuery
 
 CAPTURE_MAX_RECORDS = 100_000  # per pool, approximate (MAXLEN ~)
@@ -68,12 +69,13 @@ class CaptureRecord:
     gap_ms: float | None  # pre-infer signal → ranking request, when the instance saw the signal
     outcome: str  # one of OUTCOMES
     latency_ms: float
+    miss_reason: str = ""  # a miss's ``MissReason``; "" for other outcomes and records older than it
 
     def to_fields(self) -> dict[str, str]:
         """Stream entry fields (short names: a stream of 100k entries stores them once per node)."""
         return {"t": f"{self.ts_ms:.3f}", "u": self.user, "p": str(self.prefix_len), "s": str(self.short_len),
                 "c": str(self.candidates), "g": "" if self.gap_ms is None else f"{self.gap_ms:.3f}",
-                "o": self.outcome, "l": f"{self.latency_ms:.3f}"}
+                "o": self.outcome, "l": f"{self.latency_ms:.3f}", **({"r": self.miss_reason} if self.miss_reason else {})}
 
     @classmethod
     def from_fields(cls, data: Mapping[str, str]) -> CaptureRecord:
@@ -97,13 +99,17 @@ class CaptureRecord:
         if outcome not in OUTCOMES:
             raise CaptureError(f"capture record.outcome must be one of {', '.join(OUTCOMES)}, got {outcome[:40]!r}")
         gap = get("g", "gap_ms")
+        miss_reason = data.get("r", "")
+        if miss_reason and miss_reason not in MISS_REASONS:
+            raise CaptureError(f"capture record.miss_reason must be empty or one of {', '.join(MISS_REASONS)}, "
+                               f"got {str(miss_reason)[:40]!r}")
         return cls(
             ts_ms=float(num("t", "ts_ms", 0, _MAX_UNIX_MS)), user=user,
             prefix_len=int(num("p", "prefix_len", 0, MAX_TRACE_SEQ_LEN, integer=True)),
             short_len=int(num("s", "short_len", 0, MAX_TRACE_SEQ_LEN, integer=True)),
             candidates=int(num("c", "candidates", 0, MAX_CANDIDATES, integer=True)),
             gap_ms=None if gap == "" else float(num("g", "gap_ms", 0, 3.6e6)),
-            outcome=outcome, latency_ms=float(num("l", "latency_ms", 0, 3.6e6)),
+            outcome=outcome, latency_ms=float(num("l", "latency_ms", 0, 3.6e6)), miss_reason=miss_reason,
         )
 
 

@@ -45,9 +45,10 @@ from pathlib import Path
 import torch
 
 from relay_engine.core.config import BYTES_PER_MIB, CacheBudget
-from relay_engine.core.kvcache import CacheKey
+from relay_engine.core.kvcache import CacheKey, LostHook, ignore_lost
 from relay_engine.core.model import History, PrefixKV
 from relay_engine.core.outcomes import Outcome, TierCounters
+from relay_engine.core.telemetry import EVICTED_FROM, MissReason
 from relay_engine.core.tiers import Drain, LowerTier, TierSite
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,8 @@ class DiskTier:
     ttl_s: float
     clock: Callable[[], float] = time.monotonic
     on_evict: Callable[[CacheKey, PrefixKV], None] | None = None  # the bottom tier: evictions are gone
+    # Told of every entry lost: evicted for space, a write that failed, expired, unreadable.
+    on_lost: LostHook = ignore_lost
     counters: TierCounters = field(default_factory=TierCounters)
     name = Outcome.DISK
 
@@ -270,7 +273,8 @@ class DiskTier:
         kv, stored_at = queued
         with self._lock:
             if self._queued.get(key) is not queued or not self._make_room(kv.nbytes):
-                self._queued.pop(key, None)
+                if self._queued.pop(key, None) is not None:
+                    self.on_lost([key], EVICTED_FROM[self.name])
                 return
             del self._queued[key]
             self._entries[key] = _DiskEntry(self.path_of(key), kv.nbytes, stored_at, stand_in=kv)
@@ -297,6 +301,7 @@ class DiskTier:
         with self._lock:
             if self._queued.get(key) is queued:
                 del self._queued[key]
+                self.on_lost([key], EVICTED_FROM[self.name])
                 self.counters.failed_writes += failed
                 self.counters.rejected += rejected
 
@@ -305,10 +310,11 @@ class DiskTier:
         if nbytes > self.budget_bytes:
             return False
         while self.used_bytes + nbytes > self.budget_bytes and self._entries:
-            _, victim = self._entries.popitem(last=False)
+            victim_key, victim = self._entries.popitem(last=False)
             self.used_bytes -= victim.nbytes
             self._delete(victim)
             self.counters.evictions += 1
+            self.on_lost([victim_key], EVICTED_FROM[self.name])
         return True
 
     def flush(self, timeout_s: float | None = None) -> bool:
@@ -327,11 +333,11 @@ class DiskTier:
                 self.used_bytes -= entry.nbytes
         if queued is not None:
             kv, stored_at = queued
-            return self._served(kv, stored_at)
+            return self._served(key, kv, stored_at)
         if entry is None:
             return None
         if entry.stand_in is not None:
-            return self._served(entry.stand_in, entry.stored_at)
+            return self._served(key, entry.stand_in, entry.stored_at)
         try:
             data = _read(entry.path, entry.nbytes)
         except OSError as exc:
@@ -340,20 +346,22 @@ class DiskTier:
         finally:
             entry.path.unlink(missing_ok=True)
         if self.clock() - entry.stored_at > self.ttl_s:
-            return self._served(None, entry.stored_at)
+            return self._served(key, None, entry.stored_at)
         try:
             kv = decode(key, data)
         except CorruptEntry as exc:
             log.warning("disk tier entry of %s is corrupt (%s): a miss", key.user_id, exc)
             with self._lock:
                 self.counters.corrupt_reads += 1
+                self.on_lost([key], MissReason.UNREADABLE)
             return None
-        return self._served(kv, entry.stored_at)
+        return self._served(key, kv, entry.stored_at)
 
-    def _served(self, kv: PrefixKV | None, stored_at: float) -> PrefixKV | None:
+    def _served(self, key: CacheKey, kv: PrefixKV | None, stored_at: float) -> PrefixKV | None:
         with self._lock:
             if kv is None or self.clock() - stored_at > self.ttl_s:
                 self.counters.expirations += 1
+                self.on_lost([key], MissReason.EXPIRED)
                 return None
             self.counters.hits += 1
             return kv
@@ -370,6 +378,7 @@ class DiskTier:
             for k in stale:
                 self._drop_written(k)
             self.counters.expirations += len(stale)
+            self.on_lost(stale, MissReason.EXPIRED)
             return len(stale)
 
     def resize(self, budget_bytes: int, ttl_s: float) -> None:
@@ -377,11 +386,14 @@ class DiskTier:
             self.budget_bytes, self.ttl_s = budget_bytes, ttl_s
             self._make_room(0)
 
-    def clear(self) -> None:
+    def clear(self) -> list[CacheKey]:
+        """Drop every entry, queued or written; returns their keys."""
         with self._lock:
+            dropped = [*self._queued, *self._entries]
             self._queued.clear()
             for k in list(self._entries):
                 self._drop_written(k)
+            return dropped
 
     def close(self) -> None:
         """Let queued writes finish, then delete every file and the directory if that leaves it empty

@@ -26,9 +26,10 @@ import torch
 
 from relay_engine.core.config import CacheBudget
 from relay_engine.core.devices import host_memory_bytes, host_pinning_supported
-from relay_engine.core.kvcache import CacheKey
+from relay_engine.core.kvcache import CacheKey, LostHook, ignore_lost
 from relay_engine.core.model import PrefixKV
 from relay_engine.core.outcomes import Outcome, TierCounters
+from relay_engine.core.telemetry import EVICTED_FROM, MissReason
 from relay_engine.core.tiers import Drain, LowerTier, TierSite
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class DRAMTier:
     clock: Callable[[], float] = time.monotonic
     # Called (outside the lock) with each entry evicted for space, so the tier below can keep it.
     on_evict: Callable[[CacheKey, PrefixKV], None] | None = None
+    # Told of the entries lost otherwise: expired, or their copy to the host failed.
+    on_lost: LostHook = ignore_lost
     counters: TierCounters = field(default_factory=TierCounters)
     name = Outcome.DRAM
 
@@ -116,6 +119,7 @@ class DRAMTier:
                 del self._entries[key]
                 self.used_bytes -= entry.nbytes
                 self.counters.failed_writes += 1
+                self.on_lost([key], EVICTED_FROM[self.name])
             else:
                 entry.kv, entry.on_host = host_kv, True
 
@@ -133,6 +137,7 @@ class DRAMTier:
             self.used_bytes -= entry.nbytes
             if self.clock() - entry.stored_at > self.ttl_s:
                 self.counters.expirations += 1
+                self.on_lost([key], MissReason.EXPIRED)
                 return None
             self.counters.hits += 1
             return entry.kv
@@ -151,6 +156,7 @@ class DRAMTier:
             for k in stale:
                 self.used_bytes -= self._entries.pop(k).nbytes
             self.counters.expirations += len(stale)
+            self.on_lost(stale, MissReason.EXPIRED)
             return len(stale)
 
     def resize(self, budget_bytes: int, ttl_s: float) -> None:
@@ -160,10 +166,13 @@ class DRAMTier:
             self._evict_down_to(budget_bytes, evicted)
         self._hand_off(evicted)
 
-    def clear(self) -> None:
+    def clear(self) -> list[CacheKey]:
+        """Drop every entry; returns their keys."""
         with self._lock:
+            dropped = list(self._entries)
             self._entries.clear()
             self.used_bytes = 0
+            return dropped
 
     def close(self) -> None:
         """Nothing to stop: the copy thread exits by itself once its queue is empty."""

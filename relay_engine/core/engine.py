@@ -9,7 +9,10 @@ repeated — unless it would finish too late: a rank that would wait past the po
 could still meet its deadline recomputes instead); an entry of a lower tier (DRAM, then disk when the
 policy names one) promoted back to HBM, one reload shared by concurrent ranks; or a recompute (a miss,
 whose prefix KV is then kept for the user's next request when the budget allows). Each rank is
-counted once, in the counter of its ``Outcome``.
+counted once, in the counter of its ``Outcome``; each miss also once under its ``MissReason``, under
+the same lock, so misses by reason always sum to the misses: the tier stack's ledger
+(``miss_ledger``) says why the key is gone; a join that failed, or one abandoned as too late, is
+said here; ``set_rerouted_check`` tells the engine which users a membership change moved here.
 
 Thread-safe. ``apply_policy`` swaps one immutable state object; each request reads that reference
 once at its start, so a policy applies between requests, never halfway through one.
@@ -45,9 +48,12 @@ from relay_engine.core.outcomes import OUTCOME_COUNTERS, Outcome
 from relay_engine.core.telemetry import (
     COUNTERS,
     LOWER_TIER_EVICTIONS,
+    MISS_REASONS,
+    NOT_ADMITTED,
     REFUSAL_REASONS,
     TIER_LEVELS,
     LatencyHistogram,
+    MissReason,
     RefusalReason,
 )
 from relay_engine.core.tiers import TierFigures, TierSite, TierStack, build_lower_tiers, lower_tiers_problem
@@ -122,6 +128,7 @@ class RankResult:
     source: Outcome
     prefix_len: int
     latency_ms: float
+    miss_reason: MissReason | None = None  # why the prefix was in no tier; None unless source is a miss
 
 
 @dataclass
@@ -140,6 +147,7 @@ class EngineStats:
     hbm_entries: int
     device_allocated_bytes: int | None = None
     tiers: dict[str, TierFigures] = field(default_factory=dict)  # every tier's figures, by name, in lookup order
+    misses: dict[str, int] = field(default_factory=dict)  # by ``MISS_REASONS``; they sum to counters["misses"]
 
     def tier_levels(self) -> dict[str, dict[str, int]]:
         """Each tier's levels (``telemetry.TIER_LEVELS``) by name, in lookup order: what the status carries."""
@@ -257,7 +265,9 @@ class RelayEngine:
         self.trigger = SequenceAwareTrigger(policy.trigger, now_s=clock())
         self._admit_lock = threading.Lock()  # trigger decision + reservation are one step
         self._counters: Counter[str] = Counter()
+        self._misses: Counter[str] = Counter()  # by reason, under the counter lock with the misses
         self._counter_lock = threading.Lock()
+        self._rerouted: tuple[Callable[[str], bool], float] | None = None
         self._rank_latency = LatencyHistogram()
         self._apply_lock = threading.Lock()
         self._last_expiry = clock()
@@ -301,8 +311,22 @@ class RelayEngine:
             self.cache.set_lower(build_lower_tiers(policy.cache, self._tier_site, self.cache.tiers[1:]))
             if edit.content_hash != old.edit.content_hash:
                 # Keys carry the edit hash, so old entries could never be read again: free them now.
-                self.cache.clear()
+                self.cache.clear(MissReason.EDIT_CHANGED)
             self._state = _State(policy, edit, policy.trigger.ranking_p99_slo_ms)
+
+    def set_rerouted_check(self, was_elsewhere: Callable[[str], bool] | None) -> None:
+        """The membership changed (the worker knows it; the engine does not): ``was_elsewhere(user_id)``
+        says whether the previous membership routed that user to another instance. A miss of a user
+        this engine has not seen is then counted rerouted, while an entry made before the change could
+        still live (the longest TTL of the tiers); after that, or with None, a first visit."""
+        self._rerouted = None if was_elsewhere is None else (was_elsewhere, self.clock())
+
+    def _was_rerouted(self, user_id: str) -> bool:
+        rerouted = self._rerouted
+        if rerouted is None:
+            return False
+        was_elsewhere, since = rerouted
+        return self.clock() - since <= self.cache.max_ttl_s and was_elsewhere(user_id)
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -354,6 +378,8 @@ class RelayEngine:
             if decision.admit:
                 self.cache.producing.begin(key)
         if not decision.admit:
+            if decision.reason.is_refusal:
+                self.cache.ledger.lost([key], NOT_ADMITTED[decision.reason])
             return PreInferResult(False, decision.reason, len(prefix))
         self._count("preinfer_admitted")
         return _Admission(key, prefix, state)
@@ -368,10 +394,12 @@ class RelayEngine:
             devices.synchronize_current_stream(self.device)  # ranking reads it from another stream
         except BaseException as exc:
             self.cache.abort(key)
+            self.cache.ledger.lost([key], MissReason.FAILED)
             self.cache.producing.finish(key, error=exc)
             raise
         if not self._keep_if_edit_in_force(state, lambda: self.cache.commit(key, kv)):
             self.cache.abort(key)  # the edit changed while it ran: no request could read it, so hold nothing
+            self.cache.ledger.lost([key], MissReason.EDIT_CHANGED)
             self._count("preinfer_stale_edit")
         self.cache.producing.finish(key, kv)
         self._count("preinfer_completed")
@@ -397,16 +425,17 @@ class RelayEngine:
             if state.canonical is not None:
                 request = dataclasses.replace(request, prefix=state.canonicalised(request.prefix),
                                               short_term=state.canonicalised(request.short_term))
+            miss_reason = None
             try:
-                kv, source = self._prefix_kv(request, state)
+                kv, source, join_failed = self._prefix_kv(request, state)
             except _TooLate:  # the computation in flight would finish too late: recompute alone
-                kv, source = None, Outcome.MISS
-                self._count_outcome(source)
+                kv, source, miss_reason = None, Outcome.MISS, MissReason.TOO_LATE
+                self._count_miss(miss_reason)
                 scores = self.forwards.rank_full(request.prefix, request.short_term, candidates,
                                                  request.query_timestamp, state.edit)
             else:
                 if kv is None:  # a miss: one full forward gives the scores and the prefix KV to keep
-                    scores, source = self._recompute(request, candidates, state)
+                    scores, source, miss_reason = self._recompute(request, candidates, state, join_failed)
                 else:
                     self._check_deadline(request, f"after fetching the prefix cache ({source})")
                     scores = self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp,
@@ -429,20 +458,28 @@ class RelayEngine:
             self._counters["rank_ok"] += 1
             if latency_ms <= state.slo_ms:
                 self._counters["rank_within_slo"] += 1
-        return RankResult(result, source, len(request.prefix), latency_ms)
+        return RankResult(result, source, len(request.prefix), latency_ms, miss_reason)
 
-    def _prefix_kv(self, request: RankRequest, state: _State) -> tuple[PrefixKV | None, Outcome]:
-        """The prefix KV from the tier stack, and where it came from (counted; a miss is counted by
-        ``_recompute``). Raises _TooLate when the computation in flight would finish too late."""
+    def _prefix_kv(self, request: RankRequest, state: _State) -> tuple[PrefixKV | None, Outcome, bool]:
+        """The prefix KV from the tier stack, where it came from (counted; a miss is counted by
+        ``_recompute``) and whether a computation it joined failed. Raises _TooLate when the
+        computation in flight would finish too late."""
         key = self.cache_key(request.user_id, request.prefix, state.edit)
+        join_failed = False
+
+        def join(running: Future) -> PrefixKV | None:
+            nonlocal join_failed
+            kv = self._join_inflight(request, running, state)
+            join_failed = kv is None
+            return kv
+
         try:
-            found = self.cache.lookup(key, join=lambda running: self._join_inflight(request, running, state),
-                                      timeout_s=self._remaining_s(request))
+            found = self.cache.lookup(key, join=join, timeout_s=self._remaining_s(request))
         except FutureTimeout:
             raise DeadlineExceeded(self._late_message(request, "waiting for a reload in flight")) from None
         if found.found:
             self._count_outcome(found.outcome)
-        return found.kv, found.outcome
+        return found.kv, found.outcome, join_failed
 
     def _join_inflight(self, request: RankRequest, running: Future, state: _State) -> PrefixKV | None:
         """Wait for a pre-inference (or another request's recompute) of the key already running.
@@ -469,22 +506,25 @@ class RelayEngine:
         finally:
             self.ranking_gate.enter()
 
-    def _recompute(self, request: RankRequest, candidates: torch.Tensor,
-                   state: _State) -> tuple[torch.Tensor, Outcome]:
+    def _recompute(self, request: RankRequest, candidates: torch.Tensor, state: _State,
+                   join_failed: bool) -> tuple[torch.Tensor, Outcome, MissReason | None]:
         """A miss: rank with a full forward and keep the prefix KV it computed for the next request.
         Concurrent requests for the same key wait for this one's KV instead of recomputing it. Returns
-        the scores and where the prefix came from: a miss for the one that computed it."""
+        the scores, where the prefix came from (a miss for the one that computed it) and, for a miss,
+        its reason (``join_failed``: the lookup's join of a computation in flight got nothing)."""
         key = self.cache_key(request.user_id, request.prefix, state.edit)
         future, leader = self.cache.producing.begin(key)
         if not leader:
             try:
                 kv = self._join_inflight(request, future, state)
             except _TooLate:
-                kv = None
+                kv, reason = None, MissReason.TOO_LATE
+            else:
+                reason = MissReason.FAILED
             if kv is not None:
                 self._count_outcome(Outcome.INFLIGHT)
                 return self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp,
-                                          state.edit), Outcome.INFLIGHT
+                                          state.edit), Outcome.INFLIGHT, None
         else:
             # The lookup that sent this request here ran before ``begin``: a computation of the key may
             # have started *and* finished in between (this thread descheduled), leaving its KV in HBM.
@@ -494,8 +534,11 @@ class RelayEngine:
                 self.cache.producing.finish(key, found.kv)
                 self._count_outcome(found.outcome)
                 return self.forwards.rank(found.kv, request.short_term, candidates, request.query_timestamp,
-                                          state.edit), found.outcome
-        self._count_outcome(Outcome.MISS)
+                                          state.edit), found.outcome, None
+            reason = self.cache.ledger.decide(key, self._was_rerouted)
+            if join_failed:
+                reason = MissReason.FAILED
+        self._count_miss(reason)
         try:
             scores, kv = self.forwards.rank_full_keeping_prefix(request.prefix, request.short_term, candidates,
                                                                 request.query_timestamp, state.edit)
@@ -504,9 +547,10 @@ class RelayEngine:
                 self.cache.producing.finish(key, error=exc)
             raise
         if leader:
-            self._keep_if_edit_in_force(state, lambda: self.cache.insert(key, kv, consumed=True))
+            if not self._keep_if_edit_in_force(state, lambda: self.cache.insert(key, kv, consumed=True)):
+                self.cache.ledger.lost([key], MissReason.EDIT_CHANGED)
             self.cache.producing.finish(key, kv)
-        return scores, Outcome.MISS
+        return scores, Outcome.MISS, reason
 
     def _keep_if_edit_in_force(self, state: _State, keep: Callable[[], object]) -> bool:
         """Run ``keep`` (a commit or insert of a KV computed under ``state``) only if that state's
@@ -540,6 +584,12 @@ class RelayEngine:
     def _count_outcome(self, outcome: Outcome) -> None:
         self._count(OUTCOME_COUNTERS[outcome])
 
+    def _count_miss(self, reason: MissReason) -> None:
+        """A miss, and its reason, in one step: a reader never sees one without the other."""
+        with self._counter_lock:
+            self._counters[OUTCOME_COUNTERS[Outcome.MISS]] += 1
+            self._misses[reason] += 1
+
     def _maybe_expire(self) -> None:
         """Free expired entries now and then: a tenth of the shorter TTL, at least every second (a read
         checks its entry's TTL anyway; this only returns the memory)."""
@@ -551,6 +601,7 @@ class RelayEngine:
     def stats(self) -> EngineStats:
         with self._counter_lock:
             counters = {name: int(self._counters.get(name, 0)) for name in COUNTERS}
+            misses = {reason: int(self._misses.get(reason, 0)) for reason in MISS_REASONS}
             latency = self._rank_latency.copy()
         tiers = self.cache.figures()
         hbm = tiers[Outcome.HBM]
@@ -579,4 +630,5 @@ class RelayEngine:
             hbm_entries=hbm.entries,
             device_allocated_bytes=devices.device_allocated_bytes(self.device),
             tiers=tiers,
+            misses=misses,
         )

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from relay_engine.core.model import PrefixKV
 from relay_engine.core.outcomes import Outcome, TierCounters
+from relay_engine.core.telemetry import MissReason
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,16 @@ class CacheKey:
     prefix_digest: str
     model_version: str
     edit_hash: str
+
+
+# What a tier calls with the keys it lost other than by evicting them for space (expired, unreadable, a
+# copy that failed), and why: the stack's miss ledger (``miss_ledger``). A leaf: it may run under the
+# tier's lock. Standalone, a tier tells no one.
+LostHook = Callable[[list[CacheKey], MissReason], None]
+
+
+def ignore_lost(keys: list[CacheKey], reason: MissReason) -> None:
+    """The hook of a tier outside a stack: nobody asks why its keys are gone."""
 
 
 class EntryState(enum.Enum):
@@ -75,6 +86,8 @@ class HBMCache:
     policy: EvictionPolicy = field(default_factory=LRUPolicy)
     # Called (outside the lock) with each entry evicted for space, so the tier below can keep it.
     on_evict: Callable[[CacheKey, PrefixKV], None] | None = None
+    # Told of the entries dropped past their TTL.
+    on_lost: LostHook = ignore_lost
     clock: Callable[[], float] = time.monotonic
     name = Outcome.HBM
 
@@ -191,6 +204,7 @@ class HBMCache:
             if now - entry.created_at > self.ttl_s:
                 self._drop(entry)
                 self.counters.expirations += 1
+                self.on_lost([key], MissReason.EXPIRED)
                 return None
             self._consume(entry)
             entry.last_access = now
@@ -208,6 +222,7 @@ class HBMCache:
             for entry in stale:
                 self._drop(entry)
             self.counters.expirations += len(stale)
+            self.on_lost([e.key for e in stale], MissReason.EXPIRED)
             return len(stale)
 
     def resize(self, budget_bytes: int, ttl_s: float) -> None:
@@ -230,11 +245,13 @@ class HBMCache:
             if entry is not None and entry.state is not EntryState.PRODUCING:
                 self._drop(entry)
 
-    def clear(self) -> None:
+    def clear(self) -> list[CacheKey]:
+        """Drop every ready entry (reservations in flight stay); returns their keys."""
         with self._lock:
-            for entry in list(self._entries.values()):
-                if entry.state is not EntryState.PRODUCING:
-                    self._drop(entry)
+            dropped = [e for e in self._entries.values() if e.state is not EntryState.PRODUCING]
+            for entry in dropped:
+                self._drop(entry)
+            return [e.key for e in dropped]
 
     # --- internals (lock held) -----------------------------------------------------------------
 

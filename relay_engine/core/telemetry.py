@@ -14,8 +14,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from relay_engine.core.fields import json_value
-from relay_engine.core.outcomes import (LOWER_TIER_MODULES, OUTCOME_COUNTERS, TIER_COUNTERS, TIER_GAUGES, TIER_LABELS,
-                                        TIERS)
+from relay_engine.core.outcomes import (
+    LOWER_TIER_MODULES,
+    OUTCOME_COUNTERS,
+    TIER_COUNTERS,
+    TIER_GAUGES,
+    TIER_LABELS,
+    TIERS,
+)
 
 # Upper bounds (ms) of the latency buckets: 0.05 ms … ~60 s, 8 buckets per decade (×1.334 each),
 # followed by an implicit +Inf bucket. Fixed forever: changing them breaks merging with old data.
@@ -116,6 +122,11 @@ MissReason = _MissReasonBase("MissReason", [
 ], module=__name__, qualname="MissReason")
 
 MISS_REASONS: tuple[MissReason, ...] = tuple(MissReason)
+# The reason of a loss by the tier that dropped it, and by the trigger's refusal: what the engine names
+# instead of building a member's value.
+EVICTED_FROM: dict[str, MissReason] = {tier: MissReason[f"EVICTED_{tier.upper()}"] for tier in TIERS}
+NOT_ADMITTED: dict[RefusalReason, MissReason] = {reason: MissReason[f"NOT_ADMITTED_{reason.name}"]
+                                                 for reason in RefusalReason if reason.is_refusal}
 
 
 def bucket_index(value_ms: float) -> int:

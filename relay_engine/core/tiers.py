@@ -8,6 +8,8 @@ The stack (``TierStack``) is what the engine asks; nothing outside the core touc
 * **demotion on eviction**: an entry a tier evicts for space is handed to the tier below it (the
   bottom tier's evictions are gone for good); an entry that becomes resident in HBM leaves every
   lower tier, so it is never held twice;
+* **why a key is gone** (``miss_ledger.MissLedger``): an entry dropped for space with no tier under it
+  to take it, expired, unreadable or cleared is written down there, so a miss can say why;
 * **single-flight promotion**: concurrent ranks of one key share one reload from a lower tier; a rank
   that joins a reload another started is served ``Outcome.INFLIGHT`` and counted once, as a join.
 
@@ -36,9 +38,11 @@ import torch
 
 from relay_engine.core.config import CacheBudget
 from relay_engine.core.devices import lower_thread_priority
-from relay_engine.core.kvcache import CacheKey, HBMCache
+from relay_engine.core.kvcache import CacheKey, HBMCache, LostHook
+from relay_engine.core.miss_ledger import MissLedger
 from relay_engine.core.model import PrefixKV
 from relay_engine.core.outcomes import LOWER_TIER_MODULES, Outcome, TierCounters
+from relay_engine.core.telemetry import EVICTED_FROM, MissReason
 
 T = TypeVar("T")
 
@@ -46,13 +50,15 @@ T = TypeVar("T")
 class CacheTier(Protocol):
     """One cache tier under HBM. ``lookup`` takes the entry out (it moves up a tier); ``admit`` keeps
     an entry demoted from the tier above; ``on_evict`` (set by the stack) receives what the tier evicts
-    for space. Thread-safe; hooks are called outside the tier's lock."""
+    for space, outside the tier's lock; ``on_lost`` (set by the stack, a leaf that may run under the
+    lock) what it loses otherwise, and why. Thread-safe."""
 
     name: Outcome  # what a prefix served from this tier counts as
     counters: TierCounters
     budget_bytes: int
     ttl_s: float
     on_evict: Callable[[CacheKey, PrefixKV], None] | None
+    on_lost: LostHook
 
     @property
     def used_bytes(self) -> int: ...
@@ -71,7 +77,8 @@ class CacheTier(Protocol):
 
     def resize(self, budget_bytes: int, ttl_s: float) -> None: ...
 
-    def clear(self) -> None: ...
+    def clear(self) -> list[CacheKey]:
+        """Drop every entry; returns their keys."""
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until the demotions so far are stored (or dropped); False on timeout."""
@@ -277,7 +284,9 @@ class TierStack:
         self.demotions = 0  # entries handed down a tier (from HBM or from a lower tier)
         self.promotions = 0  # entries brought back to HBM from a lower tier
         self._count_lock = threading.Lock()
+        self.ledger = MissLedger()
         self.hbm.on_evict = self._demoter(0)
+        self.hbm.on_lost = self.ledger.lost
         self.set_lower(lower)
 
     # --- shape ---------------------------------------------------------------------------------
@@ -296,21 +305,25 @@ class TierStack:
         kept = list(lower)
         for old in self._lower:
             if all(old is not t for t in kept):
-                old.clear()
+                self.ledger.lost(old.clear(), EVICTED_FROM[old.name])
                 old.close()
         for depth, tier in enumerate(kept):
             tier.on_evict = self._demoter(depth + 1)
+            tier.on_lost = self.ledger.lost
         self._lower = kept
 
     def _demoter(self, depth: int) -> Callable[[CacheKey, PrefixKV], None]:
-        """The eviction hook of the tier at ``depth``: hand the entry to the next tier down, if any."""
+        """The eviction hook of the tier at ``depth``: hand the entry to the next tier down, if any; an
+        entry no tier under it takes is lost, evicted from the tier at ``depth``."""
 
         def demote(key: CacheKey, kv: PrefixKV) -> None:
             lower = self._lower  # read once: ``set_lower`` may replace it meanwhile
             if depth < len(lower):
                 with self._count_lock:
                     self.demotions += 1
-                lower[depth].admit(key, kv)
+                if lower[depth].admit(key, kv):
+                    return
+            self.ledger.lost([key], EVICTED_FROM[(self.hbm, *lower)[depth].name])
 
         return demote
 
@@ -320,19 +333,23 @@ class TierStack:
         return self.hbm.reserve(key, nbytes)
 
     def commit(self, key: CacheKey, kv: PrefixKV) -> bool:
-        ok = self.hbm.commit(key, kv)
-        if ok:
-            self._leave_lower(key)
-        return ok
+        """Make a reserved entry resident; one HBM cannot hold after all is lost, evicted from HBM."""
+        return self._kept(key, self.hbm.commit(key, kv))
 
     def abort(self, key: CacheKey) -> None:
         self.hbm.abort(key)
 
     def insert(self, key: CacheKey, kv: PrefixKV, *, consumed: bool = False) -> bool:
-        """Make kv resident in HBM (a recompute's prefix, or a primed one); it leaves the lower tiers."""
-        ok = self.hbm.admit(key, kv, consumed=consumed)
+        """Make kv resident in HBM (a recompute's prefix, or a primed one); it leaves the lower tiers.
+        One HBM cannot hold is lost, evicted from HBM."""
+        return self._kept(key, self.hbm.admit(key, kv, consumed=consumed))
+
+    def _kept(self, key: CacheKey, ok: bool) -> bool:
         if ok:
             self._leave_lower(key)
+            self.ledger.kept(key)
+        else:
+            self.ledger.lost([key], MissReason.EVICTED_HBM)
         return ok
 
     def _leave_lower(self, key: CacheKey) -> None:
@@ -400,9 +417,10 @@ class TierStack:
     def expire(self) -> int:
         return sum(t.expire() for t in self.tiers)
 
-    def clear(self) -> None:
+    def clear(self, reason: MissReason) -> None:
+        """Drop every entry of every tier, each written down as lost for ``reason``."""
         for tier in self.tiers:
-            tier.clear()
+            self.ledger.lost(tier.clear(), reason)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every demotion so far has settled in its tier (copied, written or dropped)."""
@@ -415,6 +433,11 @@ class TierStack:
     @property
     def min_ttl_s(self) -> float:
         return min(t.ttl_s for t in self.tiers)
+
+    @property
+    def max_ttl_s(self) -> float:
+        """The longest any entry may live in some tier."""
+        return max(t.ttl_s for t in self.tiers)
 
     @property
     def pinned_bytes(self) -> int:

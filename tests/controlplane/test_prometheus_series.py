@@ -19,7 +19,7 @@ from controlplane.rollouts.models import Rollout
 from controlplane.telemetry import grafana
 from relay_engine.core.config import PolicySpec
 from relay_engine.core.outcomes import TIERS
-from relay_engine.core.telemetry import LATENCY_BUCKETS_MS, REFUSAL_REASONS
+from relay_engine.core.telemetry import LATENCY_BUCKETS_MS, MISS_REASONS, REFUSAL_REASONS, MissReason
 from tests.deploy.test_grafana_dashboards import concrete, rendered
 from tests.promtool import promtool
 
@@ -33,6 +33,10 @@ RULES = ROOT / "deploy" / "prometheus" / "relaygr-rules.yml"
 FLEET_LABELS = {"pool", "instance", "tier", "reason", "state"}
 
 
+# The misses of the tiered instance, by reason (they sum to its 3 misses).
+TIERED_MISSES = {MissReason.EVICTED_DRAM: 2, MissReason.NOT_ADMITTED_NOT_AT_RISK: 1}
+
+
 @pytest.fixture
 def exposition(viewer, pool, worker_factory) -> str:
     now = time.time()
@@ -41,7 +45,8 @@ def exposition(viewer, pool, worker_factory) -> str:
     fast.status.tiers = {tier.value: {"bytes": 300, "budget_bytes": 1000} for tier in TIERS}  # as a running engine says
     fast.heartbeat()
     tiered = worker_factory(POOL, 2)
-    snap = snapshot(tiered.name, now, now - 10, rank_requests=3, disk_hits=2, evictions=1)
+    snap = snapshot(tiered.name, now, now - 10, rank_requests=6, disk_hits=2, evictions=1, misses=3)
+    snap.misses = dict(TIERED_MISSES)
     snap.tiers = {tier.value: {"bytes": 700, "budget_bytes": 1000, "hits": 5} for tier in TIERS}
     tiered.publish_snapshot(snap)
     started = datetime.fromtimestamp(now - 60, tz=UTC)
@@ -87,9 +92,19 @@ def test_reason_tier_and_state_values_are_the_cores_words(exposition):
             for label, seen in values.items():
                 if label in sample.labels:
                     seen.add(sample.labels[label])
-    assert values["reason"] == {reason.value for reason in REFUSAL_REASONS}
+    assert values["reason"] == {reason.value for reason in (*REFUSAL_REASONS, *MISS_REASONS)}
     assert values["tier"] == {tier.value for tier in TIERS}
     assert values["state"] == set(Rollout.State.values) - {Rollout.State.BAKING}
+
+
+def test_misses_by_reason_are_one_counter_per_reason_summing_to_the_misses(exposition):
+    families = _families(exposition)
+    tiered = {s.labels["reason"]: s.value for s in families["relaygr_rank_misses"].samples
+              if s.name == "relaygr_rank_misses_total" and s.labels["instance"].endswith(".2")}
+    assert set(tiered) == {reason.value for reason in MISS_REASONS}
+    assert {reason: n for reason, n in tiered.items() if n} == TIERED_MISSES
+    misses = {s.labels["instance"]: s.value for s in families["relaygr_misses"].samples if s.name.endswith("_total")}
+    assert sum(tiered.values()) == next(n for instance, n in misses.items() if instance.endswith(".2")) == 3
 
 
 def test_every_counter_and_the_histogram_carry_their_runs_start_as_created(exposition):

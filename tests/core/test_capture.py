@@ -12,6 +12,7 @@ from relay_engine.core.capture import (
     to_trace,
     user_hash,
 )
+from relay_engine.core.telemetry import MissReason
 
 KEY = capture_key("a capture secret of the core tests, not a real one", "p")
 
@@ -28,9 +29,17 @@ def test_a_record_survives_its_stream_fields():
         assert CaptureRecord.from_fields(r.to_fields()) == r
 
 
+def test_a_miss_carries_its_reason_and_an_older_record_without_one_reads_as_none():
+    miss = record(1.7e12, outcome="miss", miss_reason=MissReason.EVICTED_HBM)
+    assert miss.to_fields()["r"] == MissReason.EVICTED_HBM
+    assert CaptureRecord.from_fields(miss.to_fields()) == miss
+    older = record(1.7e12).to_fields()
+    assert "r" not in older and CaptureRecord.from_fields(older).miss_reason == ""
+
+
 @pytest.mark.parametrize(("name", "value", "field"), [
     ("p", "-1", "prefix_len"), ("p", "9" * 500, "prefix_len"), ("t", "nan", "ts_ms"), ("o", "exploded", "outcome"),
-    ("u", "not a hash!", "user"), ("g", "inf", "gap_ms"), ("c", "1.5", "candidates"),
+    ("u", "not a hash!", "user"), ("g", "inf", "gap_ms"), ("c", "1.5", "candidates"), ("r", "bad luck", "miss_reason"),
 ])
 def test_a_broken_field_is_an_error_naming_it(name, value, field):
     fields = record(1.7e12).to_fields()

@@ -10,8 +10,9 @@ import pytest
 import redis
 
 from relay_engine.core import wire
+from relay_engine.core.router import AffinityRouter
 from relay_engine.core.wire import PoolKeys
-from workers.membership import live_members
+from workers.membership import MembershipWatch, live_members
 
 PLANTED = ["main", "main.x", "other.3", "main.01", "main.²", "main.1 "]
 
@@ -35,3 +36,22 @@ def test_the_workers_route_only_to_well_named_members(client, key_prefix):
     keys = PoolKeys("main", prefix=key_prefix)
     client.zadd(keys.members, dict.fromkeys(["main.1", "main.0", *PLANTED], time.time()))
     assert live_members(client, keys) == ["main.0", "main.1"]
+
+
+
+def test_an_instance_joining_is_told_which_users_the_previous_members_served(client, key_prefix):
+    """The live set before joining is the baseline; the set it joins is a change, and the users the
+    previous set routed to another instance are the ones it says were moved here."""
+    keys = PoolKeys("main", prefix=key_prefix)
+    client.zadd(keys.members, {"main.0": time.time()})
+    told = []
+    watch = MembershipWatch(client, keys, "main.1", told.append)
+    watch.refresh()
+    assert told == []  # the baseline
+    client.zadd(keys.members, {"main.1": time.time()})
+    watch.refresh()
+    watch.refresh()  # no change since: nothing new to tell
+    assert len(told) == 1
+    users = [f"user-{i}" for i in range(200)]
+    now_here = [u for u in users if AffinityRouter(["main.0", "main.1"]).route(u) == "main.1"]
+    assert now_here and all(told[0](u) for u in now_here)  # each was main.0's before
