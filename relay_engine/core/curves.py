@@ -250,9 +250,9 @@ def profile(requests: Requests, *, rate: float | None = None) -> Profile:
     if not 0 < rate <= 1:
         raise ValueError(f"rate must be in (0, 1], got {rate}")
     # One cache entry per (instance, key): each instance has its own stack.
-    _, entry = np.unique(np.stack([requests.instance.astype(np.int64), requests.key.astype(np.int64)]),
-                         axis=1, return_inverse=True)
-    entry = entry.ravel().astype(np.int64)
+    key = requests.key.astype(np.int64)
+    _, key = np.unique(key, return_inverse=True)
+    entry = requests.instance.astype(np.int64) * (int(key.max(initial=0)) + 1) + key.ravel()
     keep = np.ones(total, dtype=bool) if rate >= 1 else _key_hash(entry) < rate * _HASH_SPACE
     ts = requests.ts_ms[keep].astype(np.float64)
     inst, entry = requests.instance[keep].astype(np.int64), entry[keep]
