@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser promtool run test lint bench profile clean
+.PHONY: setup browser promtool run test lint bench bench-curves profile clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,9 @@ test: $(STAMP) browser promtool
 
 bench: $(STAMP)
 	$(PY) -m relay_engine.bench $(ARGS)
+
+bench-curves: $(STAMP)
+	$(PY) -m relay_engine.lab.bench.curves $(ARGS)
 
 profile: $(STAMP)
 	$(PY) -m relay_engine.profile

@@ -136,7 +136,7 @@ class TrafficCapture:
         for ts_ms, user_id, prefix_len, short_len, candidates, gap_ms, outcome, latency_ms, miss_reason in batch:
             record = CaptureRecord(ts_ms=ts_ms, user=user_hash(self._key, user_id), prefix_len=prefix_len,
                                    short_len=short_len, candidates=candidates, gap_ms=gap_ms, outcome=outcome,
-                                   latency_ms=latency_ms, miss_reason=miss_reason)
+                                   latency_ms=latency_ms, miss_reason=miss_reason, instance=self.instance)
             pipe.xadd(self.keys.traffic, record.to_fields(), maxlen=self.max_records, approximate=True)
         if batch:
             oldest_ms = int((self.clock() - CAPTURE_MAX_AGE_S) * 1000)

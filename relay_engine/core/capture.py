@@ -3,7 +3,7 @@
 An instance records, per ranking request, a ``CaptureRecord``: when it arrived (unix ms), a keyed
 hash of the user (never the raw id), prefix and short-term lengths, candidates, the retrieval→ranking
 gap when the instance saw that user's pre-infer signal, the outcome (the cache tier that served it,
-or the error kind) and the latency. Records go to one bounded stream per pool (``PoolKeys.traffic``:
+or the error kind), the latency and the instance that served it (absent in older records). Records go to one bounded stream per pool (``PoolKeys.traffic``:
 ``XADD … MAXLEN ~ CAPTURE_MAX_RECORDS``, ``XTRIM MINID`` for ``CAPTURE_MAX_AGE_S``).
 
 The hash is an HMAC of the user id under the pool's capture key, itself an HMAC of the pool name
@@ -43,6 +43,7 @@ ERROR_OUTCOMES = ("deadline_exceeded", "invalid_input", "internal")
 OUTCOMES = SERVED_OUTCOMES + ERROR_OUTCOMES
 
 _MAX_UNIX_MS = 1e14
+MAX_INSTANCE_CHARS = 200
 
 
 class CaptureError(ValueError):
@@ -70,12 +71,14 @@ class CaptureRecord:
     outcome: str  # one of OUTCOMES
     latency_ms: float
     miss_reason: str = ""  # a miss's ``MissReason``; "" for other outcomes and records older than it
+    instance: str = ""  # the instance that served it (stream field ``i``); empty in records older than the field
 
     def to_fields(self) -> dict[str, str]:
         """Stream entry fields (short names: a stream of 100k entries stores them once per node)."""
         return {"t": f"{self.ts_ms:.3f}", "u": self.user, "p": str(self.prefix_len), "s": str(self.short_len),
                 "c": str(self.candidates), "g": "" if self.gap_ms is None else f"{self.gap_ms:.3f}",
-                "o": self.outcome, "l": f"{self.latency_ms:.3f}", **({"r": self.miss_reason} if self.miss_reason else {})}
+                "o": self.outcome, "l": f"{self.latency_ms:.3f}", **({"r": self.miss_reason} if self.miss_reason else {}),
+                **({"i": self.instance} if self.instance else {})}
 
     @classmethod
     def from_fields(cls, data: Mapping[str, str]) -> CaptureRecord:
@@ -103,6 +106,10 @@ class CaptureRecord:
         if miss_reason and miss_reason not in MISS_REASONS:
             raise CaptureError(f"capture record.miss_reason must be empty or one of {', '.join(MISS_REASONS)}, "
                                f"got {str(miss_reason)[:40]!r}")
+        instance = data.get("i", "")
+        if not isinstance(instance, str) or len(instance) > MAX_INSTANCE_CHARS or not instance.isprintable():
+            raise CaptureError(f"capture record.instance must be an instance name (at most {MAX_INSTANCE_CHARS} "
+                               f"printable characters), got {str(instance)[:40]!r}")
         return cls(
             ts_ms=float(num("t", "ts_ms", 0, _MAX_UNIX_MS)), user=user,
             prefix_len=int(num("p", "prefix_len", 0, MAX_TRACE_SEQ_LEN, integer=True)),
@@ -110,6 +117,7 @@ class CaptureRecord:
             candidates=int(num("c", "candidates", 0, MAX_CANDIDATES, integer=True)),
             gap_ms=None if gap == "" else float(num("g", "gap_ms", 0, 3.6e6)),
             outcome=outcome, latency_ms=float(num("l", "latency_ms", 0, 3.6e6)), miss_reason=miss_reason,
+            instance=instance,
         )
 
 

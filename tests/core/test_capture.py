@@ -37,6 +37,19 @@ def test_a_miss_carries_its_reason_and_an_older_record_without_one_reads_as_none
     assert "r" not in older and CaptureRecord.from_fields(older).miss_reason == ""
 
 
+def test_the_serving_instance_survives_its_stream_field_and_older_records_have_none():
+    r = record(1.7e12, instance="pool-a:gpu0:1234")
+    assert r.to_fields()["i"] == "pool-a:gpu0:1234" and CaptureRecord.from_fields(r.to_fields()) == r
+    older = record(1.7e12).to_fields()
+    assert "i" not in older and CaptureRecord.from_fields(older).instance == ""
+
+
+def test_an_instance_that_is_no_name_is_an_error_naming_it():
+    fields = {**record(1.7e12).to_fields(), "i": "x" * 500}
+    with pytest.raises(CaptureError, match=r"capture record\.instance"):
+        CaptureRecord.from_fields(fields)
+
+
 @pytest.mark.parametrize(("name", "value", "field"), [
     ("p", "-1", "prefix_len"), ("p", "9" * 500, "prefix_len"), ("t", "nan", "ts_ms"), ("o", "exploded", "outcome"),
     ("u", "not a hash!", "user"), ("g", "inf", "gap_ms"), ("c", "1.5", "candidates"), ("r", "bad luck", "miss_reason"),

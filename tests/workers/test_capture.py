@@ -68,6 +68,13 @@ def test_records_carry_a_keyed_hash_never_the_user_id(client, key_prefix):
     assert users[0] == users[2] != users[1]  # one user, one hash: repeats stay visible
 
 
+def test_records_name_the_instance_that_served_them(client, key_prefix):
+    capture = _capture(client, key_prefix, index=3)
+    _captured_users(client, capture, "carol")
+    (_, data), = client.xrange(capture.keys.traffic)
+    assert CaptureRecord.from_fields(data).instance == "ranking-a.3"
+
+
 def _every_string_in_redis(client, key_prefix) -> set[str]:
     """Every key name, hash field and value, stream field and value, string value under the prefix."""
     found: set[str] = set()

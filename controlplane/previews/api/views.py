@@ -16,8 +16,10 @@ from controlplane.common.errors import InvalidInput
 from controlplane.common.views import GENERATION_PARAM, POOL_PARAM, actor_name, error_responses
 from controlplane.policies import selectors as policy_selectors
 
-from .. import selectors, services, traffic
+from .. import cache_curves, selectors, services, traffic
 from .serializers import (
+    CacheCurvesSerializer,
+    CurveQuerySerializer,
     PreviewRequestSerializer,
     PreviewScoreSerializer,
     PreviewSerializer,
@@ -135,3 +137,22 @@ class PreviewScoresView(APIView):
         pool_obj = policy_selectors.pool_get(name=pool)
         return Response({"pool": pool_obj.name, "summary": selectors.scorecard(pool=pool_obj),
                          "scores": PreviewScoreSerializer(selectors.score_list(pool=pool_obj), many=True).data})
+
+
+class PoolCacheCurvesView(APIView):
+    @extend_schema(
+        parameters=[POOL_PARAM, CurveQuerySerializer],
+        responses={200: CacheCurvesSerializer, **error_responses(400, 401, 403, 404, 409, 503)},
+        description="Miss-ratio curves from the pool's captured traffic of the window (default 15m, ending now): "
+        "the hit ratio the pool would have had, and its split by tier, as a function of the HBM budget per "
+        "instance (`axes.hbm`), of each lower tier's budget under the live HBM (`axes.dram`, …) and of HBM's "
+        "entry TTL (`axes.entry_ttl`), the other values live; requests grouped by the instance that served them. "
+        "`live`: the prediction at the live revision's budgets; `measured_hit_ratio`: what the instances served "
+        "from a tier over the same requests; `error_points`: predicted minus measured. A window of more than "
+        "250,000 requests is spatially sampled (`sampling_rate` < 1). 409 when the window holds no captured "
+        "traffic. The model and its assumptions: `relay_engine/core/curves.py`.",
+    )
+    def get(self, request, pool):
+        pool_obj = policy_selectors.pool_get(name=pool)
+        window_s = _window(request.query_params)
+        return Response(CacheCurvesSerializer(cache_curves.pool_cache_curves(pool=pool_obj, window_s=window_s)).data)
