@@ -37,6 +37,7 @@ from controlplane.telemetry.selectors import (
     WINDOWS,
     cache_tiers,
     lookup_outcomes,
+    miss_reasons,
     refusal_reasons,
 )
 
@@ -68,6 +69,7 @@ class PageView(LoginRequiredMixin, TemplateView):
             role_label=self.role.label, can_edit=self.role >= Role.OPERATOR, is_admin=self.role >= Role.ADMIN,
             tab=self.tab, plotly_version=PLOTLY_VERSION, refusal_reasons=json.dumps(refusal_reasons()),
             outcomes=json.dumps(lookup_outcomes()), cache_tiers=json.dumps(cache_tiers()),
+            miss_reasons=json.dumps(miss_reasons()),
         )
         return context
 

@@ -65,7 +65,14 @@ def _setup_django(db_path: str, redis_url: str, prefix: str) -> None:
 def _snapshot(instance: str, ts: float, started_at: float, rng: random.Random):
     """What a busy instance would have published at ``ts``: ~200 requests/s since ``started_at``."""
     from relay_engine.core.outcomes import Outcome
-    from relay_engine.core.telemetry import COUNTERS, N_BUCKETS, REFUSAL_REASONS, LatencyHistogram, Snapshot
+    from relay_engine.core.telemetry import (
+        COUNTERS,
+        MISS_REASONS,
+        N_BUCKETS,
+        REFUSAL_REASONS,
+        LatencyHistogram,
+        Snapshot,
+    )
 
     elapsed_s = ts - started_at
     rate = 200 + 20 * (sum(instance.encode()) % 5)
@@ -73,6 +80,9 @@ def _snapshot(instance: str, ts: float, started_at: float, rng: random.Random):
     counters = {name: int(requests * share) for name, share in zip(COUNTERS, [1.0, 0.99, 0.005, 0.005, 0.97]
                 + [0.5] * (len(COUNTERS) - 5), strict=True)}
     refusals = {reason: int(requests * 0.01 * (i + 1)) for i, reason in enumerate(REFUSAL_REASONS)}
+    # The misses by reason, each reason a share of them (1, 2, … parts); rounded down, so each only grows.
+    parts = len(MISS_REASONS) * (len(MISS_REASONS) + 1) // 2
+    misses = {reason: counters["misses"] * (i + 1) // parts for i, reason in enumerate(MISS_REASONS)}
     # Each instance's latencies keep one shape (cumulative buckets only grow); a few sit higher.
     seed = sum(instance.encode())
     centre = 28 + seed % 3 - 1 + (3 if seed % 16 == 0 else 0)
@@ -83,7 +93,7 @@ def _snapshot(instance: str, ts: float, started_at: float, rng: random.Random):
             histogram.counts[i] = int(requests * w)
     histogram.sum_ms = requests * 9.5
     return Snapshot(instance=instance, ts=ts, started_at=started_at, counters=counters, refusals=refusals,
-                    rank_latency=histogram, applied_generation=1, slo_ms=50.0,
+                    misses=misses, rank_latency=histogram, applied_generation=1, slo_ms=50.0,
                     tiers={Outcome.HBM: _levels(rng.randint(500, 1000), 1024),
                            Outcome.DRAM: _levels(rng.randint(1000, 3000), 4096)})
 

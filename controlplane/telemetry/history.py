@@ -24,6 +24,7 @@ from relay_engine.core.telemetry import (
     COUNTERS,
     GAUGES,
     MAX_COUNT,
+    MISS_REASONS,
     N_BUCKETS,
     REFUSAL_REASONS,
     Snapshot,
@@ -33,11 +34,14 @@ from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
 
 from .cache import telemetry_cache
 
-# Column layout of a difference row: counters, refusals by reason, latency buckets, latency sum.
+# Column layout of a difference row: counters, refusals by reason, misses by reason, latency buckets,
+# latency sum.
 COUNTER_COLUMN = {name: i for i, name in enumerate(COUNTERS)}
 REFUSAL_OFFSET = len(COUNTERS)
 REFUSAL_COLUMN = {name: REFUSAL_OFFSET + i for i, name in enumerate(REFUSAL_REASONS)}
-BUCKET_OFFSET = REFUSAL_OFFSET + len(REFUSAL_REASONS)
+MISS_OFFSET = REFUSAL_OFFSET + len(REFUSAL_REASONS)
+MISS_COLUMN = {name: MISS_OFFSET + i for i, name in enumerate(MISS_REASONS)}
+BUCKET_OFFSET = MISS_OFFSET + len(MISS_REASONS)
 SUM_COLUMN = BUCKET_OFFSET + N_BUCKETS
 N_COLUMNS = SUM_COLUMN + 1
 # Gauges (the core's list), kept as sampled (not differenced).
@@ -48,6 +52,7 @@ MAX_ENTRIES_PER_READ = 5000
 
 
 _PLAIN_NUMBERS = frozenset((int, float))
+_NO_MISSES: dict[str, int] = {}
 
 
 def _fast_values(raw: str) -> np.ndarray | None:
@@ -57,8 +62,10 @@ def _fast_values(raw: str) -> np.ndarray | None:
     try:
         data = json.loads(raw)
         counters, refusals, latency = data["counters"], data["refusals"], data["rank_latency"]
+        misses = data.get("misses", _NO_MISSES)  # absent before miss reasons: none counted
         values = [counters.get(name, 0) for name in COUNTERS]
         values += [refusals.get(reason, 0) for reason in REFUSAL_REASONS]
+        values += [misses.get(reason, 0) for reason in MISS_REASONS]
         buckets = [0] * N_BUCKETS
         for key, count in latency["buckets"].items():
             index = int(key)
@@ -97,6 +104,7 @@ def decode_snapshot(raw: str) -> tuple[float, float, np.ndarray, np.ndarray]:
     snap = Snapshot.from_json(raw)
     row = [float(snap.counters.get(name, 0)) for name in COUNTERS]
     row += [float(snap.refusals.get(reason, 0)) for reason in REFUSAL_REASONS]
+    row += [float(snap.misses.get(reason, 0)) for reason in MISS_REASONS]
     row += [float(c) for c in snap.rank_latency.counts]
     row.append(snap.rank_latency.sum_ms)
     gauges = [float(value) for value in snap.gauges().values()]

@@ -17,18 +17,20 @@ from django.conf import settings
 from relay_engine.core.telemetry import (
     COUNTERS,
     MAX_COUNT,
+    MISS_REASONS,
     N_BUCKETS,
     REFUSAL_REASONS,
     ROLLUP_GAUGES,
     ROLLUP_INSTANCES_FIELD,
     ROLLUP_SUM_FIELD,
     rollup_bucket_field,
+    rollup_miss_field,
     rollup_refusal_field,
 )
 from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
 
 from .cache import telemetry_cache
-from .history import BUCKET_OFFSET, COUNTER_COLUMN, N_COLUMNS, REFUSAL_COLUMN, SUM_COLUMN
+from .history import BUCKET_OFFSET, COUNTER_COLUMN, MISS_COLUMN, N_COLUMNS, REFUSAL_COLUMN, SUM_COLUMN
 
 # Pool gauges per period: the sums over the instances that reported, and how many did.
 POOL_GAUGES = (*ROLLUP_GAUGES, ROLLUP_INSTANCES_FIELD)
@@ -40,6 +42,7 @@ SETTLE_S = 10.0
 _FIELD_COLUMN: dict[str, int] = {
     **{name: COUNTER_COLUMN[name] for name in COUNTERS},
     **{rollup_refusal_field(reason): REFUSAL_COLUMN[reason] for reason in REFUSAL_REASONS},
+    **{rollup_miss_field(reason): MISS_COLUMN[reason] for reason in MISS_REASONS},
     **{rollup_bucket_field(i): BUCKET_OFFSET + i for i in range(N_BUCKETS)},
     ROLLUP_SUM_FIELD: SUM_COLUMN,
 }

@@ -23,12 +23,13 @@ from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import Pool
 from relay_engine.core.config import slo_of
 from relay_engine.core.outcomes import OUTCOME_COUNTERS, TIER_LABELS, TIERS, Outcome
-from relay_engine.core.telemetry import GAUGES, REFUSAL_REASONS, TIER_LEVEL_GAUGES
+from relay_engine.core.telemetry import GAUGES, MISS_REASONS, REFUSAL_REASONS, TIER_LEVEL_GAUGES
 from relay_engine.core.wire import TELEMETRY_TIERS
 
 from .history import (
     COUNTER_COLUMN,
     GAUGE_COLUMN,
+    MISS_COLUMN,
     N_COLUMNS,
     REFUSAL_COLUMN,
     SUM_COLUMN,
@@ -61,6 +62,16 @@ def refusal_reasons() -> list[dict]:
     key of ``preinfer_refused``), ``label``, and ``refusal`` (``RefusalReason.is_refusal``)."""
     return [{"reason": reason.value, "label": reason.label, "refusal": reason.is_refusal}
             for reason in REFUSAL_REASONS]
+
+
+def miss_reasons() -> list[dict]:
+    """Why a ranking request found its prefix in no tier, in the core's order, as the browser names it:
+    ``reason`` (the key of ``misses_by_reason`` and ``misses_per_s``), ``label``, ``family`` (what the
+    reason is one case of: ``MissReason.family``) with ``family_label``, and ``detail`` (the tier or the
+    refusal reason it names; "" for none)."""
+    return [{"reason": reason.value, "label": reason.label, "family": reason.family,
+             "family_label": reason.family.replace("_", " "), "detail": reason.detail}
+            for reason in MISS_REASONS]
 
 
 def lookup_outcomes() -> list[dict]:
@@ -117,8 +128,9 @@ TABLE_COUNT_COLUMNS = frozenset(("rank_requests", "preinfer_admitted", "hbm_byte
                                  "applied_generation"))  # whole numbers; the others are figures or null
 # Figures by a word of the core, sent nested (``{"preinfer_refused_per_s": {reason: […]}}``).
 _REFUSED = "preinfer_refused_per_s."
+_MISSED = "misses_per_s."  # misses by reason (``MISS_REASONS``)
 _LOOKUPS = "lookup_ratio."  # the share of lookups served each way, by outcome (every one the core knows)
-_NESTED = (_REFUSED, _LOOKUPS)
+_NESTED = (_REFUSED, _MISSED, _LOOKUPS)
 
 
 def _figures(sums: np.ndarray, step_s: float, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
@@ -138,10 +150,12 @@ def _figures(sums: np.ndarray, step_s: float, names: tuple[str, ...] | None = No
         "rank_deadline_exceeded_per_s": _counter(sums, "rank_deadline_exceeded") / step_s,
         "slo_compliance_ratio": _ratio(_counter(sums, "rank_within_slo"), rank_requests),
         "hbm_hit_ratio": _ratio(_counter(sums, "hbm_hits"), lookups),
+        "hit_ratio": _ratio(lookups - _counter(sums, "misses"), lookups),  # served without a recompute
         **{_LOOKUPS + outcome: _ratio(_counter(sums, counter), lookups) for outcome, counter in OUTCOME_COUNTERS.items()},
         "preinfer_signals_per_s": _counter(sums, "preinfer_signals") / step_s,
         "preinfer_admitted_per_s": _counter(sums, "preinfer_admitted") / step_s,
         **{_REFUSED + reason: sums[..., REFUSAL_COLUMN[reason]] / step_s for reason in REFUSAL_REASONS},
+        **{_MISSED + reason: sums[..., MISS_COLUMN[reason]] / step_s for reason in MISS_REASONS},
         "evictions_per_s": _counter(sums, "evictions") / step_s,
         "demotions_per_s": _counter(sums, "demotions") / step_s,
         "promotions_per_s": _counter(sums, "promotions") / step_s,
@@ -178,6 +192,7 @@ def _window_figures(window: np.ndarray) -> dict[str, np.ndarray]:
         "p99_ms": p99,
         "slo_compliance_ratio": _ratio(window[..., COUNTER_COLUMN["rank_within_slo"]], requests),
         "hbm_hit_ratio": _ratio(window[..., COUNTER_COLUMN["hbm_hits"]], lookups),
+        "hit_ratio": _ratio(lookups - window[..., COUNTER_COLUMN["misses"]], lookups),
         "miss_ratio": _ratio(window[..., COUNTER_COLUMN["misses"]], lookups),
         "preinfer_admitted": window[..., COUNTER_COLUMN["preinfer_admitted"]],
     }
@@ -200,8 +215,11 @@ def _totals(sums: np.ndarray) -> dict[str, float | int | None]:
         "p99_ms": _number(figures["p99_ms"], 4),
         "slo_compliance_ratio": _number(figures["slo_compliance_ratio"], 6),
         "hbm_hit_ratio": _number(figures["hbm_hit_ratio"], 6),
+        "hit_ratio": _number(figures["hit_ratio"], 6),
         "preinfer_admitted": int(window[COUNTER_COLUMN["preinfer_admitted"]]),
         "preinfer_refused": {reason: int(window[REFUSAL_COLUMN[reason]]) for reason in REFUSAL_REASONS},
+        "misses": int(window[COUNTER_COLUMN["misses"]]),
+        "misses_by_reason": {reason: int(window[MISS_COLUMN[reason]]) for reason in MISS_REASONS},
     }
 
 

@@ -77,7 +77,8 @@ def snapshot(instance: str, ts: float, started_at: float, *, latencies_ms=(), **
     for value in latencies_ms:
         hist.record(value)
     refusals = counters.pop("refusals", {})
+    misses = counters.pop("miss_reasons", {})  # ``misses`` itself is the counter
     gauges = {k: counters.pop(k) for k in ("hbm_bytes", "hbm_budget_bytes", "applied_generation", "slo_ms")
               if k in counters}
     return Snapshot(instance=instance, ts=ts, started_at=started_at, counters=dict(counters), refusals=refusals,
-                    rank_latency=hist, **gauges)
+                    misses=misses, rank_latency=hist, **gauges)

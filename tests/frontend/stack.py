@@ -103,6 +103,16 @@ class Stack:
             raise RuntimeError(f"setting up the control plane failed:\n{done.stderr[-3000:]}")
         self.tokens = json.loads(done.stdout.strip().splitlines()[-1])
 
+    def create_pool(self, name: str, description: str = "") -> None:
+        """One more pool, made by the control plane's own service (creating pools takes an admin, whom
+        the browser tests have no session of)."""
+        script = ("import django\ndjango.setup()\nfrom controlplane.policies import services\n"
+                  f"services.pool_create(name={name!r}, description={description!r}, actor='setup')\n")
+        done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=self.env, capture_output=True,
+                              text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"creating pool {name} failed:\n{done.stderr[-3000:]}")
+
     def start_server(self) -> None:
         log = (self.workdir / "gunicorn.log").open("a")
         self.server = subprocess.Popen(

@@ -23,6 +23,8 @@ import pytest
 
 from relay_engine.core.config import ModelFingerprint, parse_policy
 from relay_engine.core.editing_io import write_editing_npz
+from relay_engine.core.telemetry import MissReason
+from tests.controlplane.fleet_helpers import FakeWorker, snapshot
 from tests.models import random_lowrank
 
 from .conftest import Session, login, watch_csp
@@ -33,7 +35,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 LIVE = f"/pools/{POOL}/"
 CONFIG = f"/pools/{POOL}/config/"
 FLEET = f"/pools/{POOL}/fleet/"
-TIME_CHARTS = ("latency", "throughput", "hbm", "hits", "tiers", "preinfer", "instance_p99")
+TIME_CHARTS = ("latency", "throughput", "hbm", "hits", "misses", "tiers", "preinfer", "instance_p99")
 CONVERGE_TIMEOUT_MS = 30_000
 
 
@@ -1035,3 +1037,53 @@ def test_the_fleet_page_gets_a_disk_column_while_the_instances_run_the_disk_tier
     finally:
         publish_spec_via_api(stack, _without_disk)
     head.locator('th[data-tier="disk"]').wait_for(state="detached", timeout=CONVERGE_TIMEOUT_MS)
+
+
+MISS_POOL = "ranking-misses"
+
+
+def test_the_live_view_draws_misses_by_reason_beside_the_hit_ratio_and_says_the_breakdown(sre, stack, screenshot):
+    """An instance's snapshots with misses by reason (2/s evicted from HBM, 1/s from DRAM, 1/s first
+    visits, none else) in a pool of its own: one bar per reason that has misses, the two evictions one
+    legend group, the hit ratio on a 0–100 % axis of its own, and the window's breakdown in words; the
+    instance's page says the same."""
+    stack.create_pool(MISS_POOL)
+    worker = FakeWorker(stack.redis, MISS_POOL, 0, prefix=stack.key_prefix)
+    now = time.time()
+    evicted_hbm, evicted_dram, first_visit = MissReason.EVICTED_HBM, MissReason.EVICTED_DRAM, MissReason.FIRST_VISIT
+    for i in range(60):
+        worker.publish_snapshot(snapshot(
+            worker.name, now - 60 + i, now - 70, latencies_ms=[5.0] * i, rank_requests=10 * i, rank_ok=10 * i,
+            rank_within_slo=10 * i, hbm_hits=6 * i, misses=4 * i,
+            miss_reasons={evicted_hbm: 2 * i, evicted_dram: i, first_visit: i}))
+    # 59 s of counts: 236 misses, 118 evicted from HBM, 59 each from DRAM and on a first visit.
+    expected = (f"236 misses: 50% {evicted_hbm.label}, 25% {first_visit.label}, 25% {evicted_dram.label}.")
+    sre.goto(f"/pools/{MISS_POOL}/?window=5m")
+    chart = sre.locator('[data-chart="misses"][data-has-data="true"]')
+    chart.locator(".main-svg").first.wait_for()
+    breakdown = sre.locator('#live [data-role="miss-breakdown"]')
+    breakdown.filter(has_text="236 misses").wait_for()
+    assert breakdown.inner_text() == expected
+    drawn = sre.evaluate("""() => {
+        const plot = document.querySelector('[data-chart="misses"] .plot');
+        return {traces: plot.data.map((t) => ({name: t.name, type: t.type, yaxis: t.yaxis || "y",
+                                             group: t.legendgroup || null})),
+                y2: plot._fullLayout.yaxis2.range, side: plot._fullLayout.yaxis2.side};
+    }""")
+    bars = [t for t in drawn["traces"] if t["type"] == "bar"]
+    assert [t["name"] for t in bars] == [first_visit.label, evicted_hbm.label, evicted_dram.label]
+    assert {t["group"] for t in bars if t["name"] != first_visit.label} == {evicted_hbm.family}
+    [hit_ratio] = [t for t in drawn["traces"] if t["yaxis"] == "y2"]
+    assert hit_ratio["type"] == "scatter" and drawn["y2"] == [0, 100] and drawn["side"] == "right"
+    legend = sre.evaluate("""() => [...document.querySelectorAll('[data-chart="misses"] .legend .traces')]
+        .map((t) => t.textContent)""")
+    # The three reasons with misses (the evictions under their family's title) and the hit ratio; no other.
+    assert sorted(legend) == sorted([first_visit.label, f"{evicted_hbm.family}:", evicted_hbm.label,
+                                     evicted_dram.label, "hit ratio (no recompute)"])
+    screenshot(sre, "42-live-view-misses-by-reason")
+    sre.goto(f"/pools/{MISS_POOL}/instances/{worker.name}/?window=5m")
+    sre.locator('#instance [data-chart="misses"][data-has-data="true"] .main-svg').first.wait_for()
+    instance_breakdown = sre.locator('#instance [data-role="miss-breakdown"]')
+    instance_breakdown.filter(has_text="236 misses").wait_for()
+    assert instance_breakdown.inner_text() == expected
+    screenshot(sre, "43-instance-misses-by-reason")

@@ -15,7 +15,7 @@ from controlplane.common.fields import QueryIntegerField, QueryNumberField
 from controlplane.common.urls import INSTANCE_NAME_PATTERN
 from relay_engine.core.forward_times import OPS, SUMS
 from relay_engine.core.outcomes import Outcome
-from relay_engine.core.telemetry import REFUSAL_REASONS
+from relay_engine.core.telemetry import MISS_REASONS, REFUSAL_REASONS
 
 from ..forwards import DEFAULT_WINDOW_S, MAX_WINDOW_S
 from ..history import GAUGES
@@ -121,6 +121,12 @@ RefusalSeriesSerializer = _serializer(
     "RefusalSeriesSerializer", "Refused pre-infers per second, by reason.",
     {reason.value: _series() for reason in REFUSAL_REASONS})
 
+MissSeriesSerializer = _serializer(
+    "MissSeriesSerializer", "Misses (ranking requests whose prefix was in no cache tier) per second, by reason; "
+    "each miss is counted under exactly one.",
+    {reason.value: _series(f"{reason.label}: one value per point of `timestamps` (from `from`); null where there "
+                           f"is no data.") for reason in MISS_REASONS})
+
 LookupRatioSeriesSerializer = _serializer(
     "LookupRatioSeriesSerializer", "The share of cache lookups served each way, by outcome (every one the core "
     "knows; each lookup is counted once, in one of them).",
@@ -129,6 +135,11 @@ LookupRatioSeriesSerializer = _serializer(
 RefusalCountsSerializer = _serializer(
     "RefusalCountsSerializer", "Pre-infers refused over the window, by reason.",
     {reason.value: serializers.IntegerField() for reason in REFUSAL_REASONS})
+
+MissCountsSerializer = _serializer(
+    "MissCountsSerializer", "Misses over the window, by reason: they sum to `misses` where every snapshot carried "
+    "its reasons (those from before miss reasons count under none).",
+    {reason.value: serializers.IntegerField(help_text=reason.label) for reason in MISS_REASONS})
 
 
 class WindowTotalsSerializer(serializers.Serializer):
@@ -140,8 +151,12 @@ class WindowTotalsSerializer(serializers.Serializer):
     p99_ms = serializers.FloatField(allow_null=True)
     slo_compliance_ratio = serializers.FloatField(allow_null=True)
     hbm_hit_ratio = serializers.FloatField(allow_null=True)
+    hit_ratio = serializers.FloatField(allow_null=True, help_text="The share of lookups served without a "
+                                                                  "recompute (every tier, a computation joined).")
     preinfer_admitted = serializers.IntegerField()
     preinfer_refused = RefusalCountsSerializer()
+    misses = serializers.IntegerField(help_text="Lookups that found the prefix in no tier (recomputed).")
+    misses_by_reason = MissCountsSerializer()
 
 
 class AnnotationSerializer(serializers.Serializer):
@@ -178,7 +193,7 @@ FleetSeriesSerializer = _serializer(
     "FleetSeriesSerializer", "The pool's series (the pool rollups) and its window totals; levels are sums over "
     "the instances reporting (`instances`).",
     {**_figure_series(SERIES_FIGURES), "preinfer_refused_per_s": RefusalSeriesSerializer(),
-     "lookup_ratio": LookupRatioSeriesSerializer(),
+     "misses_per_s": MissSeriesSerializer(), "lookup_ratio": LookupRatioSeriesSerializer(),
      **{name: _level_series() for name in POOL_GAUGES}, "totals": WindowTotalsSerializer()})
 
 TopInstanceSerializer = _serializer(
@@ -205,7 +220,7 @@ PoolMetricsSerializer = _serializer(
 InstanceSeriesSerializer = _serializer(
     "InstanceSeriesSerializer", "One instance's series: every figure, and its gauges.",
     {**_figure_series(SERIES_FIGURES), "preinfer_refused_per_s": RefusalSeriesSerializer(),
-     "lookup_ratio": LookupRatioSeriesSerializer(),
+     "misses_per_s": MissSeriesSerializer(), "lookup_ratio": LookupRatioSeriesSerializer(),
      **{name: _level_series() for name in GAUGES}})
 
 InstanceMetricsSerializer = _serializer(

@@ -28,10 +28,11 @@ class PoolMetricsView(APIView):
             "Aligned series of the pool, from the pool rollups: `timestamps` (point starts, unix s, from "
             "`from`: the whole window, or from `since` on an incremental poll); `fleet` with p50_ms/p99_ms "
             "(from merged histogram buckets), rank_per_s, rank_within_slo_per_s, slo_compliance_ratio, "
-            "hbm_hit_ratio, lookup_ratio by outcome (every outcome the core knows), preinfer_admitted_per_s, "
+            "hbm_hit_ratio, hit_ratio (served without a recompute), lookup_ratio by outcome (every outcome the core "
+            "knows), misses_per_s by miss reason, preinfer_admitted_per_s, "
             "preinfer_refused_per_s by reason, every cache tier's `<tier>_bytes` and `<tier>_budget_bytes` "
             "summed over the instances reporting (`instances`), `totals` for "
-            "the whole window; `top`: the `n` worst instances by `by`, worst first, each with its ranking "
+            "the whole window (misses_by_reason among them); `top`: the `n` worst instances by `by`, worst first, each with its ranking "
             "`value` and its series from `from`; `annotations`: publishes in the window.")),
             **error_responses(400, 401, 403, 404, 503)},
     )

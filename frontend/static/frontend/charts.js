@@ -32,6 +32,49 @@ const Charts = (() => {
     layout(m, { yTitle: "% of lookups", ySuffix: "%", yRange: [0, 100] }));
   }
 
+  /* Misses per second by reason, stacked (s: the pool's series or one instance's), and on a second
+     axis the share of lookups served without a recompute. The reasons of one family (evicted from a
+     tier, not admitted for a reason) share a hue and a legend group, the tier or refusal in each one's
+     label; a reason with no miss in the window gets no legend entry. */
+  const MISS_HUES = ["220,38,38", "217,119,6", "37,99,235", "124,58,237", "8,145,178", "101,163,13", "219,39,119",
+                     "71,85,105", "180,83,9", "13,148,136"];
+  function misses(container, m, x, s) {
+    const reasons = RelayGR.missReasons();
+    const rates = s.misses_per_s || {};
+    const families = [...new Set(reasons.map((r) => r.family))];
+    const traces = [];
+    families.forEach((family, i) => {
+      const members = reasons.filter((r) => r.family === family);
+      const grouped = members.length > 1;
+      members.forEach((r, j) => {
+        if (!(rates[r.reason] || []).some((v) => v)) return;
+        const alpha = grouped ? 1 - (0.65 * j) / (members.length - 1) : 0.9;
+        traces.push({ type: "bar", x, y: rates[r.reason], name: r.label, hovertemplate: "%{y:.3~f}/s",
+                      marker: { color: `rgba(${MISS_HUES[i % MISS_HUES.length]},${alpha.toFixed(2)})` },
+                      ...(grouped ? { legendgroup: family, legendgrouptitle: { text: `${r.family_label}:` } } : {}) });
+      });
+    });
+    traces.push(line(x, scale(s.hit_ratio || [], 100), "hit ratio (no recompute)", {
+      yaxis: "y2", hovertemplate: "%{y:.1f}%", line: { color: "#0f172a", width: 2 } }));
+    container.dataset.reasons = String(traces.length - 1);
+    draw(container, traces, layout(m, { yTitle: "misses/s", barmode: "stack",
+                                        y2: { title: "hit ratio", suffix: "%", range: [0, 100], dtick: 25 } }));
+  }
+
+  /* A window's misses in one sentence, the most frequent reason first: "412 misses: 61% evicted from
+     HBM, 22% first visit, …"; misses counted under no reason (published before miss reasons were) said apart. */
+  function missBreakdown(totals) {
+    const total = totals.misses || 0;
+    if (!total) return "No misses in this window.";
+    const counts = totals.misses_by_reason || {};
+    const reasons = RelayGR.missReasons().filter((r) => counts[r.reason] > 0)
+      .sort((a, b) => counts[b.reason] - counts[a.reason]);
+    const parts = reasons.map((r) => `${RelayGR.fmt.pct(counts[r.reason] / total, 0)} ${r.label}`);
+    const unattributed = total - reasons.reduce((sum, r) => sum + counts[r.reason], 0);
+    if (unattributed > 0) parts.push(`${RelayGR.fmt.count(unattributed)} under no reason (published before reasons were)`);
+    return `${RelayGR.fmt.count(total)} miss${total === 1 ? "" : "es"}: ${parts.join(", ")}.`;
+  }
+
   /* The cache tiers that had a budget in the window (s: the pool's series or one instance's), each with
      its level series: [{tier, used, budget}] in lookup order. A tier no instance ran is left out. */
   function tiersIn(s) {
@@ -170,18 +213,24 @@ const Charts = (() => {
     { dtickrange: [86400000, null], value: "%b %d" },
   ];
 
-  function layout(m, { yTitle = "", yTickformat, ySuffix, withSlo = false, barmode, height, legend = true, yRange } = {}) {
+  /* A chart's layout; `y2` ({title, suffix, range, dtick}) adds a second y axis on the right, for traces with
+     `yaxis: "y2"`. */
+  function layout(m, { yTitle = "", yTickformat, ySuffix, withSlo = false, barmode, height, legend = true, yRange,
+                       y2 } = {}) {
     const slo = withSlo ? sloLine(m) : { shapes: [], labels: [] };
     const [from, to] = xRange(m);
     return {
       height,
-      margin: { l: 56, r: 12, t: 8 + ROW_PX, b: 36 },
+      margin: { l: 56, r: y2 ? 56 : 12, t: 8 + ROW_PX, b: 36 },
       font: { family: FONT_FAMILY, size: 11, color: "#1e293b" },
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "#ffffff",
       xaxis: { type: "date", range: [new Date(from * 1000), new Date(to * 1000)], gridcolor: "#eef2f7",
                linecolor: "#cbd5e1", tickangle: 0, nticks: 7, tickformatstops: TICK_FORMATS, automargin: true },
       yaxis: { title: { text: yTitle, standoff: 6 }, rangemode: "tozero", gridcolor: "#eef2f7", zeroline: false,
                tickformat: yTickformat, ticksuffix: ySuffix, range: yRange, automargin: true },
+      // Only when asked: Plotly reads every yaxis<N> key, an undefined one too.
+      ...(y2 ? { yaxis2: { title: { text: y2.title, standoff: 6 }, overlaying: "y", side: "right", range: y2.range,
+                           tickmode: y2.dtick ? "linear" : undefined, tick0: 0, dtick: y2.dtick, ticksuffix: y2.suffix, showgrid: false, zeroline: false, automargin: true } } : {}),
       showlegend: legend,
       // Below the tick labels, at the figure's foot: a legend placed on the plot's own scale ran into them.
       legend: { orientation: "h", x: 0, yref: "container", y: 0, yanchor: "bottom", font: { size: 10 } },
@@ -329,6 +378,6 @@ const Charts = (() => {
     }
   }
 
-  return { color, line, times, scale, dataStart, layout, draw, lookups, tiersIn, tierOccupancy, overlay, summary, lastOf, splice, SeriesWindow,
+  return { color, line, times, scale, dataStart, layout, draw, lookups, misses, missBreakdown, tiersIn, tierOccupancy, overlay, summary, lastOf, splice, SeriesWindow,
            HEALTH_TEXT };
 })();

@@ -172,6 +172,10 @@ const RelayGR = (() => {
   /* The pre-infer refusal reasons (relay_engine.core.telemetry): [{reason, label, refusal}]; `refusal`
      is false for one that is no refusal at all (the prefix is already cached). */
   const refusalReasons = () => fromServer("refusalReasons");
+  /* Why a ranking request found its prefix in no tier (relay_engine.core.telemetry): [{reason, label,
+     family, family_label, detail}] in the core's order, the keys of `misses_by_reason` and `misses_per_s`;
+     `family` groups the reasons that are cases of one (evicted from a tier, not admitted for a reason). */
+  const missReasons = () => fromServer("missReasons");
   /* Where a lookup can be served from (relay_engine.core.outcomes): [{outcome, label}], the keys of the
      series' `lookup_ratio`. */
   const outcomes = () => fromServer("outcomes");
@@ -201,5 +205,5 @@ const RelayGR = (() => {
     }
   });
 
-  return { api, ApiError, Poller, connection, fmt, el, windowPicker, refusalReasons, outcomes, cacheTiers };
+  return { api, ApiError, Poller, connection, fmt, el, windowPicker, refusalReasons, missReasons, outcomes, cacheTiers };
 })();

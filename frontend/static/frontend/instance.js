@@ -7,7 +7,7 @@
   const { pool, instance } = root.dataset;
   const base = `/api/v1/pools/${encodeURIComponent(pool)}/instances/${encodeURIComponent(instance)}`;
   let windowName = root.dataset.window;
-  const CHARTS = ["latency", "throughput", "memory", "hits"];
+  const CHARTS = ["latency", "throughput", "memory", "hits", "misses"];
   const chart = (name) => root.querySelector(`[data-chart="${name}"]`);
   const held = new Charts.SeriesWindow();
   const MiB = 1 / (1024 * 1024);
@@ -32,6 +32,8 @@
       line(x, Charts.scale(t.budget, MiB), `${t.tier} budget`, { line: { color: Charts.color(i), width: 1, dash: "dash" } }),
     ]), Charts.layout(m, { yTitle: "MiB" }));
     Charts.lookups(chart("hits"), m, x, s);
+    Charts.misses(chart("misses"), m, x, s);
+    root.querySelector('[data-role="miss-breakdown"]').textContent = Charts.missBreakdown(m.totals);
     const empty = !m.totals.rank_requests && !s.hbm_bytes.some((v) => v !== null);
     for (const name of CHARTS) Charts.overlay(chart(name), empty ? "No telemetry from this instance in this window." : null, "empty");
   }

@@ -10,7 +10,7 @@
   let windowName = root.dataset.window;
   const chart = (name) => root.querySelector(`[data-chart="${name}"]`);
   const part = (role) => root.querySelector(`[data-role="${role}"]`);
-  const CHARTS = ["latency", "throughput", "hbm", "hits", "tiers", "preinfer", "instance_p99"];
+  const CHARTS = ["latency", "throughput", "hbm", "hits", "misses", "tiers", "preinfer", "instance_p99"];
   const REASONS = RelayGR.refusalReasons();
   const REFUSAL_COLORS = ["#94a3b8", "#d97706", "#db2777", "#7c3aed", "#475569", "#dc2626"];
   const CACHED_COLOR = "#0891b2";
@@ -153,6 +153,8 @@
     drawThroughput(m, x);
     drawHbm(m, x);
     Charts.lookups(chart("hits"), m, x, m.fleet);
+    Charts.misses(chart("misses"), m, x, m.fleet);
+    part("miss-breakdown").textContent = Charts.missBreakdown(m.fleet.totals);
     Charts.tierOccupancy(chart("tiers"), m, x, m.fleet, part("tier-occupancy"));
     drawPreinfer(m, x);
     drawWorstLatency(m, x);
