@@ -28,15 +28,16 @@ browser:
 	  fi; \
 	fi
 
-# The alert rules' tests run Debian's promtool (package prometheus; where systemd runs, the package
-# also enables its server: systemctl disable --now prometheus if it is not wanted).
+# The alert rules' tests run Debian's promtool, and the dashboards' test its prometheus server: one
+# package, prometheus (where systemd runs, the package also enables its server: systemctl disable
+# --now prometheus if it is not wanted; the tests start their own on a free port).
 promtool:
-	@if ! command -v promtool >/dev/null; then \
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian's prometheus for promtool (the alert rules' tests)"; \
+	    echo "installing Debian's prometheus for promtool and prometheus (the rules' and dashboards' tests)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	  else \
-	    echo "promtool is missing: install it (Debian: sudo apt-get install prometheus)"; \
+	    echo "promtool or prometheus is missing: install them (Debian: sudo apt-get install prometheus)"; \
 	  fi; \
 	fi
 

@@ -52,6 +52,10 @@ _postgresql(_required("DATABASE_URL"))  # base already parsed it; prod refuses S
 REDIS_URL = _required("REDIS_URL")
 
 SECURE_SSL_REDIRECT = True
+# Set to 1 where a Prometheus scrapes /metrics over a private network without TLS (docker-compose.yml's
+# prometheus service scrapes web:8000): that one path is then served over plain HTTP, not redirected.
+if os.environ.get("RELAYGR_METRICS_PLAIN_HTTP") == "1":
+    SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
 SECURE_HSTS_SECONDS = 31_536_000

@@ -1,4 +1,5 @@
-"""docker-compose.yml refers only to things that exist: modules, management commands, settings."""
+"""docker-compose.yml refers only to things that exist: modules, management commands, settings, the files
+Prometheus and Grafana mount (and the Prometheus configuration passes ``promtool check config``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import yaml
 from django.core.management import get_commands
 
 from relay_engine.core.wire import CONTROLPLANE_QUEUES, controlplane_queue
+from tests.promtool import promtool
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT_DIRS = ("relay_engine", "workers", "controlplane", "frontend")
@@ -105,3 +107,70 @@ def test_the_bake_and_the_previews_have_a_control_plane_worker_each(compose):
     assert consumed == {"controlplane-bake": (controlplane_queue("periodic", prefix), True),
                         "controlplane-previews": (controlplane_queue("previews", prefix), False)}
     assert {queue for queue, _ in consumed.values()} == {controlplane_queue(kind, prefix) for kind in CONTROLPLANE_QUEUES}
+
+
+# --- Prometheus and Grafana beside the stack (not run here: the files they read are checked) -------------------
+
+def _mounts(service: dict) -> dict[str, str]:
+    """Mount target → source (a named volume, or a path relative to the repository) of a service."""
+    return {target: source for source, target, *_ in (volume.split(":") for volume in service.get("volumes", []))}
+
+
+def test_every_bind_mount_names_a_path_in_the_repository(compose):
+    checked = 0
+    for name, service in compose["services"].items():
+        for source in _mounts(service).values():
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts {source}, which the repository does not have"
+                checked += 1
+            else:
+                assert source in compose["volumes"], f"{name} mounts an undeclared volume {source}"
+    assert checked >= 3
+
+
+def test_prometheus_scrapes_web_with_the_token_its_volume_holds(compose, tmp_path):
+    services = compose["services"]
+    prometheus = services["prometheus"]
+    config_path = next(arg.split("=", 1)[1] for arg in prometheus["command"] if arg.startswith("--config.file="))
+    config_dir, config_name = config_path.rsplit("/", 1)
+    config = yaml.safe_load((ROOT / _mounts(prometheus)[config_dir] / config_name).read_text())
+    (job,) = config["scrape_configs"]
+    example = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())["scrape_configs"][0]
+    # The example's job but for where the control plane and the token are.
+    differs = ("static_configs", "authorization")
+    assert {k: v for k, v in job.items() if k not in differs} == {k: v for k, v in example.items() if k not in differs}
+    assert job["authorization"]["type"] == example["authorization"]["type"]
+    assert job["static_configs"] == [{"targets": ["web:8000"]}]
+    assert "web" in compose["x-app"]["environment"]["DJANGO_ALLOWED_HOSTS"]
+    assert services["web"]["environment"]["RELAYGR_METRICS_PLAIN_HTTP"] == "1"
+    # The token file is the one the prometheus-token service writes into the volume both mount.
+    token_dir, token_name = job["authorization"]["credentials_file"].rsplit("/", 1)
+    volume = _mounts(prometheus)[token_dir]
+    writer = services["prometheus-token"]
+    written_in = next(target for target, source in _mounts(writer).items() if source == volume)
+    assert f"> {written_in}/{token_name}" in writer["command"] and "--read-only" in writer["command"]
+    assert prometheus["depends_on"]["prometheus-token"]["condition"] == "service_completed_successfully"
+
+    # promtool checks the configuration with the rules beside it and a token where the volume would be.
+    for path in (ROOT / _mounts(prometheus)[config_dir]).glob("*.yml"):
+        (tmp_path / path.name).write_text(path.read_text())
+    (tmp_path / "prometheus.token").write_text("rgr_example\n")
+    job["authorization"]["credentials_file"] = str(tmp_path / "prometheus.token")
+    (tmp_path / config_name).write_text(yaml.safe_dump(config))
+    result = promtool("check", "config", str(tmp_path / config_name))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert b"SUCCESS: 1 rule files found" in result.stdout + result.stderr
+
+
+def test_grafana_provisions_the_compose_prometheus_and_the_committed_dashboards(compose):
+    grafana = compose["services"]["grafana"]
+    mounts = _mounts(grafana)
+    provisioning = ROOT / mounts["/etc/grafana/provisioning"]
+    (source,) = yaml.safe_load((provisioning / "datasources" / "relaygr.yml").read_text())["datasources"]
+    assert (source["type"], source["url"], source["isDefault"]) == ("prometheus", "http://prometheus:9090", True)
+    assert "127.0.0.1:9090:9090" in compose["services"]["prometheus"]["ports"]
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "relaygr.yml").read_text())["providers"]
+    dashboards = ROOT / mounts[provider["options"]["path"]]
+    assert dashboards == ROOT / "deploy" / "grafana" / "dashboards"
+    assert sorted(p.name for p in dashboards.glob("*.json")) == ["relaygr-fleet.json", "relaygr-pool.json"]
+    assert grafana["depends_on"]["prometheus"]["condition"] == "service_started"
