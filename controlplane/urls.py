@@ -1,4 +1,5 @@
-"""URL map: the REST API under /api/v1/, its OpenAPI schema and docs, Prometheus at /metrics."""
+"""URL map: the REST API under /api/v1/, its OpenAPI schema and docs, Prometheus at /metrics, the
+health probe at /healthz."""
 
 from csp.decorators import csp_replace, csp_update
 from django.conf import settings
@@ -7,6 +8,7 @@ from django.http import JsonResponse
 from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
+from controlplane.common.health import healthz
 from controlplane.common.renderers import INLINE_STYLES, REDOC_WORKERS
 from controlplane.common.urls import GenerationConverter, InstanceNameConverter, PoolNameConverter
 from controlplane.telemetry.api.views import PrometheusMetricsView
@@ -43,6 +45,7 @@ urlpatterns = [
         SpectacularRedocView.as_view(url_name="schema", template_name="frontend/redoc.html"))), name="redoc"),
     path("api/auth/", include(api_auth)),
     path("metrics", PrometheusMetricsView.as_view(), name="prometheus-metrics"),
+    path("healthz", healthz, name="healthz"),
     path("", include("frontend.urls")),
 ]
 

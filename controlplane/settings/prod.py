@@ -52,10 +52,12 @@ _postgresql(_required("DATABASE_URL"))  # base already parsed it; prod refuses S
 REDIS_URL = _required("REDIS_URL")
 
 SECURE_SSL_REDIRECT = True
+# The health probe (/healthz) is asked on the container's own port, in plain HTTP: never redirected.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 # Set to 1 where a Prometheus scrapes /metrics over a private network without TLS (docker-compose.yml's
 # prometheus service scrapes web:8000): that one path is then served over plain HTTP, not redirected.
 if os.environ.get("RELAYGR_METRICS_PLAIN_HTTP") == "1":
-    SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
+    SECURE_REDIRECT_EXEMPT.append(r"^metrics$")
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
 SECURE_HSTS_SECONDS = 31_536_000

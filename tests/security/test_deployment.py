@@ -27,10 +27,12 @@ from django.conf import settings
 from django.test import Client
 client = Client(HTTP_HOST="relaygr.example.com")
 plain = client.get("/login/")
+probe = client.get("/healthz")
 tls = client.get("/login/", secure=True)
 csrf = tls.cookies.get("csrftoken")
 print(json.dumps({
     "plain": [plain.status_code, plain.get("Location", "")],
+    "probe": [probe.status_code, probe.get("Location", "")],
     "tls": tls.status_code,
     "hsts": tls.get("Strict-Transport-Security", ""),
     "nosniff": tls.get("X-Content-Type-Options", ""),
@@ -51,6 +53,8 @@ def test_production_serves_only_tls_with_secure_cookies_and_hsts(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["plain"] == [301, "https://relaygr.example.com/login/"]
+    # the health probe answers on plain HTTP, never redirected (whether the database it names answers or not)
+    assert seen["probe"][0] in (200, 503) and seen["probe"][1] == ""
     assert seen["tls"] == 200
     assert seen["hsts"] == "max-age=31536000; includeSubDomains; preload"
     assert seen["nosniff"] == "nosniff" and seen["frame"] == "DENY" and seen["referrer"] == "same-origin"
