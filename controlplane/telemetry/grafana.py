@@ -152,6 +152,10 @@ def pool_dashboard() -> gd.Dashboard:
             (_rate("relaygr_tier_hits_total", POOL, "tier"), "{{tier}}"),
             (_rate("relaygr_tier_evictions_total", POOL, "tier"), "{{tier}} evictions"),
         ]))
+        .with_panel(_chart("Misses by reason", "ops", [
+            (_rate("relaygr_rank_misses_total", POOL, "reason"), "{{reason}}"),
+        ], description="Why a lookup found its prefix in no tier and recomputed it; the reasons sum to the "
+                       "misses (README, \"Misses by reason\")."))
         .with_row(gd.Row("Pre-inference"))
         .with_panel(_chart("Pre-infer signals admitted and refused", "ops", [
             (_rate("relaygr_preinfer_signals_total", POOL), "signals"),
