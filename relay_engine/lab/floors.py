@@ -48,7 +48,8 @@ class Roofline:
                 f"{BANDWIDTH_MIB} MiB, read + write)")
 
 
-def _best_s(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+def fastest_s(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """The fastest of ``repeats`` calls of ``fn`` (after one warm-up), in wall seconds, the device synchronised."""
     fn()
     best = float("inf")
     for _ in range(repeats):
@@ -65,10 +66,10 @@ def measure_roofline(device: torch.device, repeats: int = ROOFLINE_REPEATS) -> R
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
     out = torch.empty(n, n, device=device)
-    gemm_s = _best_s(lambda: torch.mm(a, b, out=out), device, repeats)
+    gemm_s = fastest_s(lambda: torch.mm(a, b, out=out), device, repeats)
     src = torch.empty(BANDWIDTH_MIB * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
-    copy_s = _best_s(lambda: dst.copy_(src), device, repeats)
+    copy_s = fastest_s(lambda: dst.copy_(src), device, repeats)
     return Roofline(matmul_flops_per_s=2 * n**3 / gemm_s, bytes_per_s=2 * src.numel() * 4 / copy_s,
                     device=str(device), threads=torch.get_num_threads())
 

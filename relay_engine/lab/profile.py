@@ -56,15 +56,7 @@ def standalone_ms(fn, repeats: int, device: torch.device) -> float:
             fn()
             times.append((time.thread_time() - t0) * 1000)
         return statistics.median(times)
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        devices.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        devices.synchronize(device)
-        best = min(best, (time.perf_counter() - t0) * 1000)
-    return best
+    return floors.fastest_s(fn, device, repeats) * 1000
 
 
 def profile_length(model: HSTUModel, features: SyntheticFeatures, length: int, n_short: int, n_cands: int,
