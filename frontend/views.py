@@ -148,7 +148,7 @@ class InstanceView(ChartsMixin, TimeWindowMixin, PoolPageView):
         return context
 
 
-class ConfigView(PoolPageView):
+class ConfigView(ChartsMixin, PoolPageView):  # the cache curves beside the budgets
     template_name = "frontend/config.html"
     tab = "config"
 

@@ -48,6 +48,8 @@ RelayGR.editor.form = (() => {
     }
     sections.forEach(showSection);
     renderEditing(spec.editing);
+    // Setting values fires no input event; what draws from the form (the cache curves) redraws on this.
+    part("form").dispatchEvent(new Event("relaygr:filled"));
   }
 
   /* The spec the form describes. Text that is not a number is sent as it is, so the schema's own
