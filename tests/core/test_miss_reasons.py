@@ -11,6 +11,7 @@ from relay_engine.core.config import parse_policy
 from relay_engine.core.engine import PreInferRequest, RankRequest, RelayEngine
 from relay_engine.core.kvcache import CacheKey
 from relay_engine.core.miss_ledger import MissLedger
+from relay_engine.core.outcomes import Outcome
 from relay_engine.core.telemetry import MISS_REASONS, MissReason
 from tests.models import SMALL, make_history
 
@@ -127,6 +128,27 @@ def test_a_user_the_membership_moved_here_misses_as_rerouted_until_the_longest_t
     assert rank(engine, "moved-2", make_history(200, SMALL, seed=3)).miss_reason == MissReason.FIRST_VISIT
     assert misses_by_reason(engine) == {MissReason.REROUTED: 1, MissReason.FIRST_VISIT: 2}
 
+
+def test_a_lower_tiers_copy_that_fails_its_checksum_misses_as_unreadable(tmp_path):
+    room_for_one = 1.2 * PER_PREFIX_MIB
+    engine = engine_with(policy={"cache": {"hbm_budget_mb": room_for_one, "dram_budget_mb": room_for_one,
+                                           "disk": {"path": str(tmp_path / "kv"), "budget_mb": 64}}})
+    prefixes = {user: make_history(200, SMALL, seed=i) for i, user in enumerate(["ivy", "jon", "kim"])}
+    try:
+        for user, prefix in prefixes.items():  # ivy: HBM → DRAM (jon) → disk (kim)
+            rank(engine, user, prefix)
+        assert engine.cache.flush(timeout_s=30)
+        ivy = engine.cache_key("ivy", prefixes["ivy"])
+        assert engine.cache.where(ivy) is Outcome.DISK
+        disk = engine.cache.tier(Outcome.DISK)
+        data = bytearray(disk.path_of(ivy).read_bytes())
+        data[-10] ^= 0xFF  # a flipped payload byte: the CRC no longer holds
+        disk.path_of(ivy).write_bytes(bytes(data))
+        assert rank(engine, "ivy", prefixes["ivy"]).miss_reason == MissReason.UNREADABLE
+        assert disk.counters.corrupt_reads == 1
+        assert misses_by_reason(engine) == {MissReason.FIRST_VISIT: 3, MissReason.UNREADABLE: 1}
+    finally:
+        engine.close()
 
 class _HeldPrefill:
     """The model's forwards, with prefills held until released, then failing if told to."""

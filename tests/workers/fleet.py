@@ -70,12 +70,24 @@ class Fleet:
     def start(self) -> Fleet:
         self.publish({})  # generation 1: the schema's defaults, as a new pool in the control plane
         for index in range(self.settings.pool_size):
-            name = instance_name(self.settings.pool, index)
-            log = (self.logdir / f"{name}.log").open("w")
-            self.procs[name] = spawn_instance(self.settings, index, stdout=log, stderr=subprocess.STDOUT)
+            self._spawn(index)
         wait_until_live(self.redis, self.settings, self.names, START_TIMEOUT_S, list(self.procs.values()))
         self.client.refresh()
         return self
+
+    def add_instance(self) -> str:
+        """Start the next instance of the pool (an instance joining a running pool); returns its name
+        once it is live and the client routes to it."""
+        name = self._spawn(len(self.procs))
+        wait_until_live(self.redis, self.settings, [name], START_TIMEOUT_S, [self.procs[name]])
+        self.client.refresh()
+        return name
+
+    def _spawn(self, index: int) -> str:
+        name = instance_name(self.settings.pool, index)
+        log = (self.logdir / f"{name}.log").open("w")
+        self.procs[name] = spawn_instance(self.settings, index, stdout=log, stderr=subprocess.STDOUT)
+        return name
 
     def stop(self) -> None:
         if self._client is not None:
