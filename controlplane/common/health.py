@@ -1,7 +1,7 @@
 """``/healthz``: whether this web process can serve — its database answers and its Redis answers.
 
 What a container's health check, a load balancer or an orchestrator's probe reads: 200 ``{"status": "ok"}``,
-or 503 naming each dependency that failed and why, by exception type only (nothing of the settings).
+or 503 naming each dependency that is down (``down``) and why, by exception type only (nothing of the settings).
 No authentication (it says nothing a caller could use), and no redirect to HTTPS in production
 (``SECURE_REDIRECT_EXEMPT``): a probe on the container's own port speaks plain HTTP.
 """
@@ -39,7 +39,7 @@ def _redis() -> str | None:
 
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
-    failed = {name: why for name, why in (("database", _database()), ("redis", _redis())) if why}
-    if failed:
-        return JsonResponse({"status": "unavailable", "failed": failed}, status=503)
+    down = {name: why for name, why in (("database", _database()), ("redis", _redis())) if why}
+    if down:
+        return JsonResponse({"status": "unavailable", "down": down}, status=503)
     return JsonResponse({"status": "ok"})

@@ -20,12 +20,12 @@ def test_the_probe_names_redis_when_it_does_not_answer(settings):
     response = Client().get("/healthz")
     assert response.status_code == 503
     assert response.json()["status"] == "unavailable"
-    assert set(response.json()["failed"]) == {"redis"} and "REDIS_URL" in response.json()["failed"]["redis"]
+    assert set(response.json()["down"]) == {"redis"} and "REDIS_URL" in response.json()["down"]["redis"]
 
 
 def test_the_probe_names_redis_when_none_is_configured(no_redis):
     response = Client().get("/healthz")
-    assert response.status_code == 503 and "set REDIS_URL" in response.json()["failed"]["redis"]
+    assert response.status_code == 503 and "set REDIS_URL" in response.json()["down"]["redis"]
 
 
 def test_the_probe_only_reads(redis_on):
