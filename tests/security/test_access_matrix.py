@@ -84,6 +84,10 @@ RULES: dict[str, dict[str, Rule]] = {
     "api/docs/": {"get": Rule("viewer", 200)},
     "api/redoc/": {"get": Rule("viewer", 200)},
     "metrics": {"get": Rule("viewer", 200)},
+    # No captured traffic in the matrix's pool: the allowed callers learn that (409).
+    "api/v1/pools/<poolname:pool>/cache-curves/": {"get": Rule("viewer", 409, query="?window=15m")},
+    # The health probe: anyone, no login (it says only whether the database and Redis answer).
+    "healthz": {"get": Rule(PUBLIC, 200)},
     # The browsable API's log-in form and log-out.
     "api/auth/login/": {"get": DRF_LOGIN_FORM, "post": DRF_LOGIN_FORM, "put": DRF_LOGIN_FORM},
     "api/auth/logout/": {"post": Rule(PUBLIC, 302, kind=PAGE)},
@@ -266,5 +270,6 @@ def test_every_api_read_opens_in_the_browsable_api(callers, route):
     rule = RULES[route]["get"]
     response = browser.get(sample_path(route, 1) + rule.query, HTTP_ACCEPT=BROWSER_ACCEPT)
     assert response.status_code == rule.ok, f"/{route}: {response.status_code}"
-    if response.status_code == 200 and route not in ("metrics", "api/schema/"):  # text and YAML by design
+    # text, YAML and a probe's JSON by design
+    if response.status_code == 200 and route not in ("metrics", "api/schema/", "healthz"):
         assert response["Content-Type"].startswith("text/html"), response["Content-Type"]
