@@ -179,7 +179,12 @@ class PrometheusHistory:
                     gauges[index, column] = value
                     present[index] |= column == POOL_GAUGE_COLUMN["instances"] and value > 0
         gauges[~present] = np.nan
-        return rows, gauges
+        # The window's totals from one increase() over all of it: per-point increases each lose a little at
+        # their edges (Prometheus extrapolates within a range, never across two).
+        window = np.zeros((1, N_COLUMNS))
+        _fill_counts(window, self._instant(counts_query(selector, ("pool",), n_points * step_s),
+                                           start + n_points * step_s))
+        return rows, gauges, window[0]
 
     def instance_points(self, *, pool, tier, instances, window_s, start, step_s, n_points, now):
         if not instances:

@@ -202,9 +202,8 @@ def _number(value: float, digits: int, as_int: bool = False) -> float | int | No
     return int(value) if as_int else round(float(value), digits)
 
 
-def _totals(sums: np.ndarray) -> dict[str, float | int | None]:
-    """Whole-window figures of one set of bucketed sums (merged over time, then quantiles)."""
-    window = sums.sum(axis=0)
+def _totals(window: np.ndarray) -> dict[str, float | int | None]:
+    """Whole-window figures of the window's summed counts [N_COLUMNS] (quantiles from the merged buckets)."""
     figures = _window_figures(window)
     return {
         "rank_requests": int(window[COUNTER_COLUMN["rank_requests"]]),
@@ -313,12 +312,12 @@ def pool_metrics(*, pool: Pool, window: str, since: float | None = None, top: in
     window_s = WINDOWS[window][0]
     first = first_point(since, start, step_s, n_points)
     with history_source(window_s) as source:
-        sums, levels = source.pool_points(pool=pool.name, tier=tier, start=start, step_s=step_s, n_points=n_points,
+        sums, levels, window_sums = source.pool_points(pool=pool.name, tier=tier, start=start, step_s=step_s, n_points=n_points,
                                           now=now)
         fleet = _nest(_json_rows({name: values[first:] for name, values in _figures(sums, step_s).items()}))
         fleet.update(_json_rows({name: levels[first:, POOL_GAUGE_COLUMN[name]] for name in POOL_GAUGES},
                                 as_int=True))
-        fleet["totals"] = _totals(sums)
+        fleet["totals"] = _totals(window_sums)
         answer = {**_frame(pool, window, now), "from": start + first * step_s,
                   "timestamps": [start + i * step_s for i in range(first, n_points)], "fleet": fleet}
         if top <= 0:
@@ -382,7 +381,7 @@ def instance_metrics(*, pool: Pool, instance: str, window: str, since: float | N
     series, sums = _instance_series(points, first, step_s, None, GAUGES), points[0]
     return {**_frame(pool, window, now), "instance": instance, "from": start + first * step_s,
             "timestamps": [start + i * step_s for i in range(first, n_points)],
-            "series": series, "totals": _totals(sums)}
+            "series": series, "totals": _totals(sums.sum(axis=0))}
 
 
 def pool_counts(*, pool: Pool, start_s: float, end_s: float, now: float | None = None) -> dict | None:
@@ -397,7 +396,7 @@ def pool_counts(*, pool: Pool, start_s: float, end_s: float, now: float | None =
     # From Redis, the 10 s rollups, or the live tier's where Redis holds only that one.
     tier = "10s" if "10s" in redis_tiers() else LIVE_TIER
     with history_source(math.ceil(now - first)) as source:
-        rows, gauges = source.pool_points(pool=pool.name, tier=tier, start=first, step_s=step_s, n_points=n_periods,
+        rows, gauges, _ = source.pool_points(pool=pool.name, tier=tier, start=first, step_s=step_s, n_points=n_periods,
                                           now=now)
     if not (gauges[:, POOL_GAUGE_COLUMN["instances"]] > 0).any():
         return None

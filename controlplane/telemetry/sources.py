@@ -47,9 +47,10 @@ def redis_tiers() -> tuple[str, ...]:
 
 class HistorySource(Protocol):
     def pool_points(self, *, pool: str, tier: str, start: float, step_s: int, n_points: int,
-                    now: float) -> tuple[np.ndarray, np.ndarray]:
-        """The pool's counts [n_points, N_COLUMNS] summed over each point, and its gauges
-        [n_points, POOL_GAUGES] at the point's end (summed over the instances reporting; NaN where none)."""
+                    now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pool's counts [n_points, N_COLUMNS] summed over each point, its gauges [n_points, POOL_GAUGES]
+        at the point's end (summed over the instances reporting; NaN where none), and its counts over the
+        whole window [N_COLUMNS]."""
 
     def instance_points(self, *, pool: str, tier: str, instances: list[str], window_s: int, start: float,
                         step_s: int, n_points: int, now: float) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -82,7 +83,8 @@ class RedisHistory:
         rows, gauges = read_rollup(self.client, pool=pool, tier=tier, start=start, n_periods=n_points * per_point,
                                    now=now)
         reported = gauges[:, POOL_GAUGE_COLUMN["instances"]] > 0
-        return rows.reshape(n_points, per_point, N_COLUMNS).sum(axis=1), _per_point_gauges(gauges, per_point, reported)
+        sums = rows.reshape(n_points, per_point, N_COLUMNS).sum(axis=1)
+        return sums, _per_point_gauges(gauges, per_point, reported), sums.sum(axis=0)
 
     def instance_points(self, *, pool, tier, instances, window_s, start, step_s, n_points, now):
         histories = stream_histories(self.client, pool=pool, tier=tier, instances=instances, window_s=window_s,
