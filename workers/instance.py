@@ -98,7 +98,7 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
         host=host, host_cpus=host_cpus, torch_threads=torch.get_num_threads(),
         **engine_gauges(engine),
     ), lambda: engine_gauges(engine), counts, settings.heartbeat_interval_s,
-        RevisionStore(settings.revision_path(name)))
+        RevisionStore(settings.revision_path(name)), settings.telemetry_tiers)
     if capture:
         capture.start()
     runtime = InstanceRuntime(engine, SyntheticFeatures(engine.model.config), counts, replies=client, keys=keys,

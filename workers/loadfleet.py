@@ -178,7 +178,8 @@ def start_instance(settings: Settings, index: int, profile: Profile) -> Instance
     loops = InstanceLoops(engine, client, settings.keys, InstanceStatus(
         instance=name, pool=settings.pool, device=DEVICE, pid=os.getpid(), heartbeat_ts=now, started_at=now,
         **engine.gauges(),
-    ), engine.gauges, WorkerCounts(), settings.heartbeat_interval_s, RevisionStore(settings.revision_path(name)))
+    ), engine.gauges, WorkerCounts(), settings.heartbeat_interval_s, RevisionStore(settings.revision_path(name)),
+        settings.telemetry_tiers)
     loops.start(timers=False)
     loops.join(timers=False)
     return loops

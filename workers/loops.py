@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from relay_engine.core.wire import InstanceStatus, PoolKeys
+from relay_engine.core.wire import TELEMETRY_TIERS, InstanceStatus, PoolKeys
 from workers.membership import MembershipWatch, StatusBoard
 from workers.periodic import Periodic
 from workers.reconciler import Reconciler
@@ -30,10 +30,11 @@ TELEMETRY_CHECK_S = 0.2
 class InstanceLoops:
     def __init__(self, engine: Any, client: redis.Redis, keys: PoolKeys, status: InstanceStatus,
                  gauges: Callable[[], dict[str, Any]], counts: WorkerCounts, heartbeat_interval_s: float,
-                 store: RevisionStore):
+                 store: RevisionStore, telemetry_tiers: tuple[str, ...] = tuple(TELEMETRY_TIERS)):
         self.board = StatusBoard(client, keys, status, gauges=gauges)
         self.reconciler = Reconciler(engine, client, keys, self.board, store)
-        self.publisher = TelemetryPublisher(engine, client, keys, self.board, counts, status.started_at)
+        self.publisher = TelemetryPublisher(engine, client, keys, self.board, counts, status.started_at,
+                                            telemetry_tiers)
         self.telemetry = Periodic("telemetry", TELEMETRY_CHECK_S, self.publisher.publish)
         self.membership = MembershipWatch(client, keys, status.instance, engine.set_rerouted_check)
         self.heartbeat = Periodic("heartbeat", heartbeat_interval_s, self._beat)

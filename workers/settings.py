@@ -12,6 +12,7 @@
 | ``RELAYGR_TORCH_THREADS`` | torch's default | intra-op threads per instance (CPU) |
 | ``RELAYGR_HEARTBEAT_INTERVAL_S`` | ``wire.HEARTBEAT_INTERVAL_S`` | status + membership refresh |
 | ``RELAYGR_DATA_DIR`` | ``$XDG_STATE_HOME/relaygr`` (``~/.local/state/relaygr``) | local state: each instance's last applied revision (``workers.revision_store``) |
+| ``RELAYGR_HISTORY`` | ``redis`` | where telemetry history lives (``wire.HISTORY_TIERS``): ``redis`` writes every tier (1 s, 10 s, 60 s); ``prometheus`` only the live 1 s tier, for a control plane with ``PROMETHEUS_URL`` set |
 | ``RELAYGR_CAPTURE_SECRET`` | none: capture off | key of the traffic capture's user hashes (``capture.capture_key``), the same on every instance of a deployment, at least 32 characters; never in Redis. Without it an instance records no traffic and says so in its status (``capture_off``) |
 
 The heartbeat *timeout* is ``wire.HEARTBEAT_TIMEOUT_S`` and not a setting: the control plane judges
@@ -74,6 +75,12 @@ class Settings:
     heartbeat_interval_s: float = wire.HEARTBEAT_INTERVAL_S
     data_dir: str = ""  # empty: default_data_dir()
     capture_secret: str = field(default="", repr=False)  # empty: the traffic capture is off
+    history: str = "redis"  # a key of ``wire.HISTORY_TIERS``
+
+    @property
+    def telemetry_tiers(self) -> tuple[str, ...]:
+        """The telemetry tiers this instance writes."""
+        return wire.HISTORY_TIERS[self.history]
 
     @property
     def heartbeat_timeout_s(self) -> float:
@@ -126,6 +133,7 @@ class Settings:
                                         0.05, wire.HEARTBEAT_TIMEOUT_S / 2),
             data_dir=env.get("RELAYGR_DATA_DIR") or d.data_dir,
             capture_secret=env.get(CAPTURE_SECRET_ENV) or d.capture_secret,
+            history=env.get("RELAYGR_HISTORY") or d.history,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
@@ -141,6 +149,9 @@ class Settings:
         if self.rank_transport not in RANK_TRANSPORTS:
             raise SettingsError("RELAYGR_RANK_TRANSPORT", f"must be one of {', '.join(RANK_TRANSPORTS)}, got "
                                                           f"{self.rank_transport!r}")
+        if self.history not in wire.HISTORY_TIERS:
+            raise SettingsError("RELAYGR_HISTORY", f"must be one of {', '.join(wire.HISTORY_TIERS)}, got "
+                                                   f"{self.history!r}")
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError("REDIS_URL", f"must be a redis:// URL, got {self.redis_url!r}")
         if self.capture_secret and len(self.capture_secret) < MIN_CAPTURE_SECRET_CHARS:
@@ -158,6 +169,7 @@ class Settings:
             "RELAYGR_HEARTBEAT_INTERVAL_S": repr(self.heartbeat_interval_s),
             "RELAYGR_GIL_SWITCH_MS": repr(self.gil_switch_ms), "RELAYGR_RANK_TRANSPORT": self.rank_transport,
             "RELAYGR_DATA_DIR": self.data_dir, CAPTURE_SECRET_ENV: self.capture_secret,
+            "RELAYGR_HISTORY": self.history,
         }
         if self.torch_threads is not None:
             env["RELAYGR_TORCH_THREADS"] = str(self.torch_threads)

@@ -1,6 +1,7 @@
 """Telemetry publisher: the instance's cumulative ``Snapshot`` into the tier streams, every second.
 
-Each tier of ``wire.TELEMETRY_TIERS`` gets a snapshot when the wall clock enters a new period of
+Each tier the instance writes (every one of ``wire.TELEMETRY_TIERS``, or the live one only when
+Prometheus holds the history: ``RELAYGR_HISTORY``, ``wire.HISTORY_TIERS``) gets a snapshot when the wall clock enters a new period of
 that tier (1 s, 10 s, 60 s), appended with ``XADD … MAXLEN = kept count`` (exact trimming: at one
 append per second its cost is nil, and the bound is then exact). Each stream also gets a TTL of
 its window, so the streams of an instance that is gone for good disappear with their data.
@@ -114,8 +115,9 @@ class TelemetryWriter:
 
 class TelemetryPublisher:
     def __init__(self, engine: RelayEngine, client: redis.Redis, keys: PoolKeys, board: StatusBoard,
-                 counts: WorkerCounts, started_at: float):
+                 counts: WorkerCounts, started_at: float, tiers: tuple[str, ...] = tuple(TELEMETRY_TIERS)):
         self.engine = engine
+        self.tiers = tiers
         self.client = client
         self.keys = keys
         self.board = board
@@ -144,8 +146,7 @@ class TelemetryPublisher:
     def publish(self) -> list[str]:
         """Append a snapshot to every tier whose period has turned; returns those tiers."""
         now = time.time()
-        due = [tier for tier, (every_s, _) in TELEMETRY_TIERS.items()
-               if self._last_period.get(tier) != int(now // every_s)]
+        due = [tier for tier in self.tiers if self._last_period.get(tier) != int(now // TELEMETRY_TIERS[tier][0])]
         if not due:
             return []
         stats = self.engine.stats()

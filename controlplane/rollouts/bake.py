@@ -24,6 +24,7 @@ from controlplane.telemetry.history import (
     InstanceHistory,
     reporting_instances,
 )
+from controlplane.telemetry.sources import redis_tiers
 from relay_engine.core.telemetry import N_BUCKETS, quantile_from_counts
 from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
 
@@ -42,11 +43,15 @@ class Served:
 
 
 def _tier_for(span_s: float) -> str:
-    """The finest telemetry tier that still holds ``span_s`` seconds (and a baseline sample)."""
-    for tier, (every_s, kept) in sorted(TELEMETRY_TIERS.items(), key=lambda item: item[1][0]):
+    """The finest telemetry tier Redis holds that still holds ``span_s`` seconds (and a baseline sample).
+    Where Prometheus holds the history Redis has only the live tier: a longer bake is judged on its last
+    ``LIVE_WINDOW_S``."""
+    held = sorted(redis_tiers(), key=lambda tier: TELEMETRY_TIERS[tier][0])
+    for tier in held:
+        every_s, kept = TELEMETRY_TIERS[tier]
         if every_s * kept >= span_s + 2 * every_s:
             return tier
-    return max(TELEMETRY_TIERS, key=lambda tier: TELEMETRY_TIERS[tier][0])
+    return held[-1]
 
 
 def _row_during(client: redis.Redis, keys: PoolKeys, tier: str, instance: str, generation: int,

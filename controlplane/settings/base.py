@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import urllib.parse
 from datetime import timedelta
 from pathlib import Path
 
@@ -143,6 +144,28 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = RELAYGR_MAX_BODY_BYTES
 # Redis, where the control plane meets the workers. None: endpoints that need it answer 503
 # naming the setting. The key prefix comes from RELAYGR_KEY_PREFIX via relay_engine.core.wire.
 REDIS_URL = os.environ.get("REDIS_URL") or None
+
+
+def _prometheus_url(raw: str | None) -> str | None:
+    """PROMETHEUS_URL checked: empty is none, else an http(s) URL of a Prometheus server (no query)."""
+    if not raw:
+        return None
+    try:
+        parts = urllib.parse.urlsplit(raw)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"PROMETHEUS_URL {raw!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ImproperlyConfigured(f"PROMETHEUS_URL must be the http:// or https:// address of a Prometheus "
+                                   f"server, without a query (e.g. http://prometheus:9090), got {raw!r}")
+    return raw.rstrip("/")
+
+
+# Prometheus, when one scrapes /metrics: telemetry windows longer than the live one are then read from
+# it (controlplane.telemetry.sources), and the workers run with RELAYGR_HISTORY=prometheus. None: every
+# window is read from Redis (the embedded default). A read waits at most PROMETHEUS_TIMEOUT_S.
+PROMETHEUS_URL = _prometheus_url(os.environ.get("PROMETHEUS_URL"))
+PROMETHEUS_TIMEOUT_S = 5.0
 
 # The control plane's Celery app (controlplane/celery_app.py): the periodic bake evaluation and the
 # previews run on queues of their own under the key prefix (``wire.controlplane_queue``), never on an

@@ -24,7 +24,7 @@ from controlplane.policies.models import Pool
 from relay_engine.core.config import slo_of
 from relay_engine.core.outcomes import OUTCOME_COUNTERS, TIER_LABELS, TIERS, Outcome
 from relay_engine.core.telemetry import GAUGES, MISS_REASONS, REFUSAL_REASONS, TIER_LEVEL_GAUGES
-from relay_engine.core.wire import TELEMETRY_TIERS
+from relay_engine.core.wire import LIVE_TIER, TELEMETRY_TIERS
 
 from .history import (
     COUNTER_COLUMN,
@@ -33,12 +33,10 @@ from .history import (
     N_COLUMNS,
     REFUSAL_COLUMN,
     SUM_COLUMN,
-    redis_reads,
-    stream_histories,
 )
-from .merge import bucketed, latency_counts, quantiles
-from .rollups import POOL_GAUGE_COLUMN, POOL_GAUGES, read_rollup
-from .summaries import window_totals
+from .merge import latency_counts, quantiles
+from .rollups import POOL_GAUGE_COLUMN, POOL_GAUGES
+from .sources import history_source, redis_tiers
 
 # Window → (seconds, telemetry tier read). Coarser tiers for longer windows keep reads small.
 WINDOWS: dict[str, tuple[int, str]] = {"5m": (300, "1s"), "1h": (3600, "10s"), "6h": (21600, "60s"),
@@ -204,9 +202,8 @@ def _number(value: float, digits: int, as_int: bool = False) -> float | int | No
     return int(value) if as_int else round(float(value), digits)
 
 
-def _totals(sums: np.ndarray) -> dict[str, float | int | None]:
-    """Whole-window figures of one set of bucketed sums (merged over time, then quantiles)."""
-    window = sums.sum(axis=0)
+def _totals(window: np.ndarray) -> dict[str, float | int | None]:
+    """Whole-window figures of the window's summed counts [N_COLUMNS] (quantiles from the merged buckets)."""
     figures = _window_figures(window)
     return {
         "rank_requests": int(window[COUNTER_COLUMN["rank_requests"]]),
@@ -286,17 +283,6 @@ def first_point(since: float | None, start: float, step_s: int, n_points: int) -
     return min(n_points - 1, int((since - start) // step_s))
 
 
-def _per_point_gauges(gauges: np.ndarray, per_point: int, filled: np.ndarray) -> np.ndarray:
-    """[periods, G] → [points, G]: the last period of each point that has data (NaN where none)."""
-    n_points = gauges.shape[0] // per_point
-    gauges = gauges.reshape(n_points, per_point, -1)
-    filled = filled.reshape(n_points, per_point)
-    last = per_point - 1 - np.argmax(filled[:, ::-1], axis=1)
-    out = gauges[np.arange(n_points), last].astype(float)
-    out[~filled.any(axis=1)] = np.nan
-    return out
-
-
 def _ranked(totals, rank_by: str, known: tuple[str, ...] = ()) -> list[tuple[str, float | None]]:
     """(instance, ranking value), worst first; instances without a value last, by name. An instance
     the client already shows (``known``) is ranked as if ``STICKINESS`` worse: a newcomer displaces it
@@ -311,56 +297,54 @@ def _ranked(totals, rank_by: str, known: tuple[str, ...] = ()) -> list[tuple[str
     return [(totals.names[i], _number(values[i], 6)) for i in order]
 
 
-def _instance_series(history, start: float, step_s: int, n_points: int, first: int,
-                     figures: tuple[str, ...] | None, gauges: tuple[str, ...]) -> tuple[dict, np.ndarray]:
-    sums, levels = bucketed(history, start, step_s, n_points)
+def _instance_series(points: tuple[np.ndarray, np.ndarray], first: int, step_s: int,
+                     figures: tuple[str, ...] | None, gauges: tuple[str, ...]) -> dict:
+    sums, levels = points
     series = _json_rows({name: values[first:] for name, values in _figures(sums, step_s, figures).items()})
     series.update(_json_rows({name: levels[first:, GAUGE_COLUMN[name]] for name in gauges}, as_int=True))
-    return _nest(series), sums
+    return _nest(series)
 
 
-@redis_reads
-def pool_metrics(client, *, pool: Pool, window: str, since: float | None = None, top: int = TOP_DEFAULT,
+def pool_metrics(*, pool: Pool, window: str, since: float | None = None, top: int = TOP_DEFAULT,
                  rank_by: str = "p99", known: tuple[str, ...] = (), now: float | None = None) -> dict:
     now = time.time() if now is None else now
     tier, step_s, start, n_points = window_grid(window, now)
-    tier_step_s = TELEMETRY_TIERS[tier][0]
-    per_point = step_s // tier_step_s
+    window_s = WINDOWS[window][0]
     first = first_point(since, start, step_s, n_points)
-    rows, gauges = read_rollup(client, pool=pool.name, tier=tier, start=start, n_periods=n_points * per_point,
-                               now=now)
-    sums = rows.reshape(n_points, per_point, N_COLUMNS).sum(axis=1)
-    reported = gauges[:, POOL_GAUGE_COLUMN["instances"]] > 0
-    levels = _per_point_gauges(gauges, per_point, reported)
-    fleet = _nest(_json_rows({name: values[first:] for name, values in _figures(sums, step_s).items()}))
-    fleet.update(_json_rows({name: levels[first:, POOL_GAUGE_COLUMN[name]] for name in POOL_GAUGES}, as_int=True))
-    fleet["totals"] = _totals(sums)
-    answer = {**_frame(pool, window, now), "from": start + first * step_s,
-              "timestamps": [start + i * step_s for i in range(first, n_points)], "fleet": fleet}
-    if top <= 0:
-        return answer
-    totals = window_totals(client, pool=pool.name, tier=tier, window_s=WINDOWS[window][0], start=start, now=now)
-    # The list shows the chosen ones worst first by their own values.
-    chosen = sorted(_ranked(totals, rank_by, known)[:top], key=lambda item: (item[1] is None, -(item[1] or 0)))
-    histories = stream_histories(client, pool=pool.name, tier=tier, instances=[name for name, _ in chosen],
-                                 window_s=WINDOWS[window][0], now=now, point_s=step_s)
+    with history_source(window_s) as source:
+        sums, levels, window_sums = source.pool_points(pool=pool.name, tier=tier, start=start, step_s=step_s, n_points=n_points,
+                                          now=now)
+        fleet = _nest(_json_rows({name: values[first:] for name, values in _figures(sums, step_s).items()}))
+        fleet.update(_json_rows({name: levels[first:, POOL_GAUGE_COLUMN[name]] for name in POOL_GAUGES},
+                                as_int=True))
+        fleet["totals"] = _totals(window_sums)
+        answer = {**_frame(pool, window, now), "from": start + first * step_s,
+                  "timestamps": [start + i * step_s for i in range(first, n_points)], "fleet": fleet}
+        if top <= 0:
+            return answer
+        totals = source.window_totals(pool=pool.name, tier=tier, window_s=window_s, start=start, now=now)
+        # The list shows the chosen ones worst first by their own values.
+        chosen = sorted(_ranked(totals, rank_by, known)[:top], key=lambda item: (item[1] is None, -(item[1] or 0)))
+        points = source.instance_points(pool=pool.name, tier=tier, instances=[name for name, _ in chosen],
+                                        window_s=window_s, start=start, step_s=step_s, n_points=n_points, now=now)
     worst = []
-    for (name, value), history in zip(chosen, histories, strict=True):
+    for (name, value), instance_points in zip(chosen, points, strict=True):
         held = first if name in known else 0
-        series, _ = _instance_series(history, start, step_s, n_points, held, TOP_FIGURES, TOP_GAUGES)
+        series = _instance_series(instance_points, held, step_s, TOP_FIGURES, TOP_GAUGES)
         worst.append({"instance": name, "value": value, "from": start + held * step_s, **series})
     answer["top"] = {"by": rank_by, "n": top, "reporting": len(totals.names), "instances": worst}
     return answer
 
 
-@redis_reads
-def instance_table(client, *, pool: Pool, window: str, sort: str = TABLE_DEFAULT_SORT, limit: int = 25,
+def instance_table(*, pool: Pool, window: str, sort: str = TABLE_DEFAULT_SORT, limit: int = 25,
                    offset: int = 0, now: float | None = None) -> dict:
     """Every instance that reported in the window with its window figures, sorted by ``sort`` (a
     ``TABLE_COLUMNS`` name, ``-`` first for descending; no value sorts last either way), paged."""
     now = time.time() if now is None else now
     tier, _, start, _ = window_grid(window, now)
-    totals = window_totals(client, pool=pool.name, tier=tier, window_s=WINDOWS[window][0], start=start, now=now)
+    window_s = WINDOWS[window][0]
+    with history_source(window_s) as source:
+        totals = source.window_totals(pool=pool.name, tier=tier, window_s=window_s, start=start, now=now)
     figures = _window_figures(totals.sums)
     elapsed_s = max(1.0, now - start)
     columns: dict[str, np.ndarray] = {
@@ -384,32 +368,36 @@ def instance_table(client, *, pool: Pool, window: str, sort: str = TABLE_DEFAULT
             "limit": limit, "offset": offset, "results": ordered[offset:offset + limit]}
 
 
-@redis_reads
-def instance_metrics(client, *, pool: Pool, instance: str, window: str, since: float | None = None,
+def instance_metrics(*, pool: Pool, instance: str, window: str, since: float | None = None,
                      now: float | None = None) -> dict:
     """One instance's series over the window (every figure), its window totals, the publishes."""
     now = time.time() if now is None else now
     tier, step_s, start, n_points = window_grid(window, now)
     first = first_point(since, start, step_s, n_points)
-    [history] = stream_histories(client, pool=pool.name, tier=tier, instances=[instance],
-                                 window_s=WINDOWS[window][0], now=now, point_s=step_s)
-    series, sums = _instance_series(history, start, step_s, n_points, first, None, GAUGES)
+    window_s = WINDOWS[window][0]
+    with history_source(window_s) as source:
+        [points] = source.instance_points(pool=pool.name, tier=tier, instances=[instance], window_s=window_s,
+                                          start=start, step_s=step_s, n_points=n_points, now=now)
+    series, sums = _instance_series(points, first, step_s, None, GAUGES), points[0]
     return {**_frame(pool, window, now), "instance": instance, "from": start + first * step_s,
             "timestamps": [start + i * step_s for i in range(first, n_points)],
-            "series": series, "totals": _totals(sums)}
+            "series": series, "totals": _totals(sums.sum(axis=0))}
 
 
-@redis_reads
-def pool_counts(client, *, pool: Pool, start_s: float, end_s: float, now: float | None = None) -> dict | None:
+def pool_counts(*, pool: Pool, start_s: float, end_s: float, now: float | None = None) -> dict | None:
     """The pool's ranking requests and admitted pre-infers over the whole 10 s periods within
-    [start, end] (the pool rollups); None where no instance reported in any of them."""
+    [start, end]; None where no instance reported in any of them."""
     step_s = TELEMETRY_TIERS["10s"][0]
     first = math.ceil(start_s / step_s) * step_s
     n_periods = int((end_s - first) // step_s)
     if n_periods <= 0:
         return None
-    rows, gauges = read_rollup(client, pool=pool.name, tier="10s", start=first, n_periods=n_periods,
-                               now=time.time() if now is None else now)
+    now = time.time() if now is None else now
+    # From Redis, the 10 s rollups, or the live tier's where Redis holds only that one.
+    tier = "10s" if "10s" in redis_tiers() else LIVE_TIER
+    with history_source(math.ceil(now - first)) as source:
+        rows, gauges, _ = source.pool_points(pool=pool.name, tier=tier, start=first, step_s=step_s, n_points=n_periods,
+                                          now=now)
     if not (gauges[:, POOL_GAUGE_COLUMN["instances"]] > 0).any():
         return None
     return {"rank_requests": int(rows[:, COUNTER_COLUMN["rank_requests"]].sum()),

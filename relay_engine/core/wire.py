@@ -78,6 +78,12 @@ REPLY_TTL_S = 60  # an answer nobody waits for any more disappears with its list
 # Telemetry tiers: name → (seconds between snapshots, snapshots kept). 1 s for the last 10 min,
 # 10 s for 2 h, 60 s for 25 h: a 24 h chart of 8 instances merges ~12k small snapshots.
 TELEMETRY_TIERS: dict[str, tuple[int, int]] = {"1s": (1, 600), "10s": (10, 720), "60s": (60, 1500)}
+# The tier the live view and the canary bake read: Redis always holds it.
+LIVE_TIER = "1s"
+# Where the history past the live tier lives, and so which tiers the workers write: "redis" (every
+# tier, the embedded default) or "prometheus" (it scrapes the control plane's /metrics and holds the
+# history; Redis keeps only the live tier, a tenth of the memory at fleet scale).
+HISTORY_TIERS: dict[str, tuple[str, ...]] = {"redis": tuple(TELEMETRY_TIERS), "prometheus": (LIVE_TIER,)}
 
 # Each instance's forward times (``forward_times.ForwardTimesRecord``): a cumulative record every 30 s
 # into a stream of its own kept for an hour (a few hundred bytes an entry, never in the 1 s tier).

@@ -35,7 +35,14 @@ from controlplane.telemetry import grafana
 from relay_engine.core.config import default_policy
 from relay_engine.core.lifetime import die_with_parent
 from relay_engine.core.outcomes import OUTCOME_COUNTERS, TIER_COUNTERS, TIERS
-from relay_engine.core.telemetry import COUNTERS, LATENCY_BUCKETS_MS, REFUSAL_REASONS, LatencyHistogram
+from relay_engine.core.telemetry import (
+    COUNTERS,
+    LATENCY_BUCKETS_MS,
+    MISS_REASONS,
+    REFUSAL_REASONS,
+    LatencyHistogram,
+)
+from relay_engine.core.wire import TELEMETRY_TIERS
 from tests.controlplane.fleet_helpers import FakeWorker, snapshot
 from tests.deploy.test_grafana_dashboards import GRAFANA_VARIABLES, concrete
 from tests.promtool import prometheus_binary
@@ -56,14 +63,18 @@ DEADLINE_S = 45.0
 
 class Traffic:
     """Each instance's cumulative counters and latency buckets, grown by the same mix every tick (so any
-    window sees one distribution), published with a heartbeat every ``PUBLISH_EVERY_S``."""
+    window sees one distribution), published with a heartbeat every ``PUBLISH_EVERY_S`` into each of
+    ``tiers`` whose period turned (as the workers' publisher does)."""
 
-    def __init__(self, pool: Pool, workers: list[FakeWorker]):
+    def __init__(self, pool: Pool, workers: list[FakeWorker], tiers: tuple[str, ...] = ("1s",)):
         self.pool = pool
         self.workers = workers
+        self.telemetry_tiers = tiers
+        self._last_period: dict[str, int] = {}
         self.started_at = time.time()
         self.counts = [dict.fromkeys(COUNTERS, 0) for _ in workers]
         self.refusals = [dict.fromkeys(REFUSAL_REASONS, 0) for _ in workers]
+        self.misses = [dict.fromkeys(MISS_REASONS, 0) for _ in workers]
         self.tiers = [{tier.value: dict.fromkeys(TIER_COUNTERS, 0) for tier in TIERS} for _ in workers]
         self.latency = [LatencyHistogram() for _ in workers]
         self.ticks = 0
@@ -79,27 +90,33 @@ class Traffic:
                 self.latency[i].record(value_ms)
         grown = {"rank_requests": 50, "rank_ok": 49, "rank_errors": 1, "rank_within_slo": 48,
                  "preinfer_signals": 10, "preinfer_admitted": 4, "preinfer_completed": 4,
-                 "evictions": 1, "demotions": 1, **dict.fromkeys(OUTCOME_COUNTERS.values(), 10)}
+                 "evictions": 1, "demotions": 1, "misses": len(MISS_REASONS),
+                 **dict.fromkeys(OUTCOME_COUNTERS.values(), 10)}
         for name, n in grown.items():
             self.counts[i][name] += n
         for reason in self.refusals[i]:
             self.refusals[i][reason] += 1
+        for reason in self.misses[i]:
+            self.misses[i][reason] += 1
         for figures in self.tiers[i].values():
             for name in figures:
                 figures[name] += 1
 
     def tick(self) -> None:
         now = time.time()
+        due = [tier for tier in self.telemetry_tiers if self._last_period.get(tier) != int(now // TELEMETRY_TIERS[tier][0])]
         for i, worker in enumerate(self.workers):
             if self.ticks:
                 self._grow(i)
             snap = snapshot(worker.name, now, self.started_at, refusals=dict(self.refusals[i]),
-                            hbm_bytes=1000 * (i + 1), hbm_budget_bytes=10_000, **self.counts[i])
+                            miss_reasons=dict(self.misses[i]), hbm_bytes=1000 * (i + 1), hbm_budget_bytes=10_000, **self.counts[i])
             snap.rank_latency = self.latency[i].copy()
             snap.tiers = {tier: {**figures, "bytes": 300 * (i + 1), "budget_bytes": 10_000, "peak_bytes": 400,
                                  "entries": 3} for tier, figures in self.tiers[i].items()}
-            worker.publish_snapshot(snap)
+            worker.writer.write(snap, due)
             worker.reconcile(now)
+        for tier in due:
+            self._last_period[tier] = int(now // TELEMETRY_TIERS[tier][0])
         self.ticks += 1
 
     def _run(self) -> None:
@@ -112,6 +129,10 @@ class Traffic:
 
     def start(self) -> Traffic:
         self.tick()
+        return self.run()
+
+    def run(self) -> Traffic:
+        """Grow and publish every ``PUBLISH_EVERY_S`` from now on (``start`` publishes the first first)."""
         self._thread.start()
         return self
 

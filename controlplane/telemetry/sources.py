@@ -1,0 +1,111 @@
+"""Where a telemetry read's history comes from: the one seam between the read side's figures and their store.
+
+A ``HistorySource`` hands the selectors counts summed per chart point ([points, N_COLUMNS], the column
+layout of ``history``) and gauges, whatever holds them; every figure is computed from those by one
+code (``selectors``), so the two backends cannot drift apart in what a figure means.
+
+- ``RedisHistory``: the tier streams and pool rollups. The embedded default, and always the live window
+  (``LIVE_WINDOW_S``) and the canary bake.
+- ``promql.PrometheusHistory``: PromQL over the series ``/metrics`` exports, for windows longer than the
+  live one when ``PROMETHEUS_URL`` is set. The workers then write only the live tier
+  (``RELAYGR_HISTORY=prometheus``), and nothing here reads a coarser one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+import numpy as np
+import redis
+from django.conf import settings
+
+from controlplane.common.redis import get_redis, redis_unreachable
+from relay_engine.core.wire import HISTORY_TIERS, LIVE_TIER, TELEMETRY_TIERS
+
+from .cache import telemetry_cache
+from .history import N_COLUMNS, stream_histories
+from .merge import bucketed
+from .promql import PrometheusHistory
+from .rollups import POOL_GAUGE_COLUMN, read_rollup
+from .summaries import WindowTotals, window_totals
+
+# The live window: what the live tier spans (10 min at 1 s). Longer windows are history, read from
+# Prometheus when there is one.
+LIVE_WINDOW_S = TELEMETRY_TIERS[LIVE_TIER][0] * TELEMETRY_TIERS[LIVE_TIER][1]
+
+
+def prometheus_holds_history() -> bool:
+    return bool(settings.PROMETHEUS_URL)
+
+
+def redis_tiers() -> tuple[str, ...]:
+    """The tiers Redis holds: every one, or only the live one when Prometheus holds the history."""
+    return HISTORY_TIERS["prometheus" if prometheus_holds_history() else "redis"]
+
+
+class HistorySource(Protocol):
+    def pool_points(self, *, pool: str, tier: str, start: float, step_s: int, n_points: int,
+                    now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pool's counts [n_points, N_COLUMNS] summed over each point, its gauges [n_points, POOL_GAUGES]
+        at the point's end (summed over the instances reporting; NaN where none), and its counts over the
+        whole window [N_COLUMNS]."""
+
+    def instance_points(self, *, pool: str, tier: str, instances: list[str], window_s: int, start: float,
+                        step_s: int, n_points: int, now: float) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per instance (in order): counts [n_points, N_COLUMNS] and gauges [n_points, GAUGES] (NaN where
+        none)."""
+
+    def window_totals(self, *, pool: str, tier: str, window_s: int, start: float, now: float) -> WindowTotals:
+        """Every instance that reported since ``start``: its counts over [start, now], its newest gauges."""
+
+
+def _per_point_gauges(gauges: np.ndarray, per_point: int, filled: np.ndarray) -> np.ndarray:
+    """[periods, G] → [points, G]: the last period of each point that has data (NaN where none)."""
+    n_points = gauges.shape[0] // per_point
+    gauges = gauges.reshape(n_points, per_point, -1)
+    filled = filled.reshape(n_points, per_point)
+    last = per_point - 1 - np.argmax(filled[:, ::-1], axis=1)
+    out = gauges[np.arange(n_points), last].astype(float)
+    out[~filled.any(axis=1)] = np.nan
+    return out
+
+
+class RedisHistory:
+    """The tier streams and pool rollups. Used under ``telemetry_cache.lock`` (``history_source``)."""
+
+    def __init__(self, client: redis.Redis):
+        self.client = client
+
+    def pool_points(self, *, pool, tier, start, step_s, n_points, now):
+        per_point = step_s // TELEMETRY_TIERS[tier][0]
+        rows, gauges = read_rollup(self.client, pool=pool, tier=tier, start=start, n_periods=n_points * per_point,
+                                   now=now)
+        reported = gauges[:, POOL_GAUGE_COLUMN["instances"]] > 0
+        sums = rows.reshape(n_points, per_point, N_COLUMNS).sum(axis=1)
+        return sums, _per_point_gauges(gauges, per_point, reported), sums.sum(axis=0)
+
+    def instance_points(self, *, pool, tier, instances, window_s, start, step_s, n_points, now):
+        histories = stream_histories(self.client, pool=pool, tier=tier, instances=instances, window_s=window_s,
+                                     now=now, point_s=step_s)
+        return [bucketed(history, start, step_s, n_points) for history in histories]
+
+    def window_totals(self, *, pool, tier, window_s, start, now):
+        return window_totals(self.client, pool=pool, tier=tier, window_s=window_s, start=start, now=now)
+
+
+@contextmanager
+def history_source(window_s: int) -> Iterator[HistorySource]:
+    """The source of a read of a ``window_s`` window: Prometheus for history when there is one, else
+    Redis (under the cache lock, its errors as 503s naming REDIS_URL, the cache trimmed after)."""
+    if prometheus_holds_history() and window_s > LIVE_WINDOW_S:
+        yield PrometheusHistory(settings.PROMETHEUS_URL, timeout_s=settings.PROMETHEUS_TIMEOUT_S)
+        return
+    with telemetry_cache.lock:
+        try:
+            yield RedisHistory(get_redis())
+        except redis.RedisError as exc:
+            raise redis_unreachable(exc) from exc
+        finally:
+            telemetry_cache.trim()
