@@ -66,8 +66,8 @@ from relay_engine.core.outcomes import TIERS, Outcome
 # Requests computed exactly; a larger window is sampled down to about this many (SHARDS).
 EXACT_REQUESTS = 250_000
 CURVE_POINTS = 24  # budget or TTL values per axis (plus the live value)
-_HASH_MULT = np.uint64(0x9E3779B97F4A7C15)
-_HASH_SPACE = 2**24
+_HASH_BITS = 24
+_HASH_SPACE = 2**_HASH_BITS
 
 
 def prefix_nbytes(seq_len: int, *, num_layers: int, num_heads: int, head_dim: int,
@@ -119,9 +119,14 @@ def sample_rate_for(n: int, limit: int = EXACT_REQUESTS) -> float:
 
 
 def _key_hash(key: np.ndarray) -> np.ndarray:
-    """A per-key pseudo-random number in [0, _HASH_SPACE) (Fibonacci hashing of the key id)."""
+    """A per-key pseudo-random number in [0, _HASH_SPACE): SplitMix64 of the key id. (A bare multiplicative
+    hash sends id 0, the first key after ``np.unique``, to 0, so that key was in every sample.)"""
     with np.errstate(over="ignore"):
-        return ((key.astype(np.uint64) * _HASH_MULT) >> np.uint64(64 - 24)).astype(np.int64)
+        z = key.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+        return (z >> np.uint64(64 - _HASH_BITS)).astype(np.int64)
 
 
 @dataclass

