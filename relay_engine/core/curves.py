@@ -46,12 +46,14 @@ The algorithm: per-request reuse distance in bytes and age since the last use ar
 (O(n log² n), vectorised: a reuse pair's distance is the bytes used since its last use minus those of
 the reuse pairs nested inside it, a 2-D dominance sum answered level by level of a binary split of
 positions); each budget/TTL point is then vectorised counting, plus the TTL restart chains (pointer
-doubling, O(n log n) per HBM budget or TTL). Large windows are sampled (``sampling_plan``): the most
-requested entries, up to half the requests kept, are kept whole, the others spatially sampled (SHARDS:
-entries whose hash falls under rate R, each standing for 1 / R entries in others' distances and in the
-counts), and shares are of the weighted count. Plain SHARDS at one rate missed by 2 to 6 points at every
-budget on Zipf-like traffic, where a few entries hold a percent of the requests each: one of them in or
-out of the sample moved the whole curve. The answer says the rate and how many entries were kept whole.
+doubling, O(n log n) per HBM budget or TTL). Windows of more than ``EXACT_REQUESTS`` are sampled
+(``sampling_plan``): the most requested entries are kept whole, as many as the skew asks (until the first
+one sampled would weigh at most 0.1 % of the window; at most 3/4 of the requests kept), the others
+spatially sampled (SHARDS: entries whose hash falls under rate R, each standing for 1 / R entries in
+others' distances and in the counts, its own size counted once in its own), and shares are of the
+weighted count. Plain SHARDS at one rate missed by 1 to 6 points at every budget on Zipf-like traffic,
+where a few entries hold a percent of the requests each: one of them in or out of the sample moved the
+whole curve. The answer says the rate and how many entries were kept whole.
 
 Stdlib and numpy only: the control plane computes curves without loading torch.
 """

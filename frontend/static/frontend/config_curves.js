@@ -55,7 +55,8 @@
     const render = () => {
       const proposed = formValue(spec.path);
       const ratio = interpolate(points, spec.x, proposed);
-      const sampled = body.sampling_rate < 1 ? ` (sampled at ${body.sampling_rate})` : "";
+      const sampled = body.sampling_rate < 1
+        ? ` (sampled: the ${body.entries_whole} most requested entries whole, the rest at ${body.sampling_rate})` : "";
       view.sentence.textContent = ratio === null ? "No prediction for this value."
         : `${proposed} ${spec.unit} ${spec.what}: about ${pct(ratio)} hits (now ${pct(liveRatio)} at ${live} ${spec.unit}; `
           + `measured ${pct(body.measured_hit_ratio)} over the last ${body.window}${sampled}).`;
