@@ -98,6 +98,7 @@ def pool_cache_curves(*, pool: Pool, window_s: int, now_s: float | None = None) 
     return {
         "pool": pool.name, "window": traffic.window_label(window_s), "from": window.start_s, "to": window.end_s,
         "requests": len(records), "requests_used": prof.requests_used, "sampling_rate": round(prof.rate, 6),
+        "entries_whole": prof.entries_whole,
         "without_instance": sum(not r.instance for r in records),
         "tiers": [{"name": str(t), "label": TIER_LABELS.get(t, str(t))} for t in tiers],
         "live": {"hbm_budget_mb": spec.cache.hbm_budget_mb, "entry_ttl_ms": ttl_ms,

@@ -38,6 +38,7 @@ def test_curves_of_the_window_with_the_live_point_and_the_measured_hit_ratio(vie
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["requests"] == body["requests_used"] == 800 and body["sampling_rate"] == 1.0
+    assert body["entries_whole"] == 0
     assert body["window"] == "15m" and body["without_instance"] == 0
     assert set(body["axes"]) == {"hbm", "dram", "entry_ttl"}
     assert [t["name"] for t in body["tiers"]] == ["hbm", "dram"]

@@ -99,7 +99,10 @@ class CacheCurvesSerializer(serializers.Serializer):
     to = serializers.FloatField()
     requests = serializers.IntegerField(help_text="Served, replayable requests in the window.")
     requests_used = serializers.IntegerField(help_text="Those the curve was computed from (fewer when sampled).")
-    sampling_rate = serializers.FloatField(help_text="SHARDS spatial sampling rate; 1.0: exact.")
+    sampling_rate = serializers.FloatField(help_text=(
+        "SHARDS spatial sampling rate of the entries not kept whole (each kept one stands for 1 / rate); 1.0: exact."))
+    entries_whole = serializers.IntegerField(help_text=(
+        "The most requested entries, kept with every request when sampled (0 when exact)."))
     without_instance = serializers.IntegerField(help_text="Requests whose record names no instance (one shared stack).")
     tiers = CurveTierSerializer(many=True)
     live = CurveLiveSerializer()

@@ -149,7 +149,8 @@ class PoolCacheCurvesView(APIView):
         "entry TTL (`axes.entry_ttl`), the other values live; requests grouped by the instance that served them. "
         "`live`: the prediction at the live revision's budgets; `measured_hit_ratio`: what the instances served "
         "from a tier over the same requests; `error_points`: predicted minus measured. A window of more than "
-        "250,000 requests is spatially sampled (`sampling_rate` < 1). 409 when the window holds no captured "
+        "1,000,000 requests is sampled: the most requested entries kept whole (`entries_whole`), the others "
+        "spatially at `sampling_rate` < 1. 409 when the window holds no captured "
         "traffic. The model and its assumptions: `relay_engine/core/curves.py`.",
     )
     def get(self, request, pool):

@@ -53,7 +53,9 @@
 
   /* "512 MiB per instance: about 81% hits (now 73% at 256 MiB)." and what the instances measured. */
   function sentence(spec, body, points, live, proposed) {
-    const sampled = body.sampling_rate < 1 ? ` (curves from a ${fmt.pct(body.sampling_rate, 1)} sample)` : "";
+    const sampled = body.sampling_rate < 1
+      ? ` (curves from a sample: the ${fmt.count(body.entries_whole)} most requested entries whole, the others at `
+        + `${fmt.pct(body.sampling_rate, 1)})` : "";
     const measured = ` Measured over the last ${windowWords(body.window)}: ${fmt.pct(body.measured_hit_ratio, 0)}${sampled}.`;
     const now = `now ${fmt.pct(body.live.hit_ratio, 0)} at ${number(live)} ${spec.unit}`;
     if (!Number.isFinite(proposed)) return `Enter a number to see its predicted hit ratio (${now}).${measured}`;
