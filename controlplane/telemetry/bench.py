@@ -1,6 +1,6 @@
 """Benchmarks of the control plane at fleet scale: dashboard reads, Redis memory, convergence.
 
-    python -m controlplane.telemetry.bench [--instances 8,64,256] [--requests 30]
+    python -m controlplane.telemetry.bench [--instances 8,64,256] [--requests 30] [--history redis|prometheus]
     python -m controlplane.telemetry.bench --converge 8,64,256 [--publishes 20]
 
 **Reads.** For each instance count, Redis is filled as the workers fill it over 24 h (every tier's
@@ -11,7 +11,9 @@ incrementally (``since`` and ``known``), with a fresh snapshot from every instan
 live traffic would; also the overview's poll (no instances) and one page of the per-instance table.
 Printed: milliseconds (wall, and this process's CPU, which other processes' noise does not touch)
 and bytes per answer. Targets: warm P95 < 100 ms and ≤ 200 KB per incremental poll, cold < 1 s.
-Then Redis memory per instance, by key family, at full retention.
+Then Redis memory per instance, by key family, at full retention. ``--history prometheus`` fills only
+what workers with ``RELAYGR_HISTORY=prometheus`` write (the live 1 s tier and its rollups: the history
+longer than the live window is Prometheus's) and reads only the windows Redis then serves.
 
 **Convergence.** For each instance count, ``python -m workers.loadfleet`` starts that many stand-in
 instances (real reconcilers, real heartbeats, real Redis); ``--publishes`` revisions are published
@@ -115,12 +117,13 @@ class Writer:
         self.previous: dict[tuple[str, str], object] = {}
         self.started_at = time.time() - 25 * 3600  # one run per instance, begun before the history
 
-    def fill(self, names: list[str], now: float, rng: random.Random) -> int:
+    def fill(self, names: list[str], now: float, rng: random.Random, tiers: tuple[str, ...]) -> int:
         from relay_engine.core.telemetry import rollup_contribution
         from relay_engine.core.wire import TELEMETRY_TIERS, rollup_period
 
         written = 0
-        for tier, (step_s, kept) in TELEMETRY_TIERS.items():
+        for tier in tiers:
+            step_s, kept = TELEMETRY_TIERS[tier]
             count = min(kept, 1440) if tier == "60s" else kept
             rollups: dict[int, Counter] = {}
             for index, name in enumerate(names):
@@ -178,13 +181,10 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def _memory_per_instance(client, writer: Writer, names: list[str]) -> list[tuple[str, float]]:
+def _memory_per_instance(client, writer: Writer, names: list[str], tiers: tuple[str, ...]) -> list[tuple[str, float]]:
     """Redis bytes per instance by key family (MEMORY USAGE, every key of the family summed)."""
-    from relay_engine.core.wire import TELEMETRY_TIERS
-
     keys = writer.keys
-    families: dict[str, list[str]] = {f"stream {tier}": [keys.telemetry(tier, n) for n in names]
-                                      for tier in TELEMETRY_TIERS}
+    families: dict[str, list[str]] = {f"stream {tier}": [keys.telemetry(tier, n) for n in names] for tier in tiers}
     families["status"] = [keys.status(n) for n in names]
     families["pool rollups (shared)"] = list(client.scan_iter(match=f"{keys.base}:rollup:*", count=1000))
     families["members + reporting (shared)"] = [keys.members, keys.reporting]
@@ -221,8 +221,9 @@ def _client_routing(client, writer: Writer, instances: int) -> None:
           f"{timings[0]:.0f} µs for a user first seen, {timings[1]:.1f} µs for one seen before")
 
 
-def bench_reads(instances: int, requests: int, redis_client, rng: random.Random) -> bool:
-    """One instance count's read benchmark; True when every target is met."""
+def bench_reads(instances: int, requests: int, redis_client, rng: random.Random, history: str = "redis") -> bool:
+    """One instance count's read benchmark; True when every target is met. ``history``: what the workers
+    write (``wire.HISTORY_TIERS``); with ``prometheus`` only the windows Redis still serves are read."""
     from django.test import Client
 
     from controlplane.accounts import services as account_services
@@ -230,8 +231,9 @@ def bench_reads(instances: int, requests: int, redis_client, rng: random.Random)
     from controlplane.policies import services as policy_services
     from controlplane.telemetry.cache import telemetry_cache
     from controlplane.telemetry.selectors import TOP_DEFAULT, WINDOWS
-    from relay_engine.core.wire import instance_name
+    from relay_engine.core.wire import HISTORY_TIERS, instance_name
 
+    tiers = HISTORY_TIERS[history]
     pool = f"bench{instances}"
     policy_services.pool_create(name=pool, actor="bench", expected_instances=instances)
     user = account_services.user_create(username=f"bench{instances}", role=Role.VIEWER, actor="bench")
@@ -240,7 +242,7 @@ def bench_reads(instances: int, requests: int, redis_client, rng: random.Random)
     writer = Writer(redis_client, pool)
     now = time.time()
     started = time.perf_counter()
-    written = writer.fill(names, now, rng)
+    written = writer.fill(names, now, rng, tiers)
     writer.statuses(names, now)
     print(f"\n== {instances} instances: filled {written} snapshots in {time.perf_counter() - started:.1f} s")
 
@@ -257,6 +259,9 @@ def bench_reads(instances: int, requests: int, redis_client, rng: random.Random)
     peak_cache_bytes = 0
     base = f"/api/v1/pools/{pool}"
     for window, (_, tier) in WINDOWS.items():
+        if tier not in tiers:
+            print(f"{window:>6} read from Prometheus (history: {history}): not measured here")
+            continue
         views = {
             "live": f"{base}/metrics/?window={window}&top={TOP_DEFAULT}",
             "overview": f"{base}/metrics/?window={window}&top=0",
@@ -285,9 +290,9 @@ def bench_reads(instances: int, requests: int, redis_client, rng: random.Random)
                   f"{p95:7.1f} {_percentile(cpus, 95):8.1f} {bytes_p95:10.0f}")
             ok &= p95 < TARGET_WARM_P95_MS and bytes_p95 <= TARGET_POLL_BYTES and cold_ms < TARGET_COLD_MS
     print(f"process cache: at most {peak_cache_bytes / 2**20:.1f} MiB after a view's polls")
-    print("Redis memory per instance at full retention (MEMORY USAGE):")
+    print(f"Redis memory per instance at full retention of the tiers {', '.join(tiers)} (MEMORY USAGE):")
     total = 0.0
-    for family, per_instance in _memory_per_instance(redis_client, writer, names):
+    for family, per_instance in _memory_per_instance(redis_client, writer, names, tiers):
         total += per_instance
         print(f"  {family:<30} {per_instance / 1024:9.1f} KiB")
     print(f"  {'total':<30} {total / 1024:9.1f} KiB  ({total * instances / 2**20:.0f} MiB for {instances})")
@@ -364,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--converge", type=_counts, default=[],
                         help="convergence benchmark at these counts instead of the read benchmark")
     parser.add_argument("--publishes", type=int, default=20, help="publishes per convergence count")
+    parser.add_argument("--history", choices=("redis", "prometheus"), default="redis",
+                        help="what the workers keep in Redis (RELAYGR_HISTORY): every tier, or only the live one")
     args = parser.parse_args(argv)
 
     tmp = tempfile.mkdtemp(prefix="relaygr-bench-")
@@ -387,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                 ok &= bench_convergence(count, args.publishes, redis_url, prefix)
         else:
             for count in args.instances:
-                ok &= bench_reads(count, args.requests, redis_client, random.Random(7))
+                ok &= bench_reads(count, args.requests, redis_client, random.Random(7), args.history)
     finally:
         if embedded is None:
             for stale in redis_client.scan_iter(match=f"{prefix}*", count=1000):
