@@ -174,6 +174,8 @@ class Profile:
     _chain_time: np.ndarray = field(repr=False)  # key rank × stride + time: one monotonic axis for all keys
     _span_ms: float = field(repr=False)
     working_set_bytes: float = 0.0  # the largest instance's distinct bytes (weighted back)
+    # The last HBM hits asked, by (budget, TTL): every point of a lower tier's axis asks the same.
+    _hbm_hits: tuple[tuple[float, float], np.ndarray] | None = field(default=None, repr=False)
 
     @property
     def requests_used(self) -> int:
@@ -184,8 +186,7 @@ class Profile:
         if self.requests_used == 0:
             return Split(0.0, {str(t): 0.0 for t in (Outcome.HBM, *(t.name for t in lower))})
         # Distances are in the window's bytes (sampled entries weighted by 1 / rate), so budgets are too.
-        eligible = self.distance_bytes <= hbm_bytes
-        hbm_hit = eligible & ~self._expiries(eligible, entry_ttl_ms)
+        hbm_hit = self._hbm_hit(hbm_bytes, entry_ttl_ms)
         decided = hbm_hit.copy()
         counts = {str(Outcome.HBM): 0.0}
         edge = hbm_bytes
@@ -204,6 +205,14 @@ class Profile:
         counts[str(Outcome.HBM)] = hbm
         by_tier = {name: min(1.0, c / n) for name, c in counts.items()}
         return Split(sum(by_tier.values()), by_tier)
+
+    def _hbm_hit(self, hbm_bytes: float, ttl_ms: float) -> np.ndarray:
+        """The requests HBM serves at this budget and TTL (resident by distance, not expired); the last
+        answer is kept, as a lower tier's axis asks the same HBM again for every point."""
+        if self._hbm_hits is None or self._hbm_hits[0] != (hbm_bytes, ttl_ms):
+            eligible = self.distance_bytes <= hbm_bytes
+            self._hbm_hits = ((hbm_bytes, ttl_ms), eligible & ~self._expiries(eligible, ttl_ms))
+        return self._hbm_hits[1]
 
     def _expiries(self, eligible: np.ndarray, ttl_ms: float) -> np.ndarray:
         """The eligible requests (their entry would be resident by distance) that find it expired: per
