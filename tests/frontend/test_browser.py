@@ -316,7 +316,10 @@ def test_preview_shows_live_and_proposed_side_by_side_then_publishes_that_revisi
     admitted = table.locator('tr[data-figure="preinfer_admitted"]')
     live = int(admitted.locator('td[data-side="live"]').inner_text().replace(",", ""))
     proposed = int(admitted.locator('td[data-side="proposed"]').inner_text().replace(",", ""))
-    assert proposed < live
+    # 2048 is past every prefix the traffic sends: the proposed revision admits none. What the live one
+    # admits in a 1-minute window can be 0 too: its dozen long-prefix users repeat within the TTL, so once
+    # each was seen in the replay's warm-up their signals find the prefix already cached.
+    assert proposed == 0 and proposed <= live
     p99 = table.locator('tr[data-figure="p99_ms"]')
     assert "SLO" in p99.locator('td[data-side="live"]').inner_text()
     assert "SLO" in p99.locator('td[data-side="proposed"]').inner_text()
