@@ -185,11 +185,13 @@ def check_curve(api: Api, pool: str, window: str) -> dict:
     say(f"letting a full {window} window of traffic into the capture")
     time.sleep(WINDOWS[window] + ROUND_STEP_S)
     curves = api("GET", f"/api/v1/pools/{pool}/cache-curves/?window={window}")
+    measured_now = measured(api("GET", f"/api/v1/pools/{pool}/traffic/?window={window}"))
     state = api("GET", f"/api/v1/pools/{pool}/")
     live = api("GET", f"/api/v1/pools/{pool}/revisions/{state['desired_generation']}/")
     live_mb = parse_policy(live["spec"]).cache.hbm_budget_mb
     rows = [{"factor": 1.0, "hbm_budget_mb": live_mb, "curve": curves["live"]["hit_ratio"],
              "measured": curves["measured_hit_ratio"], "simulated": None}]
+    live_previews = []  # each preview's prediction for the live revision, on the same window
     for factor in CURVE_FACTORS:
         spec = {**live["spec"], "cache": {**(live["spec"].get("cache") or {}), "hbm_budget_mb": live_mb * factor}}
         revision = api("POST", f"/api/v1/pools/{pool}/revisions/", {
@@ -201,8 +203,10 @@ def check_curve(api: Api, pool: str, window: str) -> dict:
                      "simulated": preview["result"]["proposed"]["hit_ratio"],
                      "simulated_live": preview["result"]["live"]["hit_ratio"]})
         say(f"{factor:g}× HBM: curve {rows[-1]['curve']}, simulator {rows[-1]['simulated']}")
+        live_previews.append({k: preview["result"]["live"][k] for k, _ in FIGURES})
     return {"pool": pool, "window": window, "requests": curves["requests"], "sampling_rate": curves["sampling_rate"],
-            "elapsed_ms": curves["elapsed_ms"], "error_points": curves["error_points"], "rows": rows}
+            "elapsed_ms": curves["elapsed_ms"], "error_points": curves["error_points"], "rows": rows,
+            "measured": measured_now, "live_previews": live_previews}
 
 
 def curve_table(report: dict) -> str:
@@ -215,6 +219,13 @@ def curve_table(report: dict) -> str:
         lines.append(f"| {row['hbm_budget_mb']:g} MiB ({row['factor']:g}×) | {_share(row['curve'])} | "
                      f"{_share(row['measured'])} | {_share(row['simulated'])} | "
                      f"{'–' if gap is None else f'{gap:+.2f}'} |")
+    m = report.get("measured")
+    for p in report.get("live_previews", []):
+        error = (p["p99_ms"] - m["p99_ms"]) / m["p99_ms"] if p["p99_ms"] is not None and m["p99_ms"] else None
+        lines.append(f"\nThe live revision previewed on the same window: P99 {_ms(p['p99_ms'])} ms predicted, "
+                     f"{_ms(m['p99_ms'])} measured ({'–' if error is None else f'{100 * error:+.0f} %'}); within SLO "
+                     f"{_share(p['within_slo_share'])} / {_share(m['within_slo_share'])}; hit ratio "
+                     f"{_share(p['hit_ratio'])} / {_share(m['hit_ratio'])}")
     return "\n".join(lines)
 
 

@@ -6,7 +6,8 @@ Requests are grouped by the instance that served them (the capture's ``instance`
 that field share one stack (the answer counts them). An entry's size is the model's prefix bytes for its
 length, with the dimensions the pool's live instances report (the model's defaults when none does).
 A request counts as pre-inferred when its pre-infer signal was seen and its prefix is at risk under the
-live trigger. Only served, replayable requests are counted, in the prediction and the measurement alike.
+live trigger, unless it missed for a reason that loses its pre-inference at any budget
+(``curves.PREINFER_LOST``: the trigger's load limits, a computation too late). Only served, replayable requests are counted, in the prediction and the measurement alike.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ def requests_of(records: Sequence[CaptureRecord], spec: PolicySpec, model: Model
     return curves.Requests(
         ts_ms=np.fromiter((r.ts_ms for r in records), float, len(records)), key=np.asarray(key, dtype=np.int64),
         nbytes=np.asarray(nbytes, dtype=np.int64), instance=np.asarray(instance, dtype=np.int64),
-        preinferred=np.fromiter((r.gap_ms is not None and r.prefix_len >= at_risk for r in records), bool,
-                                len(records)))
+        preinferred=np.fromiter((r.gap_ms is not None and r.prefix_len >= at_risk
+                                 and r.miss_reason not in curves.PREINFER_LOST for r in records), bool, len(records)))
 
 
 def _point(point: curves.Point, *, budget: bool) -> dict:

@@ -24,7 +24,10 @@ The model (what the tier stack does, ``tiers.TierStack``, ``kvcache.HBMCache``, 
 * **Pre-inference**: a request marked ``preinferred`` (its pre-infer signal was seen and its prefix is
   at risk, so the trigger would admit it) finds its prefix in HBM whatever the history, as long as the
   prefix fits the HBM budget; when some tier already held it, the trigger refuses (already cached)
-  and the request is served from that tier as any other. Either way its use is one access.
+  and the request is served from that tier as any other. Either way its use is one access. A miss the
+  live trigger refused for a reason that does not depend on the cache (``PREINFER_LOST``: its load
+  limits, not at risk, pre-inference off) or whose computation came too late is not pre-inferred at
+  any budget: the capture's miss reason says so.
 * **Router**: each instance has its own stack; the requests carry the instance that served them.
 
 Known deviations (why the curve is an estimate, not a replay):
@@ -36,8 +39,11 @@ Known deviations (why the curve is an estimate, not a replay):
 * Expired entries are counted in others' distances until they are reused or pushed out, while the
   engine's sweep frees their bytes earlier: with a TTL shorter than typical reuse, the model
   under-predicts hits.
-* The trigger's load limits (pre-inferences in flight, tokens per second, the cache budget share) are
-  not replayed: every at-risk signalled request counts as pre-inferred.
+* The trigger's load limits are taken from the window as it was served, not replayed: a request they
+  refused is refused at every budget, though another budget would have changed the load a little; the
+  cache budget share's refusals (``cache_budget``) do depend on the budget and are counted as admitted.
+  A request that hit while a limit would have refused it leaves no trace in the capture (only misses
+  carry a reason): it counts as admitted.
 * Unread pre-inferred entries are evicted after read ones (``kvcache.LRUPolicy``); the model is plain
   LRU (the difference lasts the tens of milliseconds between a signal and its rank).
 * Concurrent requests of one key (joins of a computation in flight) are hits at distance = own size.
@@ -67,6 +73,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from relay_engine.core.outcomes import TIERS, Outcome
+from relay_engine.core.telemetry import NOT_ADMITTED, MissReason, RefusalReason
 
 # Requests computed exactly; a larger window is sampled down to about this many (``sampling_plan``).
 EXACT_REQUESTS = 1_000_000
@@ -77,6 +84,12 @@ _SAMPLED_SHARE_MAX = 0.001
 _WHOLE_SHARE_MAX = 0.75
 _HASH_BITS = 24
 _HASH_SPACE = 2**_HASH_BITS
+# The misses whose pre-inference the live pool lost for reasons that do not depend on the cache's budgets
+# or contents: the trigger's refusals but ``cache_budget`` (a budget share), and a computation that would
+# have finished past the deadline. Such a request is not pre-inferred at any point of a curve.
+PREINFER_LOST: frozenset[str] = frozenset({
+    *(reason for refusal, reason in NOT_ADMITTED.items() if refusal is not RefusalReason.CACHE_BUDGET),
+    MissReason.TOO_LATE})
 
 
 def prefix_nbytes(seq_len: int, *, num_layers: int, num_heads: int, head_dim: int,

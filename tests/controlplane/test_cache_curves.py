@@ -87,3 +87,22 @@ def test_the_default_model_dimensions_are_the_models_own():
     from relay_engine.core.model import ModelConfig
 
     assert ModelConfig().fingerprint() == cache_curves.DEFAULT_FINGERPRINT
+
+
+def test_a_miss_the_trigger_refused_for_its_load_is_not_pre_inferred_at_any_budget():
+    """The capture's miss reason decides: a load limit or a late computation loses the pre-inference
+    whatever the budget; a refusal for the cache budget's share depends on the budget, so it counts as
+    admitted, as does a request with no reason (a hit, or a miss for the cache's own reasons)."""
+    from relay_engine.core.config import PolicySpec
+    from relay_engine.core.telemetry import MissReason
+
+    spec = PolicySpec()
+    at_risk = spec.trigger.effective_at_risk_seq_len()
+    reasons = ["", MissReason.NOT_ADMITTED_INFLIGHT_LIMIT, MissReason.NOT_ADMITTED_TOKEN_RATE_LIMIT,
+               MissReason.TOO_LATE, MissReason.NOT_ADMITTED_CACHE_BUDGET, MissReason.EVICTED_HBM]
+    records = [CaptureRecord(ts_ms=1000.0 * i, user=user_hash(KEY, f"user-{i}"), prefix_len=at_risk, short_len=8,
+                             candidates=64, gap_ms=20.0, outcome="miss" if reason else "hbm", latency_ms=5.0,
+                             miss_reason=str(reason), instance="p.0")
+               for i, reason in enumerate(reasons)]
+    requests = cache_curves.requests_of(records, spec, cache_curves.DEFAULT_FINGERPRINT)
+    assert requests.preinferred.tolist() == [True, False, False, False, True, True]

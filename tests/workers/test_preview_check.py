@@ -68,3 +68,12 @@ def test_the_curve_table_sets_the_curve_against_the_measured_at_the_live_budget_
     text = curve_table(report)
     assert "| 512 MiB (1×) | 70.00 % | 71.20 % | – | -1.20 |" in text
     assert "| 256 MiB (0.5×) | 61.00 % | – | 63.00 % | -2.00 |" in text
+
+
+def test_the_curve_table_sets_the_live_revisions_preview_against_the_measured_window():
+    report = {"pool": "main", "window": "15m", "requests": 7200, "sampling_rate": 1.0, "elapsed_ms": 41.0,
+              "error_points": 0.0, "rows": [],
+              "measured": {"p99_ms": 40.0, "p50_ms": 10.0, "within_slo_share": 0.99, "hit_ratio": 0.5},
+              "live_previews": [{"p99_ms": 46.0, "p50_ms": 11.0, "within_slo_share": 0.98, "hit_ratio": 0.49}]}
+    text = curve_table(report)
+    assert "P99 46.0 ms predicted, 40.0 measured (+15 %); within SLO 98.00 % / 99.00 %" in text
