@@ -40,10 +40,10 @@ Known deviations (why the curve is an estimate, not a replay):
   engine's sweep frees their bytes earlier: with a TTL shorter than typical reuse, the model
   under-predicts hits.
 * The trigger's load limits are taken from the window as it was served, not replayed: a request they
-  refused is refused at every budget, though another budget would have changed the load a little; the
-  cache budget share's refusals (``cache_budget``) do depend on the budget and are counted as admitted.
-  A request that hit while a limit would have refused it leaves no trace in the capture (only misses
-  carry a reason): it counts as admitted.
+  refused is refused at every budget, though another budget would have changed the load a little;
+  the cache budget share's refusals (``RefusalReason.CACHE_BUDGET``) depend on the budget and count as
+  admitted. A request that hit while a limit would have refused it leaves no trace in the capture
+  (only misses carry a reason): it counts as admitted.
 * Unread pre-inferred entries are evicted after read ones (``kvcache.LRUPolicy``); the model is plain
   LRU (the difference lasts the tens of milliseconds between a signal and its rank).
 * Concurrent requests of one key (joins of a computation in flight) are hits at distance = own size.
@@ -85,7 +85,7 @@ _WHOLE_SHARE_MAX = 0.75
 _HASH_BITS = 24
 _HASH_SPACE = 2**_HASH_BITS
 # The misses whose pre-inference the live pool lost for reasons that do not depend on the cache's budgets
-# or contents: the trigger's refusals but ``cache_budget`` (a budget share), and a computation that would
+# or contents: the trigger's refusals but the cache budget share's, and a computation that would
 # have finished past the deadline. Such a request is not pre-inferred at any point of a curve.
 PREINFER_LOST: frozenset[str] = frozenset({
     *(reason for refusal, reason in NOT_ADMITTED.items() if refusal is not RefusalReason.CACHE_BUDGET),
