@@ -1,4 +1,4 @@
-"""What the instances served during a bake, from the telemetry streams that already exist.
+"""What the instances served during a bake, from the telemetry that already exists.
 
 Each instance's cumulative snapshots are differenced as every telemetry reader does
 (``telemetry.history.InstanceHistory``: restarts and resets handled), and only the differences of
@@ -6,6 +6,13 @@ samples taken after the bake started *while the instance ran the generation of i
 snapshot's ``applied_generation`` gauge, at both ends of the difference): a canary instance's
 seconds on the stable revision are not the canary's, and a stable instance's are judged against the
 stable revision only.
+
+Where Prometheus holds the history (``PROMETHEUS_URL``; Redis then keeps only the live tier), a bake
+longer than ``REDIS_SPAN_S`` is read in two parts: its last ``REDIS_SPAN_S`` or so from Redis, and
+everything before from Prometheus (``promql.PrometheusHistory``: per instance, the counts of each
+``PROMETHEUS_STEP_S`` point and the generation at its end, gated by the same rule), so a bake of any
+length is judged on all of it. Prometheus unreachable: the bake is judged on what Redis holds, and
+``Served.history`` says so.
 """
 
 from __future__ import annotations
@@ -14,7 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import redis
+from django.conf import settings
 
+from controlplane.common.errors import Unavailable
 from controlplane.telemetry.history import (
     BUCKET_OFFSET,
     COUNTER_COLUMN,
@@ -24,9 +33,17 @@ from controlplane.telemetry.history import (
     InstanceHistory,
     reporting_instances,
 )
-from controlplane.telemetry.sources import redis_tiers
-from relay_engine.core.telemetry import N_BUCKETS, quantile_from_counts
+from controlplane.telemetry.promql import PrometheusHistory
+from controlplane.telemetry.sources import LIVE_WINDOW_S, prometheus_holds_history, redis_tiers
+from relay_engine.core.telemetry import GAUGES, N_BUCKETS, quantile_from_counts
 from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
+
+# Where Prometheus holds the history: how much of a bake's end Redis serves (well inside the live tier,
+# whatever the scrape lag), and the width of the points read from Prometheus before it (four scrapes at
+# the shipped 15 s interval: an increase() needs two samples in its point).
+REDIS_SPAN_S = LIVE_WINDOW_S // 2
+PROMETHEUS_STEP_S = 60
+_GENERATION = GAUGES.index("applied_generation")
 
 
 @dataclass(frozen=True)
@@ -36,6 +53,9 @@ class Served:
     requests: int
     bad: int
     buckets: np.ndarray
+    # Where the figures came from: "redis", "prometheus+redis", or Redis alone with why not Prometheus.
+    history: str = "redis"
+    judged_since: float | None = None  # the start of what they cover, when not the bake's own
 
     @property
     def p99_ms(self) -> float | None:
@@ -44,8 +64,8 @@ class Served:
 
 def _tier_for(span_s: float) -> str:
     """The finest telemetry tier Redis holds that still holds ``span_s`` seconds (and a baseline sample).
-    Where Prometheus holds the history Redis has only the live tier: a longer bake is judged on its last
-    ``LIVE_WINDOW_S``."""
+    Where Prometheus holds the history Redis has only the live tier (``served`` reads a bake's start from
+    Prometheus)."""
     held = sorted(redis_tiers(), key=lambda tier: TELEMETRY_TIERS[tier][0])
     for tier in held:
         every_s, kept = TELEMETRY_TIERS[tier]
@@ -71,17 +91,43 @@ def _row_during(client: redis.Redis, keys: PoolKeys, tier: str, instance: str, g
     return history.deltas[counted].sum(axis=0)
 
 
+def _prometheus_during(*, pool: str, instances: list[str], generation: int, since: float,
+                       n_points: int) -> np.ndarray:
+    """The counts of ``n_points`` Prometheus points from ``since``, summed over the points at whose both
+    ends the instance ran ``generation`` (the first point's start taken as its end, as in Redis)."""
+    source = PrometheusHistory(settings.PROMETHEUS_URL, timeout_s=settings.PROMETHEUS_TIMEOUT_S)
+    row = np.zeros(N_COLUMNS)
+    span_s = n_points * PROMETHEUS_STEP_S
+    for rows, gauges in source.instance_points(pool=pool, tier="", instances=instances, window_s=span_s, start=since,
+                                              step_s=PROMETHEUS_STEP_S, n_points=n_points, now=since + span_s):
+        running = gauges[:, _GENERATION] == generation  # NaN (no sample in the point) never equals
+        before = np.concatenate([running[:1], running[:-1]])
+        row += rows[running & before].sum(axis=0)
+    return row
+
+
 def served(client: redis.Redis, *, pool: str, instances: list[str], generation: int, since: float,
            now: float) -> Served:
     """What ``instances`` served while running ``generation`` between ``since`` and ``now``."""
     keys = PoolKeys(pool)
-    tier = _tier_for(now - since)
     row = np.zeros(N_COLUMNS)
+    history, redis_since, judged_since = "redis", since, None
+    n_points = int((now - since - REDIS_SPAN_S) // PROMETHEUS_STEP_S) if prometheus_holds_history() else 0
+    if n_points > 0 and instances:
+        try:
+            row += _prometheus_during(pool=pool, instances=instances, generation=generation, since=since,
+                                      n_points=n_points)
+            history, redis_since = "prometheus+redis", since + n_points * PROMETHEUS_STEP_S
+        except Unavailable as exc:
+            history = f"redis: {exc.detail}"
+            redis_since = judged_since = max(since, now - LIVE_WINDOW_S + 2 * TELEMETRY_TIERS[redis_tiers()[0]][0])
+    tier = _tier_for(now - redis_since)
     for instance in instances:
-        row += _row_during(client, keys, tier, instance, generation, since)
+        row += _row_during(client, keys, tier, instance, generation, redis_since)
     requests = int(row[COUNTER_COLUMN["rank_requests"]])
     within = int(row[COUNTER_COLUMN["rank_within_slo"]])
-    return Served(requests=requests, bad=max(0, requests - within), buckets=row[BUCKET_OFFSET:BUCKET_OFFSET + N_BUCKETS])
+    return Served(requests=requests, bad=max(0, requests - within), buckets=row[BUCKET_OFFSET:BUCKET_OFFSET + N_BUCKETS],
+                  history=history, judged_since=judged_since)
 
 
 def stable_instances(client: redis.Redis, *, pool: str, canary: list[str], since: float) -> list[str]:

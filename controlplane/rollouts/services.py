@@ -277,6 +277,9 @@ def rollout_evaluate(*, rollout: Rollout, now: float | None = None) -> Rollout:
         "nacked": nacked,
         "not_live": not_live, "not_running": not_running, "evaluated_at": round(now, 3), "decision": decision.action,
         "reason": decision.reason, "series": series,
+        # Where the figures came from (Redis alone, or Prometheus for a long bake's start) and, when only part
+        # of the bake could be read, from when.
+        "history": canary.history, "judged_since": canary.judged_since,
     }
     if decision.action == "promote":
         return rollout_promote(rollout=rollout, actor=EVALUATOR, reason=decision.reason, figures=figures)

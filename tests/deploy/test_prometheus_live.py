@@ -109,7 +109,8 @@ class Traffic:
             if self.ticks:
                 self._grow(i)
             snap = snapshot(worker.name, now, self.started_at, refusals=dict(self.refusals[i]),
-                            miss_reasons=dict(self.misses[i]), hbm_bytes=1000 * (i + 1), hbm_budget_bytes=10_000, **self.counts[i])
+                            miss_reasons=dict(self.misses[i]), hbm_bytes=1000 * (i + 1), hbm_budget_bytes=10_000,
+                            applied_generation=worker.status.applied_generation, **self.counts[i])
             snap.rank_latency = self.latency[i].copy()
             snap.tiers = {tier: {**figures, "bytes": 300 * (i + 1), "budget_bytes": 10_000, "peak_bytes": 400,
                                  "entries": 3} for tier, figures in self.tiers[i].items()}
