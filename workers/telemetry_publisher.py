@@ -19,7 +19,6 @@ carried into the next one (the previous snapshot advances only when Redis took t
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import Counter
@@ -95,7 +94,7 @@ class TelemetryWriter:
 
     def write(self, snapshot: Snapshot, tiers: list[str]) -> None:
         """Append ``snapshot`` to each tier's stream and add its counts to the tier's pool rollup."""
-        data = json.dumps(snapshot.to_dict(), separators=(",", ":"))
+        data = snapshot.to_entry()
         pipe = self.client.pipeline(transaction=False)
         for tier in tiers:
             every_s, kept = TELEMETRY_TIERS[tier]

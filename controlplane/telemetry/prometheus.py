@@ -65,7 +65,7 @@ def _latest_snapshots(pool: str, now: float) -> list[Snapshot]:
         if not entries:
             continue
         try:
-            snapshots.append(Snapshot.from_json(entries[0][1]["d"]))
+            snapshots.append(Snapshot.from_entry(entries[0][1]["d"]))
         except (ValueError, KeyError):
             continue
     return snapshots

@@ -7,8 +7,11 @@ merging (never by averaging per-instance percentiles).
 
 from __future__ import annotations
 
+import base64
 import bisect
+import json
 import math
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -263,10 +266,14 @@ class Snapshot:
         """Every gauge by name (``GAUGES``): the tiers' levels from ``tiers``, the others its fields."""
         return dict(zip(GAUGES, gauges_of(self.tiers, lambda name: getattr(self, name, 0)), strict=True))
 
+    def to_entry(self) -> str:
+        """The one encoder of a telemetry stream entry (field ``d``): ``to_dict``, packed (``pack_entry``)."""
+        return pack_entry(self.to_dict())
+
     @classmethod
-    def from_json(cls, raw: str | bytes) -> Snapshot:
-        """The one decoder of a telemetry stream entry (field ``d``)."""
-        return cls.from_dict(json_value(raw, "snapshot", ValueError))
+    def from_entry(cls, raw: str | bytes) -> Snapshot:
+        """The one decoder of a telemetry stream entry (field ``d``): packed or plain JSON (``entry_json``)."""
+        return cls.from_dict(json_value(entry_json(raw), "snapshot", ValueError))
 
 
 _EXACT_INT = 2**53  # the largest integer a float holds exactly
@@ -354,6 +361,79 @@ def _count(value: object, name: str, kind: type, key: object = None) -> int | fl
         shown = f"{name}.{key}" if key is not None else name
         raise ValueError(f"snapshot.{shown} must be in [0, 2**53], got {str(value)[:40]}")
     return number
+
+
+# --- the stream entry: field ``d`` of a telemetry stream --------------------------------------
+
+# A snapshot's JSON is ~1.5 KB, and Redis packs a stream's entries into nodes of at most 4 KB
+# (``stream-node-max-bytes``): two to a node, so the nodes' overhead doubles what a live tier costs.
+# Packed, an entry is its JSON deflated against a preset dictionary (a snapshot's field names, at zero
+# and at typical values: what is left to code is mostly the digits), then base64, so the field stays
+# ASCII text for every reader (the control plane reads with ``decode_responses`` and replaces bytes
+# that are not UTF-8): ~440 bytes, nine or more to a node. The prefix names the dictionary, which is
+# frozen: an entry packed with it inflates only with it. A new dictionary takes a new prefix, and the
+# decoder keeps the old one as long as streams may hold its entries.
+PACKED_ENTRY_PREFIX = "z1:"
+_PACKED_ZDICT_V1 = (
+    b'{"instance":"ranking-a.0","ts":1700000000.0,"started_at":1700000000.0,"counters":{"rank_requests":0,'
+    b'"rank_ok":0,"rank_errors":0,"rank_deadline_exceeded":0,"rank_within_slo":0,"preinfer_signals":0,"pre'
+    b'infer_admitted":0,"preinfer_completed":0,"preinfer_stale_edit":0,"hbm_hits":0,"inflight_joins":0,"dr'
+    b'am_hits":0,"disk_hits":0,"misses":0,"evictions":0,"demotions":0,"promotions":0,"expirations":0,"dram'
+    b'_evictions":0,"disk_evictions":0,"dedup_reloads":0},"refusals":{"not_at_risk":0,"already_cached":0,"'
+    b'inflight_limit":0,"token_rate_limit":0,"cache_budget":0,"disabled":0},"misses":{"first_visit":0,"pre'
+    b'fix_changed":0,"expired":0,"evicted_hbm":0,"evicted_dram":0,"evicted_disk":0,"not_admitted_not_at_ri'
+    b'sk":0,"not_admitted_inflight_limit":0,"not_admitted_token_rate_limit":0,"not_admitted_cache_budget":'
+    b'0,"not_admitted_disabled":0,"too_late":0,"edit_changed":0,"rerouted":0,"failed":0,"unreadable":0},"r'
+    b'ank_latency":{"buckets":{},"sum_ms":0.0},"hbm_bytes":0,"hbm_budget_bytes":0,"applied_generation":0,"'
+    b'slo_ms":0.0,"tiers":{"hbm":{"bytes":0,"budget_bytes":0},"dram":{"bytes":0,"budget_bytes":0},"disk":{'
+    b'"bytes":0,"budget_bytes":0}}}{"instance":"ranking-a.1","ts":1700090000.123456,"started_at":170000000'
+    b'0.654321,"counters":{"rank_requests":23399861,"rank_ok":23165862,"rank_errors":116999,"rank_deadline'
+    b'_exceeded":116999,"rank_within_slo":22697865,"preinfer_signals":11699930,"preinfer_admitted":1169993'
+    b'0,"preinfer_completed":11699930,"preinfer_stale_edit":11699930,"hbm_hits":11699930,"inflight_joins":'
+    b'11699930,"dram_hits":11699930,"disk_hits":11699930,"misses":11699930,"evictions":11699930,"demotions'
+    b'":11699930,"promotions":11699930,"expirations":11699930,"dram_evictions":11699930,"disk_evictions":1'
+    b'1699930,"dedup_reloads":11699930},"refusals":{"not_at_risk":233998,"already_cached":467997,"inflight'
+    b'_limit":701995,"token_rate_limit":935994,"cache_budget":1169993,"disabled":1403991},"misses":{"first'
+    b'_visit":86028,"prefix_changed":172057,"expired":258086,"evicted_hbm":344115,"evicted_dram":430144,"e'
+    b'victed_disk":516173,"not_admitted_not_at_risk":602202,"not_admitted_inflight_limit":688231,"not_admi'
+    b'tted_token_rate_limit":774260,"not_admitted_cache_budget":860288,"not_admitted_disabled":946317,"too'
+    b'_late":1032346,"edit_changed":1118375,"rerouted":1204404,"failed":1290433,"unreadable":1376462},"ran'
+    b'k_latency":{"buckets":{"23":233998,"24":467997,"25":1169993,"26":1871988,"27":2807983,"28":3509979,"'
+    b'29":3743977,"30":3509979,"31":2807983,"32":1871988,"33":935994,"34":350997,"35":116999},"sum_ms":222'
+    b'298679.5},"hbm_bytes":0,"hbm_budget_bytes":0,"applied_generation":1,"slo_ms":50.0,"tiers":{"hbm":{"b'
+    b'ytes":697303040,"budget_bytes":1073741824},"dram":{"bytes":3083862016,"budget_bytes":4294967296}}}'
+)
+_PACKED_WBITS = -12  # raw deflate (no header or checksum), 4 KiB window: the dictionary and a snapshot
+# What a packed entry may inflate to: snapshots are ~2 KB, so anything past this is no snapshot but a
+# bomb, refused after inflating this much (it costs one sample, not the reader's memory).
+MAX_ENTRY_JSON_BYTES = 64 * 1024
+
+
+def pack_entry(data: dict) -> str:
+    """Field ``d`` of a stream entry holding ``data`` (a snapshot's ``to_dict``): its JSON, packed."""
+    deflater = zlib.compressobj(9, zlib.DEFLATED, _PACKED_WBITS, zdict=_PACKED_ZDICT_V1)
+    text = json.dumps(data, separators=(",", ":")).encode()
+    return PACKED_ENTRY_PREFIX + base64.b64encode(deflater.compress(text) + deflater.flush()).decode("ascii")
+
+
+def entry_json(raw: str | bytes) -> str | bytes:
+    """The JSON text of a stream entry's field ``d``: a packed entry inflated, anything else as it is (an
+    older worker's plain JSON: one stream holds both during a rolling upgrade). ValueError when a packed
+    entry is not base64, is truncated or corrupt, or inflates past ``MAX_ENTRY_JSON_BYTES``."""
+    prefix = PACKED_ENTRY_PREFIX if isinstance(raw, str) else PACKED_ENTRY_PREFIX.encode()
+    if not raw.startswith(prefix):
+        return raw
+    try:
+        packed = base64.b64decode(raw[len(prefix):], validate=True)
+        inflater = zlib.decompressobj(_PACKED_WBITS, zdict=_PACKED_ZDICT_V1)
+        text = inflater.decompress(packed, MAX_ENTRY_JSON_BYTES)
+    except (ValueError, zlib.error) as exc:  # binascii.Error is a ValueError
+        raise ValueError(f"snapshot entry is not packed JSON: {exc}") from None
+    if inflater.unconsumed_tail:
+        raise ValueError(f"snapshot entry inflates past {MAX_ENTRY_JSON_BYTES} bytes")
+    if not inflater.eof or inflater.unused_data:
+        raise ValueError("snapshot entry is not packed JSON: truncated or followed by other bytes")
+    return text
 
 
 # --- pool rollups: what every instance adds to its pool's per-tier buckets --------------------

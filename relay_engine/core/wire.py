@@ -15,7 +15,7 @@ Keys (``P`` = prefix, ``pool`` = pool name, ``inst`` = instance name ``<pool>.<i
 | ``P:pool:{pool}:poke`` | pub/sub channel | control plane | the desired generation, as text |
 | ``P:pool:{pool}:members`` | sorted set | workers | inst → last heartbeat (unix s) |
 | ``P:pool:{pool}:status:{inst}`` | string, TTL | workers | JSON ``InstanceStatus`` |
-| ``P:pool:{pool}:telemetry:{tier}:{inst}`` | stream, MAXLEN | workers | field ``d``: JSON ``Snapshot`` |
+| ``P:pool:{pool}:telemetry:{tier}:{inst}`` | stream, MAXLEN | workers | field ``d``: a ``Snapshot``, packed (``Snapshot.to_entry``: ``z1:`` + base64 of its JSON deflated against a preset dictionary; older workers' plain JSON still reads, ``Snapshot.from_entry``) |
 | ``P:pool:{pool}:rollup:{tier}:{t}`` | hash, TTL | workers (HINCRBY) | the pool's counts of tier period ``t`` (``telemetry.rollup_contribution``) |
 | ``P:pool:{pool}:reporting`` | sorted set | workers | inst → time of its last telemetry snapshot (unix s) |
 | ``P:pool:{pool}:claim:{index}`` | string, TTL | workers | owner of an instance index (scaled replicas) |

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.telemetry.cache import BoundedCache
-from controlplane.telemetry.history import COUNTER_COLUMN, InstanceHistory, decode_snapshot
+from controlplane.telemetry.history import COUNTER_COLUMN, InstanceHistory, _fast_values, decode_snapshot
 from relay_engine.core.config import parse_policy
 from relay_engine.core.engine import RelayEngine
 from relay_engine.core.telemetry import COUNTERS, LatencyHistogram, Snapshot, rollup_contribution
@@ -73,14 +73,16 @@ def test_a_contribution_carries_gauges_once_and_leaves_zeros_out():
 
 # --- decoding ---------------------------------------------------------------------------------
 
-def test_the_fast_decoder_agrees_with_the_one_decoder():
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "plain JSON"])
+def test_the_fast_decoder_agrees_with_the_one_decoder(packed):
     snap = snapshot("p.0", 12.5, 2.0, latencies_ms=[1.0, 3.0, 3.0, 900.0], rank_requests=4, misses=1,
                     refusals={"cache_budget": 2}, hbm_bytes=7)
     import json
 
-    raw = json.dumps(snap.to_dict())
+    raw = snap.to_entry() if packed else json.dumps(snap.to_dict())
+    assert _fast_values(raw) is not None  # what workers write takes the fast path, packed or not
     ts, started_at, row, gauges = decode_snapshot(raw)
-    strict = Snapshot.from_json(raw)
+    strict = Snapshot.from_entry(raw)
     assert (ts, started_at) == (strict.ts, strict.started_at)
     assert row[COUNTER_COLUMN["rank_requests"]] == 4 and row[COUNTER_COLUMN["misses"]] == 1
     assert row[len(COUNTERS):].sum() == 2 + 4 + 1.0 + 3.0 + 3.0 + 900.0  # refusals, buckets, sum
@@ -259,9 +261,8 @@ def test_one_instances_status(operator, pool, worker_factory):
 
 def test_a_history_of_differences_matches_its_snapshots():
     history = InstanceHistory(instance="p.0", step_s=1)
-    import json
 
-    entries = [(f"{k + 1}-0", {"d": json.dumps(snapshot("p.0", 10 + k, 9.5, rank_requests=3 * k).to_dict())})
+    entries = [(f"{k + 1}-0", {"d": snapshot("p.0", 10 + k, 9.5, rank_requests=3 * k).to_entry()})
                for k in range(5)]
     history.extend(entries, keep_since=0)
     assert np.diff(history.totals[:, COUNTER_COLUMN["rank_requests"]]).tolist() == [0, 3, 3, 3, 3]
@@ -287,7 +288,6 @@ def test_a_listed_instance_keeps_its_place_against_a_barely_worse_one():
 def test_decoding_only_each_points_last_sample_sums_the_same(steps, offset):
     """A 24 h chart decodes one 60 s sample in four; restarts (a new ``started_at``) make it decode
     the samples between, so every point sums exactly what decoding every sample would."""
-    import json
 
     from controlplane.telemetry.merge import bucketed
 
@@ -298,7 +298,7 @@ def test_decoding_only_each_points_last_sample_sums_the_same(steps, offset):
             count, started = 0, ts - 0.05
         count += increment
         snap = snapshot("p.0", ts, started, rank_requests=count, hbm_bytes=k)
-        entries.append((f"{int(ts * 1000)}-0", {"d": json.dumps(snap.to_dict())}))
+        entries.append((f"{int(ts * 1000)}-0", {"d": snap.to_entry()}))
     full, thin = InstanceHistory(instance="p.0", step_s=60), InstanceHistory(instance="p.0", step_s=60)
     full.extend(entries, keep_since=0)
     thin.extend(entries, keep_since=0, point_s=240)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -15,6 +16,7 @@ from controlplane.telemetry.merge import quantiles
 from controlplane.telemetry.selectors import cache_tiers, lookup_outcomes, window_grid
 from relay_engine.core.outcomes import TIERS, Outcome
 from relay_engine.core.telemetry import GAUGES, N_BUCKETS, LatencyHistogram, quantile_from_counts
+from relay_engine.core.wire import PoolKeys
 
 from .fleet_helpers import snapshot
 
@@ -23,9 +25,7 @@ BASE = f"/api/v1/pools/{POOL}"
 
 
 def _entries(*snapshots):
-    import json
-
-    return [(f"{i + 1}-0", {"d": json.dumps(s.to_dict())}) for i, s in enumerate(snapshots)]
+    return [(f"{i + 1}-0", {"d": s.to_entry()}) for i, s in enumerate(snapshots)]
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -64,6 +64,21 @@ def test_off_contract_entries_are_skipped():
     history.extend([("1-0", {"d": "nope"}), ("2-0", {"x": "1"})] + _entries(snapshot("p.0", 5, 4.5, rank_ok=1))[:1],
                    keep_since=0)
     assert history.ts.tolist() == [5]
+
+
+def test_a_stream_mid_upgrade_reads_plain_and_packed_entries_and_a_corrupt_one_costs_one_sample(redis_client):
+    """A rolling upgrade: an older worker's plain JSON entries, then packed ones, in one stream, read
+    through the control plane's own client (replies decoded, bytes that are not UTF-8 replaced)."""
+    key = PoolKeys(POOL).telemetry("1s", "p.0")
+    samples = [snapshot("p.0", 100.0 + k, 50.0, rank_requests=10 * k) for k in range(5)]
+    fields = [json.dumps(samples[0].to_dict()), json.dumps(samples[1].to_dict()), samples[2].to_entry(),
+              samples[3].to_entry()[:-20], samples[4].to_entry()]  # the fourth truncated
+    for k, d in enumerate(fields):
+        redis_client.xadd(key, {"d": d}, id=f"{100 + k}000-0")
+    history = InstanceHistory(instance="p.0", step_s=1)
+    history.extend(redis_client.xrange(key), keep_since=0)
+    assert history.ts.tolist() == [100.0, 101.0, 102.0, 104.0]
+    assert history.deltas[:, COUNTER_COLUMN["rank_requests"]].tolist() == [0, 10, 10, 20]
 
 
 def test_window_grid_caps_points_and_aligns_to_the_tier():

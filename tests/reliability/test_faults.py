@@ -9,7 +9,6 @@ sent meanwhile must end as an answer or a clear error within its deadline (+ gra
 
 from __future__ import annotations
 
-import json
 import secrets
 import signal
 import threading
@@ -18,6 +17,7 @@ import urllib.error
 
 import pytest
 
+from relay_engine.core.telemetry import Snapshot
 from relay_engine.core.wire import HEARTBEAT_TIMEOUT_S, DesiredRevision, InstanceStatus
 from tests.frontend.conftest import LAUNCH_ARGS, chromium_path, login
 from tests.frontend.stack import POOL
@@ -223,8 +223,8 @@ def test_redis_restart_is_ridden_out_and_the_desired_configuration_is_restored(s
     for name in stack.workers:
         wait_for(lambda name=name: stack.redis.xrevrange(keys.telemetry("1s", name), count=1), 15,
                  what=f"{name} to publish telemetry again")
-        snapshot = json.loads(stack.redis.xrevrange(keys.telemetry("1s", name), count=1)[0][1]["d"])
-        assert snapshot["ts"] >= restarted_at
+        snapshot = Snapshot.from_entry(stack.redis.xrevrange(keys.telemetry("1s", name), count=1)[0][1]["d"])
+        assert snapshot.ts >= restarted_at
     time.sleep(2)
     status, metrics = stack.api("GET", f"/api/v1/pools/{POOL}/metrics/?window=5m")
     assert status == 200, metrics

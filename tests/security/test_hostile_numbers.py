@@ -93,7 +93,7 @@ SNAPSHOT = json.dumps(Snapshot(instance="p.0", ts=1e9, started_at=1e9, counters=
 @pytest.mark.parametrize(("name", "record", "decode", "error"), [
     ("status", STATUS, InstanceStatus.from_json, WireError),
     ("desired revision", DESIRED, DesiredRevision.from_json, WireError),
-    ("telemetry snapshot", SNAPSHOT, Snapshot.from_json, ValueError),
+    ("telemetry snapshot", SNAPSHOT, Snapshot.from_entry, ValueError),
 ])
 def test_redis_records_decode_or_raise_the_contract_error(name, record, decode, error):
     @fuzz(300)

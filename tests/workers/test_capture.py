@@ -236,7 +236,7 @@ def test_an_instance_without_a_capture_secret_captures_nothing_and_says_so(redis
 
         def ranked_in_telemetry() -> bool:  # published after the request, like a capture's batch would be
             entries = pool.redis.xrevrange(pool.keys.telemetry("1s", status.instance), count=1)
-            return bool(entries) and Snapshot.from_json(entries[0][1]["d"]).counters.get("rank_requests", 0) >= 1
+            return bool(entries) and Snapshot.from_entry(entries[0][1]["d"]).counters.get("rank_requests", 0) >= 1
 
         wait_for(ranked_in_telemetry, 10.0, what="the request in the instance's telemetry")
         time.sleep(1.0)  # four capture flush intervals more: a capture would have written by now

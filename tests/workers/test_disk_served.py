@@ -4,7 +4,6 @@ telemetry through the generic per-tier path, and a revision without the section 
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -42,7 +41,7 @@ def users_on_one_instance(fleet, count: int) -> tuple[str, list[str]]:
 
 def latest_snapshot(fleet, name: str) -> Snapshot:
     entries = fleet.redis.xrevrange(fleet.keys.telemetry("1s", name), count=1)
-    return Snapshot.from_dict(json.loads(entries[0][1]["d"]))
+    return Snapshot.from_entry(entries[0][1]["d"])
 
 
 def test_a_prefix_evicted_past_dram_is_served_from_disk_exactly_and_counted(fleet, tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
@@ -88,7 +87,7 @@ def test_telemetry_reaches_the_streams_and_the_pool_rollup(loadfleet):
 
     def newest() -> Snapshot:
         entries = client.xrevrange(keys.telemetry("1s", instance_name("load", 0)), count=1)
-        return Snapshot.from_dict(json.loads(entries[0][1]["d"]))
+        return Snapshot.from_entry(entries[0][1]["d"])
 
     snap = wait_for(lambda: (s := newest()).counters["rank_requests"] > 0 and s, 10, what="traffic counted")
     assert 0 < snap.hbm_bytes <= snap.hbm_budget_bytes

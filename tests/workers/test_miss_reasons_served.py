@@ -9,7 +9,6 @@ on a guess of how long the pool takes.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 
@@ -50,7 +49,7 @@ def pool(redis_url, tmp_path):
 
 def latest_snapshot(fleet: Fleet, name: str) -> Snapshot | None:
     entries = fleet.redis.xrevrange(fleet.keys.telemetry("1s", name), count=1)
-    return Snapshot.from_dict(json.loads(entries[0][1]["d"])) if entries else None
+    return Snapshot.from_entry(entries[0][1]["d"]) if entries else None
 
 
 def refused_not_at_risk(fleet: Fleet, name: str) -> int:

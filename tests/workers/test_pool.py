@@ -23,7 +23,7 @@ SMALL = {"seq_len": 48, "short_len": 4, "n_candidates": 8}
 
 def latest_snapshot(fleet, name: str) -> Snapshot:
     entries = fleet.redis.xrevrange(fleet.keys.telemetry("1s", name), count=1)
-    return Snapshot.from_dict(json.loads(entries[0][1]["d"]))
+    return Snapshot.from_entry(entries[0][1]["d"])
 
 
 def test_instances_join_the_live_set_and_report_their_status(fleet):

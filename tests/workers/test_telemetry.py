@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 def snapshots(fleet, name: str, count: int) -> list[Snapshot]:
     entries = fleet.redis.xrevrange(fleet.keys.telemetry("1s", name), count=count)
-    return [Snapshot.from_dict(json.loads(fields["d"])) for _, fields in reversed(entries)]
+    return [Snapshot.from_entry(fields["d"]) for _, fields in reversed(entries)]
 
 
 def test_each_instance_publishes_a_cumulative_snapshot_every_second(fleet):
