@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import redis
 from prometheus_client.core import (
@@ -28,7 +29,8 @@ from prometheus_client.utils import floatToGoString
 
 from controlplane.common.errors import Unavailable
 from controlplane.common.redis import get_redis
-from controlplane.fleet.selectors import pool_status
+from controlplane.fleet.selectors import PoolStatus, pool_status
+from controlplane.policies.models import Pool
 from controlplane.policies.selectors import pool_list
 from controlplane.rollouts.models import Rollout
 from controlplane.rollouts.selectors import rollout_counts
@@ -71,9 +73,19 @@ def _latest_snapshots(pool: str, now: float) -> list[Snapshot]:
     return snapshots
 
 
+def fleet_state(pool: Pool, now: float) -> tuple[PoolStatus, list[Snapshot]]:
+    """A pool's status and each reporting instance's latest snapshot, from Redis."""
+    return pool_status(pool=pool, now=now), _latest_snapshots(pool.name, now)
+
+
 class FleetCollector:
-    def __init__(self, now: float | None = None):
+    """``state``: where each pool's status and snapshots come from (Redis's by default; the Prometheus
+    benchmark hands in the ones it generates for each past scrape)."""
+
+    def __init__(self, now: float | None = None,
+                 state: Callable[[Pool, float], tuple[PoolStatus, list[Snapshot]]] = fleet_state):
         self.now = time.time() if now is None else now
+        self.state = state
 
     def collect(self):
         pool_labels = ["pool"]
@@ -144,8 +156,7 @@ class FleetCollector:
             if not reachable:
                 continue
             try:
-                status = pool_status(pool=pool, now=self.now)
-                snapshots = _latest_snapshots(pool.name, self.now)
+                status, snapshots = self.state(pool, self.now)
             except (Unavailable, redis.RedisError):
                 reachable = 0
                 continue

@@ -1,0 +1,44 @@
+"""The Prometheus history benchmark end to end at a tiny size (2 instances, 1 h): the backfill through
+promtool, the real prometheus on it, every history view read through the control plane. What it checks
+is that each answer carried data, so the benchmark cannot quietly time empty reads; never its timings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlplane.telemetry.selectors import WINDOWS
+from controlplane.telemetry.sources import LIVE_WINDOW_S
+from tests.promtool import prometheus_binary
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTANCES = 2
+VIEWS = ("live", "overview", "table", "instance")
+
+
+def test_every_history_view_of_the_prometheus_benchmark_answers_with_data(tmp_path, redis_url):
+    prometheus_binary("prometheus")
+    prometheus_binary("promtool")
+    report = tmp_path / "readings.json"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("DJANGO_", "RELAYGR_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "controlplane.telemetry.bench_prometheus", "--instances", str(INSTANCES),
+         "--hours", "1", "--requests", "2", "--json", str(report)],
+        cwd=ROOT, env={**env, "REDIS_URL": redis_url}, capture_output=True, text=True, timeout=120, check=False)
+    # 1 is a missed timing target (this machine's business, not the test's); anything else is a failure.
+    assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
+
+    readings = json.loads(report.read_text())[str(INSTANCES)]
+    history_windows = [window for window, (window_s, _) in WINDOWS.items() if window_s > LIVE_WINDOW_S]
+    assert history_windows and sorted((r["window"], r["view"]) for r in readings) == \
+        sorted((window, view) for window in history_windows for view in VIEWS)
+    empty = [f"{r['window']} {r['view']}" for r in readings if r["values"] <= 0]
+    assert empty == []
+    assert all(r["values"] == INSTANCES for r in readings if r["view"] == "table")
