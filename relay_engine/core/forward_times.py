@@ -25,11 +25,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from .fields import json_value
-from .model import EditTensors, History, PrefixKV
+
+if TYPE_CHECKING:  # the record format is the control plane's too, which never loads torch (its first request would)
+    import torch
+
+    from .model import EditTensors, History, PrefixKV
 
 OPS = ("prefill", "rank", "rank_full")
 # A bucket's sums, in this order (its wire form is this list).

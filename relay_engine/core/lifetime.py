@@ -19,6 +19,7 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
@@ -60,3 +61,10 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
         follow_parent(parent_pid, sig)
 
     return preexec
+
+
+def free_port() -> int:
+    """A loopback TCP port free now, for a child process to listen on (the embedded Redis, a Prometheus)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
