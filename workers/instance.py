@@ -80,7 +80,8 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
         torch.set_num_threads(settings.torch_threads)
     sys.setswitchinterval(settings.gil_switch_ms / 1000)
     device = devices.select_device(None if settings.device == "auto" else settings.device)
-    engine = RelayEngine(model=settings.build_model(device), device=device, name=name)
+    engine = RelayEngine(model=settings.build_model(device), device=device, name=name,
+                         prefill_process=settings.prefill_process == "on")
     client = redis_client(settings)
     keys = settings.keys
     started_at = time.time()
@@ -117,8 +118,8 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
         signal_reader.start()
         rank_reader.start()
         loops.join()
-        log.info("%s serving on %s (model %s, %d rank threads)", name, engine.device, settings.model,
-                 settings.rank_threads)
+        log.info("%s serving on %s (model %s, %d rank threads, prefills %s)", name, engine.device, settings.model,
+                 settings.rank_threads, engine.prefill_where)
 
     @signals.worker_shutting_down.connect(weak=False)
     def _leave(**_: Any) -> None:

@@ -52,6 +52,7 @@ class SettingsError(ValueError):
 
 
 RANK_TRANSPORTS = ("direct", "celery")
+PREFILL_PROCESS = ("on", "off")
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ class Settings:
     # default is 5 ms). A ranking thread that wakes while the pre-inference lane runs Python between
     # torch ops waits up to this long per hand-over; see README "Ranking beside pre-inference".
     gil_switch_ms: float = 1.0
+    # On a CPU device, run the instance's prefills in a child process of their own ("on"), off the
+    # interpreter lock that ranking needs, or on the lane thread ("off"). See README "How ranking is
+    # kept apart from pre-inference".
+    prefill_process: str = "on"
     # How the client sends ranking requests: "direct" (a plain Redis list the instance's rank threads
     # take from, ``workers.ranks``) or "celery" (the Celery task, which every instance still serves:
     # senders of the Celery protocol, a rolling upgrade). See README "Ranking beside pre-inference".
@@ -128,6 +133,7 @@ class Settings:
             rank_threads=_int(env, "RELAYGR_RANK_THREADS", d.rank_threads, 1, 256),
             torch_threads=_int(env, "RELAYGR_TORCH_THREADS", None, 1, 1024),
             gil_switch_ms=_float(env, "RELAYGR_GIL_SWITCH_MS", d.gil_switch_ms, 0.1, 100.0),
+            prefill_process=env.get("RELAYGR_PREFILL_PROCESS") or d.prefill_process,
             rank_transport=env.get("RELAYGR_RANK_TRANSPORT") or d.rank_transport,
             heartbeat_interval_s=_float(env, "RELAYGR_HEARTBEAT_INTERVAL_S", d.heartbeat_interval_s,
                                         0.05, wire.HEARTBEAT_TIMEOUT_S / 2),
@@ -149,6 +155,9 @@ class Settings:
         if self.rank_transport not in RANK_TRANSPORTS:
             raise SettingsError("RELAYGR_RANK_TRANSPORT", f"must be one of {', '.join(RANK_TRANSPORTS)}, got "
                                                           f"{self.rank_transport!r}")
+        if self.prefill_process not in PREFILL_PROCESS:
+            raise SettingsError("RELAYGR_PREFILL_PROCESS", f"must be one of {', '.join(PREFILL_PROCESS)}, got "
+                                                           f"{self.prefill_process!r}")
         if self.history not in wire.HISTORY_TIERS:
             raise SettingsError("RELAYGR_HISTORY", f"must be one of {', '.join(wire.HISTORY_TIERS)}, got "
                                                    f"{self.history!r}")
@@ -169,7 +178,7 @@ class Settings:
             "RELAYGR_HEARTBEAT_INTERVAL_S": repr(self.heartbeat_interval_s),
             "RELAYGR_GIL_SWITCH_MS": repr(self.gil_switch_ms), "RELAYGR_RANK_TRANSPORT": self.rank_transport,
             "RELAYGR_DATA_DIR": self.data_dir, CAPTURE_SECRET_ENV: self.capture_secret,
-            "RELAYGR_HISTORY": self.history,
+            "RELAYGR_HISTORY": self.history, "RELAYGR_PREFILL_PROCESS": self.prefill_process,
         }
         if self.torch_threads is not None:
             env["RELAYGR_TORCH_THREADS"] = str(self.torch_threads)

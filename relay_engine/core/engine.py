@@ -42,9 +42,10 @@ from relay_engine.core.config import PolicySpec, default_policy
 from relay_engine.core.features import EventDedup
 from relay_engine.core.forward_times import ForwardTimes, TimedForwards, clock_for
 from relay_engine.core.kvcache import CacheKey, HBMCache
-from relay_engine.core.lane import Lane, PreInferLane
+from relay_engine.core.lane import Lane, PreInferLane, share_pause_s
 from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
 from relay_engine.core.outcomes import OUTCOME_COUNTERS, Outcome
+from relay_engine.core.prefill_process import PrefillProcess, ProcessPrefillForwards
 from relay_engine.core.telemetry import (
     COUNTERS,
     LOWER_TIER_EVICTIONS,
@@ -197,17 +198,22 @@ class RankingGate:
     to ``share``. So pre-inference keeps its share and no more, and ranking runs alone as soon as it
     can. Real time throughout: this paces real compute (the simulator models the share directly)."""
 
-    def __init__(self) -> None:
+    def __init__(self, mirror: Any = None) -> None:
         self._active = 0
         self._idle = threading.Condition()
+        self._mirror = mirror  # a shared counter a prefill process reads (``prefill_process``), or None
 
     def enter(self) -> None:
         with self._idle:
             self._active += 1
+            if self._mirror is not None:
+                self._mirror.value = self._active
 
     def leave(self) -> None:
         with self._idle:
             self._active -= 1
+            if self._mirror is not None:
+                self._mirror.value = self._active
             if not self._active:
                 self._idle.notify_all()
 
@@ -223,7 +229,7 @@ class RankingGate:
 
         def between_layers() -> None:
             wall_s, cpu_s = wall() - last[0], cpu() - last[1]
-            pause_s = cpu_s / share - wall_s  # the pause that brings cpu ÷ (wall + pause) to the share
+            pause_s = share_pause_s(wall_s, cpu_s, share)
             if self._active and pause_s > 0:
                 with self._idle:
                     self._idle.wait_for(lambda: not self._active, timeout=pause_s)
@@ -237,7 +243,7 @@ class RelayEngine:
                  policy: PolicySpec | None = None, name: str = "engine", model: HSTUModel | None = None,
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
                  forwards: Forwards | None = None, waiter: Waiter = wait_for_future,
-                 preinfer_lane: Lane | None = None):
+                 preinfer_lane: Lane | None = None, prefill_process: bool = False):
         self.name = name
         self.device = device if isinstance(device, torch.device) else devices.select_device(device)
         self.model = model if model is not None else HSTUModel(model_config, self.device)
@@ -251,13 +257,23 @@ class RelayEngine:
         if forwards is None:
             timer, self.forward_clock = clock_for(self.device)
             forwards = TimedForwards(self.model, self.forward_times, timer)
+        policy = policy or default_policy()
+        # On the CPU, prefills may run in a child process (``prefill_process``): off the interpreter
+        # lock ranking needs, at the lane's share as the child's nice value.
+        self._prefill_process: PrefillProcess | None = None
+        if prefill_process and self.device.type == "cpu" and isinstance(forwards, TimedForwards):
+            self._prefill_process = PrefillProcess(self.model, name=f"{name}-prefill",
+                                                   share=policy.trigger.preinfer_compute_share)
+            forwards = ProcessPrefillForwards(forwards, self._prefill_process, self.forward_times)
+            # The child yields to ranking at its yield points as the lane thread does: it reads this gate.
+            self.ranking_gate = RankingGate(mirror=self._prefill_process.ranking_active)
+        else:
+            self.ranking_gate = RankingGate()
         self.forwards: Forwards = forwards
         self._wait = waiter
-        policy = policy or default_policy()
         self._lane: Lane = preinfer_lane if preinfer_lane is not None else \
             PreInferLane(self.device, policy.trigger.preinfer_compute_share, name=f"{name}-preinfer")
         self.ranking_load = RankingLoad()
-        self.ranking_gate = RankingGate()
         self._tier_site = TierSite(name, self.device, clock)
         self._check_applicable(policy)
         self.cache = TierStack(HBMCache(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000, clock=clock),
@@ -275,6 +291,12 @@ class RelayEngine:
         self._state = _State(policy, edit, policy.trigger.ranking_p99_slo_ms)
 
     # --- policy ------------------------------------------------------------------------------
+
+    @property
+    def prefill_where(self) -> str:
+        """Where admitted prefills run, in words (the instance's start-up line says it)."""
+        process = self._prefill_process
+        return "on the lane thread" if process is None else f"in a child process (pid {process.pid})"
 
     @property
     def policy(self) -> PolicySpec:
@@ -307,6 +329,8 @@ class RelayEngine:
             old = self._state
             self.trigger.update_policy(policy.trigger)
             self._lane.set_share(policy.trigger.preinfer_compute_share)
+            if self._prefill_process is not None:
+                self._prefill_process.set_share(policy.trigger.preinfer_compute_share)
             self.cache.hbm.resize(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000)
             self.cache.set_lower(build_lower_tiers(policy.cache, self._tier_site, self.cache.tiers[1:]))
             if edit.content_hash != old.edit.content_hash:
@@ -354,6 +378,8 @@ class RelayEngine:
     def close(self) -> None:
         """Finish the queued pre-inferences, stop the lane's thread and close the tiers."""
         self._lane.close()
+        if self._prefill_process is not None:
+            self._prefill_process.close()
         self.cache.close()
 
     def _admit(self, request: PreInferRequest) -> _Admission | PreInferResult:

@@ -43,6 +43,12 @@ def nice_for_share(share: float) -> int:
     return min(range(len(_CFS_WEIGHTS)), key=lambda n: abs(share_of_nice(n) - share))
 
 
+def share_pause_s(wall_s: float, cpu_s: float, share: float) -> float:
+    """How long a prefill that used ``cpu_s`` of CPU over ``wall_s`` since its last yield point must
+    pause to bring its share back to ``share`` (≤ 0: none): cpu ÷ (wall + pause) = share."""
+    return cpu_s / share - wall_s
+
+
 class Lane(Protocol):
     def submit(self, job: Callable[[], None]) -> None:
         """Run job later, on the lane; job handles its own errors."""
