@@ -14,6 +14,11 @@ embedded Redis, and times, one request at a time for the same user (HBM hits), f
 4. **backlog**: as *direct* while pre-infer signals keep arriving for other users (``--backlog`` at
    once, then 500/s), all admitted by the trigger, so the instance's prefill lane is busy throughout.
 
+With ``--compare-lane`` (the default), a second instance, in a pool of its own, runs its prefills on
+the lane thread (``RELAYGR_PREFILL_PROCESS=off``, the design before prefills moved to a child
+process), and two more modes, **direct_lane** and **backlog_lane**, time it the same way in the same
+blocks: the two designs' backlog ratios side by side.
+
 The modes are interleaved: ``--blocks`` rounds, each timing ``--requests / --blocks`` requests of
 every mode in a rotated order, so a noisy minute of a shared machine falls on all of them alike.
 Prints P50/P99 of each, the overhead (direct P99 − in-process P99, and Celery's), and the backlog
@@ -160,6 +165,24 @@ def backlog_ratio(s: dict) -> float:
     return p99(s["backlog"]) / p99(s["direct"])
 
 
+def lane_backlog_ratio(s: dict) -> float:
+    return p99(s["backlog_lane"]) / p99(s["direct_lane"])
+
+
+def start_instance(stack: ExitStack, settings: Settings) -> str:
+    """Instance 0 of ``settings.pool``, live under the admit-all policy (stopped when ``stack`` closes)."""
+    name = instance_name(settings.pool, 0)
+    log_path = os.path.join(tempfile.mkdtemp(prefix="relaygr-bench-"), f"{name}.log")
+    proc = spawn_instance(settings, 0, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))  # noqa: SIM115
+    print(f"instance {name} (prefills: process {settings.prefill_process}) logging to {log_path}", file=sys.stderr)
+    stack.callback(lambda: (proc.terminate(), proc.wait(15)))
+    rc = redis_client(settings)
+    spec = parse_policy(ADMIT_ALL_POLICY)
+    rc.set(settings.keys.desired, DesiredRevision(1, spec.sha256(), spec.to_dict(), time.time()).to_json())
+    wait_until_live(rc, settings, [name], procs=[proc])
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.bench_roundtrip", description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000, help="timed requests per mode (default 1000)")
@@ -168,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--short-len", type=int, default=16)
     parser.add_argument("--candidates", type=int, default=64)
+    parser.add_argument("--compare-lane", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time an instance whose prefills run on the lane thread (default: on)")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
     if args.requests < 10 * args.blocks or args.blocks < 1:
@@ -180,15 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env(redis_url=redis_url, key_prefix=f"bench-{uuid.uuid4().hex[:8]}",
                                      pool="bench", model=os.environ.get("RELAYGR_MODEL", "small"), torch_threads=1,
                                      data_dir=tempfile.mkdtemp(prefix="relaygr-bench-"))
-        name = instance_name(settings.pool, 0)
-        log_path = os.path.join(tempfile.mkdtemp(prefix="relaygr-bench-"), f"{name}.log")
-        proc = spawn_instance(settings, 0, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))  # noqa: SIM115
-        print(f"instance {name} logging to {log_path}", file=sys.stderr)
-        stack.callback(lambda: (proc.terminate(), proc.wait(15)))
+        name = start_instance(stack, settings)
+        lane_settings = dataclasses.replace(settings, pool="bench-lane", prefill_process="off")
+        lane_name = start_instance(stack, lane_settings) if args.compare_lane else None
         rc = redis_client(settings)
-        spec = parse_policy(ADMIT_ALL_POLICY)
-        rc.set(settings.keys.desired, DesiredRevision(1, spec.sha256(), spec.to_dict(), time.time()).to_json())
-        wait_until_live(rc, settings, [name], procs=[proc])
         client = stack.enter_context(RelayClient(settings))
         via_celery = stack.enter_context(RelayClient(dataclasses.replace(settings, rank_transport="celery")))
         payload = {"user_id": "bench-user", "seq_len": args.seq_len, "short_len": args.short_len,
@@ -197,13 +217,22 @@ def main(argv: list[str] | None = None) -> int:
         backlog = Backlog(client, name, args.backlog, 500.0, args.seq_len)
         legs: dict[str, list[dict]] = {"direct": [], "celery": [], "backlog": []}
         timing = [False]  # legs are kept for timed requests only, not the warm-up
+
+        def timed(on: RelayClient, leg: str | None):
+            return lambda n: time_client(on, payload, n, legs[leg] if leg and timing[0] else None)
+
         modes = {
             "in_process": lambda n: time_in_process(runtime, payload, n),
-            "direct": lambda n: time_client(client, payload, n, legs["direct"] if timing[0] else None),
-            "celery": lambda n: time_client(via_celery, payload, n, legs["celery"] if timing[0] else None),
-            "backlog": lambda n: _with(backlog, lambda: time_client(client, payload, n,
-                                                                    legs["backlog"] if timing[0] else None)),
+            "direct": timed(client, "direct"),
+            "celery": timed(via_celery, "celery"),
+            "backlog": lambda n: _with(backlog, lambda: timed(client, "backlog")(n)),
         }
+        if lane_name is not None:
+            lane_client = stack.enter_context(RelayClient(lane_settings))
+            lane_backlog = Backlog(lane_client, lane_name, args.backlog, 500.0, args.seq_len)
+            legs["backlog_lane"] = []
+            modes["direct_lane"] = timed(lane_client, None)
+            modes["backlog_lane"] = lambda n: _with(lane_backlog, lambda: timed(lane_client, "backlog_lane")(n))
         for run in modes.values():  # warm-up: caches, allocator, connections
             run(WARMUP)
         timing[0] = True
@@ -217,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         depth = rc.llen(settings.keys.preinfer_signals(name))
 
     report = {
-        "model": settings.model, "requests_per_mode": per_block * args.blocks, "blocks": args.blocks,
+        "model": settings.model, "prefill_process": settings.prefill_process, "requests_per_mode": per_block * args.blocks, "blocks": args.blocks,
         "gil_switch_ms": settings.gil_switch_ms,
         "payload": {k: v for k, v in payload.items() if k != "user_id"},
         **{mode: percentiles(values) for mode, values in samples.items()},
@@ -227,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         "celery_overhead_p99_ms_95ci": bootstrap(samples, celery_overhead_p99),
         "backlog_p99_ratio": round(backlog_ratio(samples), 3),
         "backlog_p99_ratio_95ci": bootstrap(samples, backlog_ratio),
+        **({"backlog_p99_ratio_lane": round(lane_backlog_ratio(samples), 3),
+            "backlog_p99_ratio_lane_95ci": bootstrap(samples, lane_backlog_ratio)} if lane_name else {}),
         "legs_ms": {mode: leg_percentiles(v) for mode, v in legs.items()},
         "backlog_signals_sent": backlog.sent, "signal_list_depth_at_end": depth,
         "goals": {"overhead_p99_ms": 3.0, "backlog_p99_ratio": 1.5},
