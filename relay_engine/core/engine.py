@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import threading
 import time
 from collections import Counter
@@ -45,7 +46,7 @@ from relay_engine.core.kvcache import CacheKey, HBMCache
 from relay_engine.core.lane import Lane, PreInferLane, share_pause_s
 from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
 from relay_engine.core.outcomes import OUTCOME_COUNTERS, Outcome
-from relay_engine.core.prefill_process import PrefillProcess, ProcessPrefillForwards
+from relay_engine.core.prefill_process import PrefillProcess, PrefillProcessError, ProcessPrefillForwards
 from relay_engine.core.telemetry import (
     COUNTERS,
     LOWER_TIER_EVICTIONS,
@@ -59,6 +60,8 @@ from relay_engine.core.telemetry import (
 )
 from relay_engine.core.tiers import TierFigures, TierSite, TierStack, build_lower_tiers, lower_tiers_problem
 from relay_engine.core.trigger import CacheFootprint, RankingLoad, SequenceAwareTrigger
+
+log = logging.getLogger(__name__)
 
 
 class DeadlineExceeded(Exception):
@@ -262,8 +265,12 @@ class RelayEngine:
         # lock ranking needs, at the lane's share as the child's nice value.
         self._prefill_process: PrefillProcess | None = None
         if prefill_process and self.device.type == "cpu" and isinstance(forwards, TimedForwards):
-            self._prefill_process = PrefillProcess(self.model, name=f"{name}-prefill",
-                                                   share=policy.trigger.preinfer_compute_share)
+            try:
+                self._prefill_process = PrefillProcess(self.model, name=f"{name}-prefill",
+                                                       share=policy.trigger.preinfer_compute_share)
+            except PrefillProcessError as exc:
+                log.warning("%s: prefills stay on the lane thread: %s", name, exc)
+        if self._prefill_process is not None:
             forwards = ProcessPrefillForwards(forwards, self._prefill_process, self.forward_times)
             # The child yields to ranking at its yield points as the lane thread does: it reads this gate.
             self.ranking_gate = RankingGate(mirror=self._prefill_process.ranking_active)

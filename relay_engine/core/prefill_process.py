@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120.0  # a cold child imports torch: seconds on a loaded machine
 PREFILL_TIMEOUT_S = 60.0
 POLL_S = 0.0002  # how often a pausing child looks whether ranking has ended
+SHM_DIR = "/dev/shm"
+SHM_MARGIN = 1.5
 
 
 class PrefillProcessError(RuntimeError):
@@ -126,6 +128,22 @@ def _child(conn, model: HSTUModel, nice: int, threads: int, ranking_active) -> N
         conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
 
 
+def check_shared_memory(model: HSTUModel, where: str = SHM_DIR) -> None:
+    """Raise PrefillProcessError unless ``where`` (the tmpfs that shared tensors live in) has room for
+    the model's weights with a margin: a full tmpfs would not fail the copy, it would kill the
+    process with SIGBUS when the copy touches a page it cannot have."""
+    need = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    try:
+        stat = os.statvfs(where)
+    except OSError:
+        return  # no such tmpfs here: torch shares another way, and says so if it cannot
+    free = stat.f_bavail * stat.f_frsize
+    if free < need * SHM_MARGIN:
+        raise PrefillProcessError(f"{where} has {free / 2**20:.0f} MiB free, the model's weights need "
+                                  f"{need / 2**20:.0f} MiB (with a {SHM_MARGIN:g}× margin); give the container "
+                                  f"more (docker: shm_size) or set RELAYGR_PREFILL_PROCESS=off")
+
+
 class PrefillProcess:
     """One child process running prefills for one engine, one at a time, in the order asked."""
 
@@ -133,6 +151,7 @@ class PrefillProcess:
                  timeout_s: float = PREFILL_TIMEOUT_S):
         if model.device.type != "cpu":
             raise ValueError(f"a prefill process serves a CPU model, not one on {model.device}")
+        check_shared_memory(model)
         model.share_memory()  # the child maps these weights rather than copying them
         self.model, self.threads, self.name, self.timeout_s = model, threads, name, timeout_s
         self.share = share

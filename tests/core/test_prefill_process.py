@@ -125,3 +125,17 @@ def test_a_prefill_process_is_only_for_a_cpu_model(model):
 
     with pytest.raises(ValueError, match="CPU model"):
         PrefillProcess(OnAnotherDevice(), share=0.25)  # type: ignore[arg-type]
+
+
+def test_weights_that_do_not_fit_the_shared_memory_keep_prefills_on_the_lane(model, monkeypatch, caplog):
+    import relay_engine.core.prefill_process as pp
+
+    monkeypatch.setattr(pp, "SHM_MARGIN", 1e12)  # no tmpfs has room for a trillion copies
+    with pytest.raises(PrefillProcessError, match="shm_size"):
+        pp.check_shared_memory(model)
+    engine = RelayEngine(model=HSTUModel(SMALL, "cpu"), device="cpu", prefill_process=True)
+    try:
+        assert engine.prefill_where == "on the lane thread"
+        assert "prefills stay on the lane thread" in caplog.text
+    finally:
+        engine.close()
