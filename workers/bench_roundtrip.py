@@ -109,9 +109,10 @@ def leg_percentiles(legs: list[dict]) -> dict[str, dict[str, float]]:
 class Backlog:
     """Pre-infer signals for other users, sent while it is on: a burst, then ``rate_per_s``."""
 
-    def __init__(self, client: RelayClient, instance: str, burst: int, rate_per_s: float, seq_len: int):
-        self.client, self.instance, self.burst, self.rate_per_s, self.seq_len = \
-            client, instance, burst, rate_per_s, seq_len
+    def __init__(self, client: RelayClient, instance: str, burst: int, rate_per_s: float, seq_len: int,
+                 lead_s: float = BACKLOG_LEAD_S):
+        self.client, self.instance, self.burst, self.rate_per_s, self.seq_len, self.lead_s = \
+            client, instance, burst, rate_per_s, seq_len, lead_s
         self.sent = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -130,7 +131,7 @@ class Backlog:
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="backlog", daemon=True)
         self._thread.start()
-        time.sleep(BACKLOG_LEAD_S)  # the lane busy before the first timed request
+        time.sleep(self.lead_s)  # the lane busy (and, given long enough, the tiers full) before the first timed request
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -191,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--short-len", type=int, default=16)
     parser.add_argument("--candidates", type=int, default=64)
+    parser.add_argument("--backlog-lead-s", type=float, default=BACKLOG_LEAD_S,
+                        help=f"how long the signals flow before a backlog block's first timed request (default "
+                             f"{BACKLOG_LEAD_S:g} s; ~20 s fills the default HBM budget: the steady state)")
     parser.add_argument("--compare-lane", action=argparse.BooleanOptionalAction, default=True,
                         help="also time an instance whose prefills run on the lane thread (default: on)")
     parser.add_argument("--json-out")
@@ -214,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         payload = {"user_id": "bench-user", "seq_len": args.seq_len, "short_len": args.short_len,
                    "n_candidates": args.candidates, "query_index": 1}
         runtime = in_process_runtime(settings)
-        backlog = Backlog(client, name, args.backlog, 500.0, args.seq_len)
+        backlog = Backlog(client, name, args.backlog, 500.0, args.seq_len, args.backlog_lead_s)
         legs: dict[str, list[dict]] = {"direct": [], "celery": [], "backlog": []}
         timing = [False]  # legs are kept for timed requests only, not the warm-up
 
@@ -229,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if lane_name is not None:
             lane_client = stack.enter_context(RelayClient(lane_settings))
-            lane_backlog = Backlog(lane_client, lane_name, args.backlog, 500.0, args.seq_len)
+            lane_backlog = Backlog(lane_client, lane_name, args.backlog, 500.0, args.seq_len, args.backlog_lead_s)
             legs["backlog_lane"] = []
             modes["direct_lane"] = timed(lane_client, None)
             modes["backlog_lane"] = lambda n: _with(lane_backlog, lambda: timed(lane_client, "backlog_lane")(n))
@@ -247,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "model": settings.model, "prefill_process": settings.prefill_process, "requests_per_mode": per_block * args.blocks, "blocks": args.blocks,
-        "gil_switch_ms": settings.gil_switch_ms,
+        "gil_switch_ms": settings.gil_switch_ms, "backlog_lead_s": args.backlog_lead_s,
         "payload": {k: v for k, v in payload.items() if k != "user_id"},
         **{mode: percentiles(values) for mode, values in samples.items()},
         "overhead_p99_ms": round(overhead_p99(samples), 3),
