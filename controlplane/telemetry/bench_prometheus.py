@@ -8,10 +8,13 @@ it (one scrape every ``scrape_interval`` of deploy/prometheus/prometheus.yml, 15
 exporter itself (``prometheus.FleetCollector``: the same names, labels, buckets and series per instance)
 from the snapshots the Redis benchmark generates (``bench._snapshot``), written as OpenMetrics text with
 timestamps, one file per 2-hour block, and backfilled with ``promtool tsdb create-blocks-from openmetrics``
-(a process per block, as many as there are CPUs) into a temporary data directory. The real ``prometheus``
-then serves that directory on a loopback port with the shipped rules (deploy/prometheus/relaygr-rules.yml,
-evaluated every minute as in production: the load a real server carries; the reads use raw series only),
-block compaction off so none runs during the timings. Redis holds only the live tier, as workers with
+(a process per block, as many as there are CPUs) into a temporary data directory. The history recording
+rules (deploy/prometheus/relaygr-history-rules.yml) are then backfilled from those raw series as a
+production server would have recorded them: ``promtool tsdb create-blocks-from rules`` against the real
+``prometheus`` serving the raw blocks, its blocks moved beside them, the server restarted, and the
+overlapping blocks merged (the server's own vertical compaction) before any read. The real ``prometheus``
+then serves that directory on a loopback port with every shipped rules file (evaluated as in production:
+the load a real server carries), no other block compaction during the timings. Redis holds only the live tier, as workers with
 ``RELAYGR_HISTORY=prometheus`` write it, and the control plane reads with ``PROMETHEUS_URL`` set.
 
 Then for each window longer than ``LIVE_WINDOW_S`` (1h, 6h, 24h), the views ``bench`` times: the live
@@ -63,11 +66,14 @@ from .bench import (
     _snapshot,
     throwaway_stack,
 )
+from .recording import RULES_PATH
 
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
 RULES = PROMETHEUS_DIR / "relaygr-rules.yml"
+HISTORY_RULES = RULES_PATH
 BLOCK_S = 2 * 3600  # promtool's block: each file one aligned block, so each is parsed once
 READY_TIMEOUT_S = 120.0
+MERGE_TIMEOUT_S = 1800.0
 
 
 def scrape_interval_s() -> int:
@@ -205,7 +211,8 @@ def prometheus_server(data_dir: Path, port: int, log_path: Path) -> Iterator[str
     if binary is None:
         raise RuntimeError("prometheus is missing: `make promtool` (Debian: apt-get install prometheus)")
     config = data_dir.parent / "prometheus.yml"
-    config.write_text(yaml.safe_dump({"global": {"evaluation_interval": "1m"}, "rule_files": [str(RULES)]}))
+    config.write_text(yaml.safe_dump({"global": {"evaluation_interval": "1m"},
+                                      "rule_files": [str(RULES), str(HISTORY_RULES)]}))
     url = f"http://127.0.0.1:{port}"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
@@ -229,6 +236,42 @@ def prometheus_server(data_dir: Path, port: int, log_path: Path) -> Iterator[str
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def backfill_recorded(data_dir: Path, first: float, now: float, port: int, work_dir: Path) -> None:
+    """The history rules over the raw blocks of ``data_dir`` from ``first`` to ``now``, as blocks beside them
+    (promtool asks a server on the raw blocks), then merged with them by the server's vertical compaction."""
+    out = work_dir / "recorded-blocks"
+    started = time.perf_counter()
+    with prometheus_server(data_dir, port, work_dir / "prometheus-raw.log") as url:
+        result = subprocess.run([shutil.which("promtool"), "tsdb", "create-blocks-from", "rules", "--quiet",
+                                 f"--start={int(first)}", f"--end={int(now)}", f"--url={url}",
+                                 f"--output-dir={out}", str(HISTORY_RULES)],
+                                capture_output=True, text=True, check=False, preexec_fn=die_with_parent())
+    if result.returncode != 0:
+        raise RuntimeError(f"promtool create-blocks-from rules failed: {result.stderr[-2000:]}")
+    blocks = [block for block in out.iterdir() if block.is_dir()]
+    for block in blocks:
+        block.rename(data_dir / block.name)
+    shutil.rmtree(out)
+    print(f"backfilled the history rules in {len(blocks)} blocks: {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def _overlapping(data_dir: Path) -> bool:
+    spans = sorted((meta["minTime"], meta["maxTime"]) for meta in
+                   (json.loads(path.read_text()) for path in data_dir.glob("*/meta.json")))
+    return any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
+
+
+def wait_for_merged_blocks(data_dir: Path, timeout_s: float) -> None:
+    """Until no two blocks of ``data_dir`` overlap (the server compacts every minute), so no merge runs
+    under the timings."""
+    started = time.perf_counter()
+    while _overlapping(data_dir):
+        if time.perf_counter() - started > timeout_s:
+            raise RuntimeError(f"prometheus did not merge the recorded blocks with the raw ones in {timeout_s:g} s")
+        time.sleep(1.0)
+    print(f"blocks merged {time.perf_counter() - started:.0f} s after the server started", flush=True)
 
 
 def _ready(url: str) -> bool:
@@ -378,7 +421,9 @@ def bench_history_reads(instances: int, hours: float, requests: int, redis_clien
     writer.statuses(names, time.time())
     url = os.environ["PROMETHEUS_URL"]
     port = int(url.rsplit(":", 1)[1])
+    backfill_recorded(data_dir, now - hours * 3600, now, port, work_dir)
     with prometheus_server(data_dir, port, work_dir / f"prometheus-{instances}.log"):
+        wait_for_merged_blocks(data_dir, MERGE_TIMEOUT_S)
         print(f"prometheus ready {time.perf_counter() - started:.0f} s after the backfill began")
         readings = measure_reads(pool, names, client, requests, hours)
     shutil.rmtree(data_dir)

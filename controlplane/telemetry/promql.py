@@ -1,20 +1,27 @@
 """The telemetry history from Prometheus: PromQL over the series ``/metrics`` exports (``prometheus.py``).
 
 Every read is one HTTP request: the counts of every column of ``history``'s layout (counters, refusals
-and misses by reason, latency buckets summed by ``le`` across the instances, the latency sum), each
-``increase()`` over one chart point, written as one PromQL expression whose parts a ``column`` label
-tells apart. ``/api/v1/query_range`` with the point's width as its step gives a series;
-``/api/v1/query`` over the whole window gives its totals. The selectors compute every figure from those
-counts as they do from Redis (quantiles from the summed buckets, as ``histogram_quantile`` does), so the
-answer is the same either way. Prometheus is untrusted input, as Redis is: a value that is not a finite
-count in range costs its figure that point, never the chart; unreachable, or an answer that is not one,
-is a 503 naming PROMETHEUS_URL.
+and misses by reason, latency buckets summed by ``le`` across the instances, the latency sum) over each
+chart point, written as one PromQL expression whose parts a ``column`` label tells apart.
+``/api/v1/query_range`` with the point's width as its step gives a series; ``/api/v1/query`` over the
+whole window gives its totals. Where the server runs the recording rules (``recording.py``,
+deploy/prometheus/relaygr-history-rules.yml) and the point is a whole number of their minutes, the counts
+are the sums of the minutes recorded in it (and the pool's gauges the last minute's): a few samples of
+one series per column. Otherwise (no rules on the server, checked once every ``RECORDED_RECHECK_S`` and
+logged when the answer changes; a narrower point) they are ``increase()`` over the raw series of every
+instance, far slower at fleet scale; the answer means the same either way (``recording.py`` says how
+close the two are). The selectors compute every figure from those counts as they do from Redis
+(quantiles from the summed buckets, as ``histogram_quantile`` does). Prometheus is untrusted input, as
+Redis is: a value that is not a finite count in range costs its figure that point, never the chart;
+unreachable, or an answer that is not one, is a 503 naming PROMETHEUS_URL.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,22 +29,36 @@ import urllib.request
 import numpy as np
 
 from controlplane.common.errors import Unavailable
-from relay_engine.core.telemetry import (
-    COUNTERS,
-    GAUGES,
-    LATENCY_BUCKETS_MS,
-    MAX_COUNT,
-    TIER_LEVEL_GAUGES,
-)
+from relay_engine.core.telemetry import GAUGES, LATENCY_BUCKETS_MS, MAX_COUNT
 
 from .history import BUCKET_OFFSET, COUNTER_COLUMN, MISS_COLUMN, N_COLUMNS, REFUSAL_COLUMN, SUM_COLUMN
+from .recording import (
+    COUNTED,
+    GAUGED,
+    INSTANCE,
+    POOL,
+    PRESENT,
+    PROBE_RECORD,
+    RECORDED_STEP_S,
+    counted_record,
+    gauged_record,
+)
 from .rollups import POOL_GAUGE_COLUMN, POOL_GAUGES
 from .summaries import WindowTotals
+
+logger = logging.getLogger(__name__)
 
 # A bucket's upper bound (seconds, as Prometheus's ``le`` reads) → its index; +Inf is the last.
 _BUCKET_OF_LE = {bound / 1000.0: i for i, bound in enumerate(LATENCY_BUCKETS_MS)} | {math.inf: len(LATENCY_BUCKETS_MS)}
 _GAUGE_COLUMN = {name: i for i, name in enumerate(GAUGES)}
-_PRESENT = "present"  # how many instances had a sample in the point (a pool's ``instances``)
+# How long an answer to "does this server run the recording rules?" is trusted, per PROMETHEUS_URL.
+RECORDED_RECHECK_S = 300.0
+_recorded: dict[str, tuple[bool, float]] = {}  # url → (the rules' series are there, when asked: monotonic s)
+
+
+def forget_recorded() -> None:
+    """Ask every server again on its next read (after its rules or data changed under it)."""
+    _recorded.clear()
 
 
 def _label(value: str) -> str:
@@ -48,31 +69,36 @@ def _tagged(expr: str, column: str) -> str:
     return f'label_replace({expr}, "column", {_label(column)}, "", "")'
 
 
-def counts_query(selector: str, by: tuple[str, ...], range_s: int) -> str:
-    """Every count of ``history``'s layout over the ``range_s`` before each evaluation, summed by ``by``."""
-    def summed(metric: str, extra: tuple[str, ...] = ()) -> str:
-        return f"sum by ({', '.join((*by, *extra))}) (increase({metric}{{{selector}}}[{range_s}s]))"
-
-    parts = [_tagged(summed(f"relaygr_{name}_total"), f"counter:{name}") for name in COUNTERS]
-    parts.append(_tagged(summed("relaygr_preinfer_refusals_total", ("reason",)), "refused"))
-    parts.append(_tagged(summed("relaygr_rank_misses_total", ("reason",)), "missed"))
-    parts.append(_tagged(summed("relaygr_rank_latency_seconds_bucket", ("le",)), "bucket"))
-    parts.append(_tagged(summed("relaygr_rank_latency_seconds_sum"), "sum"))
-    return " or ".join(parts)
+def _labels(by: tuple[str, ...], split: str | None) -> str:
+    return ", ".join((*by, *((split,) if split else ())))
 
 
-def gauges_query(selector: str, by: tuple[str, ...], range_s: int) -> str:
+def counts_query(selector: str, by: tuple[str, ...], range_s: int, recorded: bool = False) -> str:
+    """Every count of ``history``'s layout over the ``range_s`` before each evaluation, summed by ``by``
+    (``("pool",)`` or ``("instance",)``): ``increase()`` of the raw series, or with ``recorded`` the sum
+    of the recorded minutes of the same level (``range_s`` a multiple of ``RECORDED_STEP_S``)."""
+    level = POOL if by == ("pool",) else INSTANCE
+
+    def counted(series: str, split: str | None) -> str:
+        if recorded:
+            return f"sum_over_time({counted_record(series, split, level)}{{{selector}}}[{range_s}s])"
+        return f"increase({series}{{{selector}}}[{range_s}s])"
+
+    return " or ".join(_tagged(f"sum by ({_labels(by, split)}) ({counted(series, split)})", column)
+                       for series, split, column in COUNTED)
+
+
+def gauges_query(selector: str, by: tuple[str, ...], range_s: int, recorded: bool = False) -> str:
     """Each tier level's newest value within ``range_s`` (summed by ``by``), the applied generation, and how
-    many instances had a sample (``present``)."""
-    group = ", ".join(by)
-    levels = sorted({level for _, level in TIER_LEVEL_GAUGES.values()})
-    parts = [_tagged(f"sum by ({group}, tier) (last_over_time(relaygr_tier_{level}{{{selector}}}[{range_s}s]))",
-                     f"level:{level}") for level in levels]
-    parts.append(_tagged(f"max by ({group}) (last_over_time(relaygr_instance_applied_generation{{{selector}}}"
-                         f"[{range_s}s]))", "gauge:applied_generation"))
-    parts.append(_tagged(f"count by ({group}) (last_over_time(relaygr_rank_requests_total{{{selector}}}"
-                         f"[{range_s}s]))", _PRESENT))
-    return " or ".join(parts)
+    many instances had a sample (``present``); with ``recorded`` (``by`` the pool only) the last recorded
+    minute's."""
+    def gauged(series: str, combine: str, split: str | None) -> str:
+        if recorded:
+            return (f"{'max' if combine == 'max' else 'sum'} by ({_labels(by, split)}) "
+                    f"(last_over_time({gauged_record(series, combine, split)}{{{selector}}}[{range_s}s]))")
+        return f"{combine} by ({_labels(by, split)}) (last_over_time({series}{{{selector}}}[{range_s}s]))"
+
+    return " or ".join(_tagged(gauged(series, combine, split), column) for series, combine, split, column in GAUGED)
 
 
 def _count(raw) -> float | None:
@@ -165,13 +191,38 @@ class PrometheusHistory:
         result = self._get("/api/v1/query", query=expr, time=repr(at))
         return [(item["metric"], [(0, (item.get("value") or [None, None])[1])]) for item in result]
 
+    def reads_recorded(self, step_s: int) -> bool:
+        """Whether points ``step_s`` wide are read from the recording rules' series: a whole number of
+        their minutes, on a server that records them."""
+        return step_s % RECORDED_STEP_S == 0 and self.records()
+
+    def records(self) -> bool:
+        """Whether this server runs the recording rules (asked once every ``RECORDED_RECHECK_S``, and
+        logged when the answer changes)."""
+        known = _recorded.get(self.url)
+        if known is not None and time.monotonic() - known[1] < RECORDED_RECHECK_S:
+            return known[0]
+        present = bool(self._instant(f"count(last_over_time({PROBE_RECORD}[1h]))", time.time()))
+        if known is None or known[0] != present:
+            if present:
+                logger.info("Prometheus at PROMETHEUS_URL records %s: history reads use the recorded series",
+                            PROBE_RECORD)
+            else:
+                logger.warning("Prometheus at PROMETHEUS_URL has no %s in the last hour: history reads use the raw "
+                               "series, slow at fleet scale. Load deploy/prometheus/relaygr-history-rules.yml "
+                               "into it (and backfill it: see that file's header).", PROBE_RECORD)
+        _recorded[self.url] = (present, time.monotonic())
+        return present
+
     def pool_points(self, *, pool, tier, start, step_s, n_points, now):
         selector = f"pool={_label(pool)}"
+        recorded = self.reads_recorded(step_s)
         rows = np.zeros((n_points, N_COLUMNS))
-        _fill_counts(rows, self._range(counts_query(selector, ("pool",), step_s), start, step_s, n_points))
+        _fill_counts(rows, self._range(counts_query(selector, ("pool",), step_s, recorded), start, step_s, n_points))
         gauges = np.zeros((n_points, len(POOL_GAUGES)))
         present = np.zeros(n_points, dtype=bool)
-        for labels, values in self._range(gauges_query(selector, ("pool",), step_s), start, step_s, n_points):
+        for labels, values in self._range(gauges_query(selector, ("pool",), step_s, recorded), start, step_s,
+                                          n_points):
             column = _gauge_column(labels, POOL_GAUGE_COLUMN, "instances")
             for index, raw in values:
                 value = _count(raw)
@@ -179,6 +230,8 @@ class PrometheusHistory:
                     gauges[index, column] = value
                     present[index] |= column == POOL_GAUGE_COLUMN["instances"] and value > 0
         gauges[~present] = np.nan
+        if recorded:  # the recorded minutes tile the window: its totals are its points' sums
+            return rows, gauges, rows.sum(axis=0)
         # The window's totals from one increase() over all of it: per-point increases each lose a little at
         # their edges (Prometheus extrapolates within a range, never across two).
         window = np.zeros((1, N_COLUMNS))
@@ -192,7 +245,8 @@ class PrometheusHistory:
         selector = f"pool={_label(pool)}, instance=~{_label('|'.join(instances))}"
         position = {name: i for i, name in enumerate(instances)}
         rows = np.zeros((len(instances), n_points, N_COLUMNS))
-        counted = _by_instance(self._range(counts_query(selector, ("instance",), step_s), start, step_s, n_points))
+        counted = _by_instance(self._range(counts_query(selector, ("instance",), step_s,
+                                                        self.reads_recorded(step_s)), start, step_s, n_points))
         for name, i in position.items():
             _fill_counts(rows[i], counted.get(name, []))
         gauges = np.zeros((len(instances), n_points, len(GAUGES)))
@@ -203,7 +257,7 @@ class PrometheusHistory:
                 value = _count(raw)
                 if i is None or value is None:
                     continue
-                if labels.get("column") == _PRESENT:
+                if labels.get("column") == PRESENT:
                     present[i, index] = value > 0
                 elif column is not None:
                     gauges[i, index, column] = value
@@ -213,10 +267,12 @@ class PrometheusHistory:
     def window_totals(self, *, pool, tier, window_s, start, now):
         selector = f"pool={_label(pool)}"
         range_s = max(1, math.ceil(now - start))
-        counted = _by_instance(self._instant(counts_query(selector, ("instance",), range_s), now))
+        # The recorded minutes evaluated since ``start``, as the window's points count them.
+        counts = counts_query(selector, ("instance",), range_s, recorded=self.records())
+        counted = _by_instance(self._instant(counts, now))
         gauged = self._instant(gauges_query(selector, ("instance",), range_s), now)
         names = sorted({labels["instance"] for labels, values in gauged
-                        if labels.get("column") == _PRESENT and isinstance(labels.get("instance"), str)})
+                        if labels.get("column") == PRESENT and isinstance(labels.get("instance"), str)})
         position = {name: i for i, name in enumerate(names)}
         sums = np.zeros((len(names), N_COLUMNS))
         for name, i in position.items():
@@ -241,7 +297,7 @@ def _gauge_column(labels: dict, columns: dict[str, int], present_as: str | None)
     """The gauge column one series of ``gauges_query`` fills: ``<tier>_<level>``, the applied generation,
     or the count of instances present (as ``present_as``)."""
     column = labels.get("column", "")
-    if column == _PRESENT:
+    if column == PRESENT:
         return columns.get(present_as) if present_as else None
     if column.startswith("level:"):
         return columns.get(f"{labels.get('tier')}_{column.removeprefix('level:')}")

@@ -36,7 +36,7 @@ from .history import (
 )
 from .merge import latency_counts, quantiles
 from .rollups import POOL_GAUGE_COLUMN, POOL_GAUGES
-from .sources import history_source, redis_tiers
+from .sources import history_point_s, history_source, redis_tiers
 
 # Window → (seconds, telemetry tier read). Coarser tiers for longer windows keep reads small.
 WINDOWS: dict[str, tuple[int, str]] = {"5m": (300, "1s"), "1h": (3600, "10s"), "6h": (21600, "60s"),
@@ -46,10 +46,11 @@ MAX_POINTS = 360
 
 
 def window_grid(window: str, now: float) -> tuple[str, int, float, int]:
-    """(tier, step_s, start, n_points): aligned buckets covering the window up to now."""
+    """(tier, step_s, start, n_points): aligned buckets covering the window up to now, each a whole number
+    of the tier's steps (and of the recording rules' minutes where Prometheus holds the window)."""
     window_s, tier = WINDOWS[window]
-    tier_step_s = TELEMETRY_TIERS[tier][0]
-    step_s = tier_step_s * max(1, math.ceil(window_s / MAX_POINTS / tier_step_s))
+    point_s = max(TELEMETRY_TIERS[tier][0], history_point_s(window_s))
+    step_s = point_s * max(1, math.ceil(window_s / MAX_POINTS / point_s))
     n_points = window_s // step_s
     end = (math.floor(now / step_s) + 1) * step_s
     return tier, step_s, end - n_points * step_s, n_points

@@ -28,6 +28,7 @@ from .cache import telemetry_cache
 from .history import N_COLUMNS, stream_histories
 from .merge import bucketed
 from .promql import PrometheusHistory
+from .recording import RECORDED_STEP_S
 from .rollups import POOL_GAUGE_COLUMN, read_rollup
 from .summaries import WindowTotals, window_totals
 
@@ -38,6 +39,13 @@ LIVE_WINDOW_S = TELEMETRY_TIERS[LIVE_TIER][0] * TELEMETRY_TIERS[LIVE_TIER][1]
 
 def prometheus_holds_history() -> bool:
     return bool(settings.PROMETHEUS_URL)
+
+
+def history_point_s(window_s: int) -> int:
+    """The narrowest point a ``window_s`` window is read at (beside its tier's step): from Prometheus,
+    the recording rules' minute. Its raw series cannot do narrower either: a point's ``increase()`` needs
+    two scrapes in it, and at the shipped 15 s interval a 10 s point holds one at most."""
+    return RECORDED_STEP_S if prometheus_holds_history() and window_s > LIVE_WINDOW_S else 1
 
 
 def redis_tiers() -> tuple[str, ...]:

@@ -1,39 +1,52 @@
 """The two history backends on the same traffic, figure by figure: a real Prometheus scrapes a live control
 plane while three instances publish growing telemetry into every Redis tier (the machinery of
-test_prometheus_live.py); then the pool's ``1h`` answer is read from Redis (the 10 s rollups) and from
-Prometheus (``PROMETHEUS_URL``) for the same moment and compared. Tolerances: counts and rates within
-``REL_TOLERANCE`` (Prometheus counts by scrape time and extrapolates ``increase()`` to a point's edges,
-Redis by snapshot time; ``SERIES_TOLERANCE`` for a series' points), quantiles within the width of the latency bucket they fall in, gauges exact."""
+test_prometheus_live.py); then the pool's ``6h`` answer (60 s points: Redis's 60 s tier, Prometheus's
+recording rules' minute) is read from Redis (the rollups) and from Prometheus (``PROMETHEUS_URL``) for the
+same moment and compared, twice: from the raw series (the server has no history rules), then from the
+recorded ones (``promtool tsdb create-blocks-from rules`` backfills deploy/prometheus/relaygr-history-rules.yml
+from the raw series of a frozen snapshot, and the server restarts on those blocks). Tolerances: counts and
+rates within ``REL_TOLERANCE`` (Prometheus counts by scrape time and extrapolates ``increase()`` to a
+range's edges, Redis by snapshot time; ``SERIES_TOLERANCE`` for a series' points), quantiles within the
+width of the latency bucket they fall in, gauges exact. Recorded against raw: the same counts within
+``REL_TOLERANCE`` (the series within ``SERIES_TOLERANCE``), each point's minutes up to one minute
+earlier than the point (promtool evaluates at the group's own phase, as the live server would)."""
 
 from __future__ import annotations
 
 import bisect
 import math
+import shutil
 import time
 from collections.abc import Iterator
 
 import pytest
+import yaml
 from django.test import override_settings
 
 from controlplane.policies import services as policy_services
-from controlplane.telemetry import selectors
+from controlplane.telemetry import promql, selectors
+from controlplane.telemetry.recording import RULES_PATH
 from relay_engine.core.telemetry import LATENCY_BUCKETS_MS, MISS_REASONS, REFUSAL_REASONS
 from relay_engine.core.wire import TELEMETRY_TIERS
 from tests.deploy.test_prometheus_live import (  # noqa: F401 - fixtures are found by name
     INSTANCES,
     POOL,
+    Prometheus,
     Traffic,
     prometheus,
     scrape_token,
 )
+from tests.promtool import promtool
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-WINDOW = "1h"  # past the live window: Prometheus's when PROMETHEUS_URL is set
-TICKS = 22  # of growth: two whole 10 s points and parts of two more
+WINDOW = "6h"  # past the live window, 60 s points either way: Prometheus's when PROMETHEUS_URL is set
+TICKS = 22  # of growth
+MINUTE_S = 60
 REL_TOLERANCE = 0.05
 # A point's increase() is extrapolated within the point only: the growth between its last scrape and the next
-# point's first is partly lost, a few per cent of each point at a 1 s scrape and 10 s points.
+# point's first is partly lost (a few per cent of each point at a 1 s scrape), and a scrape's time and a
+# snapshot's split the requests between points apart.
 SERIES_TOLERANCE = 0.15
 
 
@@ -61,21 +74,38 @@ def _bucket_width_ms(value_ms: float) -> float:
     return LATENCY_BUCKETS_MS[i] - (LATENCY_BUCKETS_MS[i - 1] if i else 0.0)
 
 
-def test_the_pool_history_from_prometheus_matches_redis_figure_by_figure(prometheus, fleet):  # noqa: F811
-    prometheus.wait_for("scrape of every instance's first snapshot", lambda: prometheus.query(
-        f'count(relaygr_rank_requests_total{{pool="{POOL}"}}) == {INSTANCES}'))
-    fleet.run()
-    prometheus.wait_for(f"{TICKS} ticks of traffic", lambda: fleet.ticks > TICKS)
-    fleet.stop()
-    # Redis's 10 s tier holds counts up to its last write, at a 10 s period's first snapshot: one more then.
-    ten_s = TELEMETRY_TIERS["10s"][0]
-    stopped_in = time.time() // ten_s
-    prometheus.wait_for("the next 10 s period", lambda: time.time() // ten_s > stopped_in)
-    fleet.tick()
-    published = sum(counts["rank_requests"] for counts in fleet.counts)
-    prometheus.wait_for("scrape of the last snapshots", lambda: prometheus.query(
-        f'sum(relaygr_rank_requests_total{{pool="{POOL}"}}) == {published}'))
-    redis_answer, prometheus_answer = _answers(prometheus.url, fleet.pool, time.time())
+def _records(server: Prometheus) -> bool:
+    promql.forget_recorded()
+    return promql.PrometheusHistory(server.url, timeout_s=10).records()
+
+
+def _frozen(server: Prometheus) -> None:
+    """The server restarted on a snapshot of its data (the head a block too), scraping nothing: every read
+    after sees the same samples, and blocks added under it cannot reach into a head that holds any."""
+    snapshot = server.data_dir / "snapshots" / server.snapshot()
+    server.stop()
+    config = yaml.safe_load(server.config.read_text())
+    config.pop("scrape_configs")
+    server.config = server.config.with_name("frozen.yml")
+    server.config.write_text(yaml.safe_dump(config))
+    server.data_dir = snapshot
+    server.start()
+
+
+def _backfill_history_rules(server: Prometheus, start: float, end: float, out) -> None:
+    """The history rules evaluated over the raw series from ``start`` to ``end``, their blocks moved under the (frozen) server, and the server restarted on them."""
+    result = promtool("tsdb", "create-blocks-from", "rules", f"--start={int(start)}", f"--end={int(end)}",
+                      f"--url={server.url}", f"--output-dir={out}", str(RULES_PATH))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    blocks = [block for block in out.iterdir() if block.is_dir()]
+    assert blocks, result.stdout.decode()
+    server.stop()
+    for block in blocks:
+        shutil.move(block, server.data_dir / block.name)
+    server.start()
+
+
+def _assert_matches(redis_answer: dict, prometheus_answer: dict, published: int) -> None:
     assert published > 1000
     assert {k: v for k, v in redis_answer.items() if k not in ("fleet", "top")} == \
         {k: v for k, v in prometheus_answer.items() if k not in ("fleet", "top")}
@@ -97,7 +127,7 @@ def test_the_pool_history_from_prometheus_matches_redis_figure_by_figure(prometh
         assert abs(prometheus_totals[name] - redis_totals[name]) <= _bucket_width_ms(redis_totals[name]), name
 
     # The series: the same requests over the window (points split them by a scrape's or a snapshot's
-    # time), and the last point with data holds the same occupancy against budget.
+    # time), and a point with data holds the same occupancy against budget.
     step_s = redis_answer["step_s"]
     redis_fleet, prometheus_fleet = redis_answer["fleet"], prometheus_answer["fleet"]
     assert sum(v or 0 for v in prometheus_fleet["rank_per_s"]) * step_s == \
@@ -115,3 +145,45 @@ def test_the_pool_history_from_prometheus_matches_redis_figure_by_figure(prometh
                                          strict=True):
         assert not math.isnan(redis_top["value"])
         assert abs(prometheus_top["value"] - redis_top["value"]) <= _bucket_width_ms(redis_top["value"])
+
+
+def _without_totals(answer: dict) -> dict:
+    return {**answer, "fleet": {k: v for k, v in answer["fleet"].items() if k != "totals"}}
+
+
+def test_the_pool_history_from_prometheus_matches_redis_figure_by_figure_raw_and_recorded(
+        prometheus, fleet, tmp_path):  # noqa: F811
+    prometheus.wait_for("scrape of every instance's first snapshot", lambda: prometheus.query(
+        f'count(relaygr_rank_requests_total{{pool="{POOL}"}}) == {INSTANCES}'))
+    fleet.run()
+    prometheus.wait_for(f"{TICKS} ticks of traffic", lambda: fleet.ticks > TICKS)
+    fleet.stop()
+    # Redis's 60 s tier holds counts up to its last write, at a minute's first snapshot: one more then.
+    stopped_in = time.time() // MINUTE_S
+    time.sleep(max(0.0, (stopped_in + 1) * MINUTE_S - time.time()) + 0.1)
+    fleet.tick()
+    published = sum(counts["rank_requests"] for counts in fleet.counts)
+    prometheus.wait_for("scrape of the last snapshots", lambda: prometheus.query(
+        f'sum(relaygr_rank_requests_total{{pool="{POOL}"}}) == {published}'))
+    _frozen(prometheus)
+    now = time.time()
+
+    assert not _records(prometheus)
+    redis_answer, raw_answer = _answers(prometheus.url, fleet.pool, now)
+    _assert_matches(redis_answer, raw_answer, published)
+
+    first_minute = (fleet.started_at // MINUTE_S - 1) * MINUTE_S
+    _backfill_history_rules(prometheus, first_minute, raw_answer["end"], tmp_path / "recorded")
+    assert _records(prometheus)
+    redis_again, recorded_answer = _answers(prometheus.url, fleet.pool, now)
+    assert redis_again == redis_answer
+    _assert_matches(redis_answer, recorded_answer, published)
+    # Recorded against raw: the same requests, a point at most one minute earlier (the group's phase).
+    recorded_fleet, raw_fleet = recorded_answer["fleet"], raw_answer["fleet"]
+    assert recorded_fleet["totals"]["rank_requests"] == \
+        pytest.approx(raw_fleet["totals"]["rank_requests"], rel=REL_TOLERANCE)
+    assert sum(recorded_fleet["rank_per_s"]) == pytest.approx(sum(raw_fleet["rank_per_s"]), rel=SERIES_TOLERANCE)
+    raw_busy = [i for i, rate in enumerate(raw_fleet["rank_per_s"]) if rate]
+    recorded_busy = [i for i, rate in enumerate(recorded_fleet["rank_per_s"]) if rate]
+    assert raw_busy and recorded_busy
+    assert all(min(abs(i - j) for j in raw_busy) <= 1 for i in recorded_busy)

@@ -147,9 +147,41 @@ class Traffic:
 # --- Prometheus, started on a temporary folder and a free port --------------------------------------------------
 
 class Prometheus:
-    def __init__(self, url: str, log: Path):
-        self.url = url
-        self.log = log
+    """The real server on ``data_dir`` at a free port, started and stopped by the test's fixture (and
+    restarted on the same data by a test that adds blocks under it)."""
+
+    def __init__(self, config: Path, data_dir: Path, log: Path):
+        self.config, self.data_dir, self.log = config, data_dir, log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [prometheus_binary("prometheus"), f"--config.file={self.config}",
+                 f"--storage.tsdb.path={self.data_dir}", f"--web.listen-address=127.0.0.1:{self.port}",
+                 "--web.enable-admin-api"],
+                stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+        self.wait_for("readiness", lambda: self.process.poll() is not None or _ready(self.url))
+        assert self.process.poll() is None, f"prometheus exited {self.process.returncode}:\n{self.log_text()}"
+
+    def snapshot(self) -> str:
+        """Every block and the head as blocks under ``data_dir/snapshots/``: the snapshot's name."""
+        request = urllib.request.Request(f"{self.url}/api/v1/admin/tsdb/snapshot", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.load(response)["data"]["name"]
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -210,35 +242,24 @@ def fleet(redis_on, worker_factory) -> Iterator[Traffic]:
 @pytest.fixture
 def prometheus(tmp_path, live_server, scrape_token, fleet) -> Iterator[Prometheus]:
     """The example configuration with a test's intervals, this token and the live server as target."""
-    binary = prometheus_binary("prometheus")
+    prometheus_binary("prometheus")
     token = tmp_path / "relaygr.token"
     token.write_text(scrape_token + "\n")
     config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
     config["global"] = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
+    # The history rules record each minute: a test that reads them backfills them (promtool), so the live
+    # server does not evaluate them on top.
     config["rule_files"] = [str(RULES)]
     (job,) = config["scrape_configs"]
     job["authorization"]["credentials_file"] = str(token)
     job["static_configs"] = [{"targets": [f"127.0.0.1:{urllib.parse.urlsplit(live_server.url).port}"]}]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = tmp_path / "prometheus.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
-    server = Prometheus(f"http://127.0.0.1:{port}", log)
+    server = Prometheus(tmp_path / "prometheus.yml", tmp_path / "data", tmp_path / "prometheus.log")
     try:
-        server.wait_for("readiness", lambda: process.poll() is not None or _ready(server.url))
-        assert process.poll() is None, f"prometheus exited {process.returncode}:\n{server.log_text()}"
+        server.start()
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        server.stop()
         print(f"--- prometheus log ---\n{server.log_text()}")
 
 

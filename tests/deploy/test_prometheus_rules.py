@@ -78,7 +78,30 @@ def test_the_example_scrape_configuration_is_valid_with_the_rules(tmp_path):
     token = tmp_path / "relaygr.token"
     token.write_text("rgr_example\n")
     job["authorization"]["credentials_file"] = str(token)
-    (tmp_path / RULES.name).write_text(RULES.read_text())
+    for rules in config["rule_files"]:
+        (tmp_path / rules).write_text((RULES_DIR / rules).read_text())
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     result = promtool("check", "config", str(tmp_path / "prometheus.yml"))
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_the_history_rules_file_is_the_generators_output_and_valid():
+    from controlplane.telemetry import recording
+
+    assert recording.main(["--check"]) == 0, "run python -m controlplane.telemetry.recording"
+    result = promtool("check", "rules", str(recording.RULES_PATH))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_the_history_rules_record_every_count_the_history_reads_and_every_minute():
+    from controlplane.telemetry import recording
+    from relay_engine.core.telemetry import COUNTERS
+
+    (group,) = yaml.safe_load(recording.RULES_PATH.read_text())["groups"]
+    assert group["interval"] == f"{recording.RECORDED_STEP_S}s"
+    records = {rule["record"] for rule in group["rules"]}
+    for by in (recording.POOL, recording.INSTANCE):
+        assert {recording.counted_record(f"relaygr_{name}_total", None, by) for name in COUNTERS} <= records
+    # Besides the counters: refusals and misses by reason, buckets by le, the latency sum.
+    assert len(recording.COUNTED) == len(COUNTERS) + 4
+    assert recording.PROBE_RECORD in records

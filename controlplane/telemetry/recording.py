@@ -1,0 +1,123 @@
+"""The recording rules the history reads from Prometheus: one table of the series they pre-aggregate, the
+names they record, and the rules file written from it (deploy/prometheus/relaygr-history-rules.yml).
+
+    python -m controlplane.telemetry.recording           # regenerate the rules file
+    python -m controlplane.telemetry.recording --check   # exit 1 when the committed file is stale
+
+Every minute (``RECORDED_STEP_S``, the group's own ``interval``, whatever the server's
+``evaluation_interval``) the rules record the ``increase()`` over that minute of every counter column of
+``history``'s layout (the counters, refusals and misses by reason, the latency buckets by ``le``, the
+latency sum), summed per pool and per instance, and the pool gauges ``promql.gauges_query`` reads (tier
+levels summed by tier, the applied generation's max, the count of instances present). A read of a point
+``step_s`` wide (a multiple of the minute) sums or takes the last of the minutes recorded in it, so it
+reads ``step_s / 60`` samples of one series per column instead of every raw series of every instance.
+
+How close that is to the raw ``increase()`` over the point: each minute's increase is extrapolated to the
+minute's edges as Prometheus does within any range (counter resets within the minute handled), so the
+minutes sum to the growth across their joints too; a point counts the minutes whose evaluation fell in
+it, shifted earlier than the point by the group's evaluation phase (< 1 minute; ``promtool tsdb
+create-blocks-from rules`` backfills at the same phase); and the newest minute is counted once it is evaluated (up to a
+minute plus the evaluation's lag behind the raw series). A window's totals are its points' sums.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from relay_engine.core.telemetry import COUNTERS, TIER_LEVEL_GAUGES
+
+RULES_PATH = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "relaygr-history-rules.yml"
+RECORDED_STEP_S = 60  # the rules' interval: the narrowest point a recorded read answers
+GROUP = "relaygr-history"
+POOL, INSTANCE = ("pool",), ("pool", "instance")  # the levels the counts are recorded at
+# Every count of ``history``'s layout as /metrics exports it: (series, the label it splits by, the
+# ``column`` tag ``promql`` reads it back by).
+COUNTED: tuple[tuple[str, str | None, str], ...] = (
+    *((f"relaygr_{name}_total", None, f"counter:{name}") for name in COUNTERS),
+    ("relaygr_preinfer_refusals_total", "reason", "refused"),
+    ("relaygr_rank_misses_total", "reason", "missed"),
+    ("relaygr_rank_latency_seconds_bucket", "le", "bucket"),
+    ("relaygr_rank_latency_seconds_sum", None, "sum"),
+)
+# The pool gauges: (series, how instances combine, the label it splits by, ``column`` tag). ``present``
+# counts the instances with a sample (a pool's ``instances``).
+PRESENT = "present"
+GAUGED: tuple[tuple[str, str, str | None, str], ...] = (
+    *((f"relaygr_tier_{level}", "sum", "tier", f"level:{level}")
+      for level in sorted({level for _, level in TIER_LEVEL_GAUGES.values()})),
+    ("relaygr_instance_applied_generation", "max", None, "gauge:applied_generation"),
+    ("relaygr_rank_requests_total", "count", None, PRESENT),
+)
+
+
+def _level(by: tuple[str, ...], split: str | None) -> str:
+    """The record's level, Prometheus's way: the labels it keeps (``pool_reason``), the pool implied."""
+    return "_".join((by[-1], *((split,) if split else ())))
+
+
+def counted_record(series: str, split: str | None, by: tuple[str, ...]) -> str:
+    """``pool:relaygr_rank_requests:increase1m``, ``instance_le:relaygr_rank_latency_seconds_bucket:increase1m``."""
+    return f"{_level(by, split)}:{series.removesuffix('_total')}:increase1m"
+
+
+def gauged_record(series: str, combine: str, split: str | None) -> str:
+    """``pool_tier:relaygr_tier_bytes:last1m``, ``pool:relaygr_instance_applied_generation:max_last1m``;
+    the instances present: ``pool:relaygr_instances:count_last1m``."""
+    if combine == "count":
+        return f"{_level(POOL, split)}:relaygr_instances:count_last1m"
+    return f"{_level(POOL, split)}:{series}:{'last1m' if combine == 'sum' else f'{combine}_last1m'}"
+
+
+# The record whose presence says the rules run on a server (``promql`` checks for it once in a while).
+PROBE_RECORD = counted_record("relaygr_rank_requests_total", None, POOL)
+
+
+def rules() -> dict:
+    def by(labels: tuple[str, ...], split: str | None) -> str:
+        return ", ".join((*labels, *((split,) if split else ())))
+
+    recorded = [{"record": counted_record(series, split, level),
+                 "expr": f"sum by ({by(level, split)}) (increase({series}[1m]))"}
+                for level in (POOL, INSTANCE) for series, split, _ in COUNTED]
+    recorded += [{"record": gauged_record(series, combine, split),
+                  "expr": f"{combine} by ({by(POOL, split)}) (last_over_time({series}[1m]))"}
+                 for series, combine, split, _ in GAUGED]
+    return {"groups": [{"name": GROUP, "interval": f"{RECORDED_STEP_S}s", "rules": recorded}]}
+
+
+HEADER = """\
+# RelayGR's history recording rules, generated by `python -m controlplane.telemetry.recording` from the
+# table in controlplane/telemetry/recording.py (edit that, not this). The control plane reads them for
+# windows longer than the live one (PROMETHEUS_URL): per pool and per instance, each minute's increase
+# of every count its history views need, and the pool's gauges. Without them it reads the raw series,
+# slower at fleet scale. After loading them into a Prometheus that already holds history, backfill them:
+#   promtool tsdb create-blocks-from rules --start <first day> --end <now> \\
+#     --url http://prometheus:9090 deploy/prometheus/relaygr-history-rules.yml
+# then move the blocks it writes (./data/) into the server's --storage.tsdb.path.
+"""
+
+
+def rendered() -> str:
+    return HEADER + yaml.safe_dump(rules(), sort_keys=False, width=200)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 when the committed rules file is stale")
+    args = parser.parse_args(argv)
+    text = rendered()
+    if args.check:
+        if not RULES_PATH.exists() or RULES_PATH.read_text() != text:
+            print(f"{RULES_PATH} is stale: run python -m controlplane.telemetry.recording", file=sys.stderr)
+            return 1
+        return 0
+    RULES_PATH.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
