@@ -14,10 +14,10 @@ embedded Redis, and times, one request at a time for the same user (HBM hits), f
 4. **backlog**: as *direct* while pre-infer signals keep arriving for other users (``--backlog`` at
    once, then 500/s), all admitted by the trigger, so the instance's prefill lane is busy throughout.
 
-With ``--compare-lane`` (the default), a second instance, in a pool of its own, runs its prefills on
-the lane thread (``RELAYGR_PREFILL_PROCESS=off``, the design before prefills moved to a child
-process), and two more modes, **direct_lane** and **backlog_lane**, time it the same way in the same
-blocks: the two designs' backlog ratios side by side.
+With ``--compare-prefill`` (the default), a second instance, in a pool of its own, runs its prefills
+the other way (``RELAYGR_PREFILL_PROCESS``: in a child process where the first runs them on its lane
+thread, the default, or the reverse), and two more modes, **direct_process** and **backlog_process**
+(or ``_lane``), time it the same way in the same blocks: the two designs' backlog ratios side by side.
 
 The modes are interleaved: ``--blocks`` rounds, each timing ``--requests / --blocks`` requests of
 every mode in a rotated order, so a noisy minute of a shared machine falls on all of them alike.
@@ -166,8 +166,8 @@ def backlog_ratio(s: dict) -> float:
     return p99(s["backlog"]) / p99(s["direct"])
 
 
-def lane_backlog_ratio(s: dict) -> float:
-    return p99(s["backlog_lane"]) / p99(s["direct_lane"])
+def other_backlog_ratio(suffix: str):
+    return lambda s: p99(s["backlog" + suffix]) / p99(s["direct" + suffix])
 
 
 def start_instance(stack: ExitStack, settings: Settings) -> str:
@@ -195,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backlog-lead-s", type=float, default=BACKLOG_LEAD_S,
                         help=f"how long the signals flow before a backlog block's first timed request (default "
                              f"{BACKLOG_LEAD_S:g} s; ~20 s fills the default HBM budget: the steady state)")
-    parser.add_argument("--compare-lane", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time an instance whose prefills run on the lane thread (default: on)")
+    parser.add_argument("--compare-prefill", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time an instance whose prefills run the other way: in a child process, or "
+                             "on the lane thread (default: on)")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
     if args.requests < 10 * args.blocks or args.blocks < 1:
@@ -210,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
                                      pool="bench", model=os.environ.get("RELAYGR_MODEL", "small"), torch_threads=1,
                                      data_dir=tempfile.mkdtemp(prefix="relaygr-bench-"))
         name = start_instance(stack, settings)
-        lane_settings = dataclasses.replace(settings, pool="bench-lane", prefill_process="off")
-        lane_name = start_instance(stack, lane_settings) if args.compare_lane else None
+        other = "off" if settings.prefill_process == "on" else "on"
+        suffix = {"on": "_process", "off": "_lane"}[other]
+        other_settings = dataclasses.replace(settings, pool="bench-other", prefill_process=other)
+        other_name = start_instance(stack, other_settings) if args.compare_prefill else None
         rc = redis_client(settings)
         client = stack.enter_context(RelayClient(settings))
         via_celery = stack.enter_context(RelayClient(dataclasses.replace(settings, rank_transport="celery")))
@@ -231,12 +234,13 @@ def main(argv: list[str] | None = None) -> int:
             "celery": timed(via_celery, "celery"),
             "backlog": lambda n: _with(backlog, lambda: timed(client, "backlog")(n)),
         }
-        if lane_name is not None:
-            lane_client = stack.enter_context(RelayClient(lane_settings))
-            lane_backlog = Backlog(lane_client, lane_name, args.backlog, 500.0, args.seq_len, args.backlog_lead_s)
-            legs["backlog_lane"] = []
-            modes["direct_lane"] = timed(lane_client, None)
-            modes["backlog_lane"] = lambda n: _with(lane_backlog, lambda: timed(lane_client, "backlog_lane")(n))
+        if other_name is not None:
+            other_client = stack.enter_context(RelayClient(other_settings))
+            other_backlog = Backlog(other_client, other_name, args.backlog, 500.0, args.seq_len, args.backlog_lead_s)
+            legs["backlog" + suffix] = []
+            modes["direct" + suffix] = timed(other_client, None)
+            modes["backlog" + suffix] = lambda n: _with(other_backlog,
+                                                        lambda: timed(other_client, "backlog" + suffix)(n))
         for run in modes.values():  # warm-up: caches, allocator, connections
             run(WARMUP)
         timing[0] = True
@@ -260,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         "celery_overhead_p99_ms_95ci": bootstrap(samples, celery_overhead_p99),
         "backlog_p99_ratio": round(backlog_ratio(samples), 3),
         "backlog_p99_ratio_95ci": bootstrap(samples, backlog_ratio),
-        **({"backlog_p99_ratio_lane": round(lane_backlog_ratio(samples), 3),
-            "backlog_p99_ratio_lane_95ci": bootstrap(samples, lane_backlog_ratio)} if lane_name else {}),
+        **({f"backlog_p99_ratio{suffix}": round(other_backlog_ratio(suffix)(samples), 3),
+            f"backlog_p99_ratio{suffix}_95ci": bootstrap(samples, other_backlog_ratio(suffix))} if other_name else {}),
         "legs_ms": {mode: leg_percentiles(v) for mode, v in legs.items()},
         "backlog_signals_sent": backlog.sent, "signal_list_depth_at_end": depth,
         "goals": {"overhead_p99_ms": 3.0, "backlog_p99_ratio": 1.5},

@@ -69,10 +69,10 @@ class Settings:
     # default is 5 ms). A ranking thread that wakes while the pre-inference lane runs Python between
     # torch ops waits up to this long per hand-over; see README "Ranking beside pre-inference".
     gil_switch_ms: float = 1.0
-    # On a CPU device, run the instance's prefills in a child process of their own ("on"), off the
-    # interpreter lock that ranking needs, or on the lane thread ("off"). See README "How ranking is
-    # kept apart from pre-inference".
-    prefill_process: str = "on"
+    # On a CPU device, run the instance's prefills on the lane thread ("off") or in a child process of
+    # their own ("on"), off the interpreter lock that ranking needs but with a core's worth of its
+    # own demand; on 2 cores "off" measured better. See README "How ranking is kept apart".
+    prefill_process: str = "off"
     # How the client sends ranking requests: "direct" (a plain Redis list the instance's rank threads
     # take from, ``workers.ranks``) or "celery" (the Celery task, which every instance still serves:
     # senders of the Celery protocol, a rolling upgrade). See README "Ranking beside pre-inference".

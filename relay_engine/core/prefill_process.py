@@ -7,8 +7,10 @@ a core, but a thread shares the instance's one interpreter lock: a small model's
 waits for the lock at every op it dispatches, whatever the nice value says, and ranking P99 under a
 backlog of prefills was 2.0–3.4× of without. In a child process the prefill's Python runs under its
 own lock, and the child's nice value (the lane's share, ``lane.nice_for_share``) is what weighs it
-against ranking where the two share a core, as on a 2-core machine. The lane thread only waits on
-the pipe, which holds no lock.
+against ranking where the two share a core. The lane thread only waits on the pipe, which holds no
+lock. Off by default (``RELAYGR_PREFILL_PROCESS``): freed from the lock the child takes a whole core,
+and on a 2-core machine, where there is none to spare, ranking's backlog ratio measured worse with
+it (2.1–2.3×) than on the lane thread (1.8×); see the README.
 
     process = PrefillProcess(model, nice=5)        # the child starts now (spawn: it imports torch, ~1–2 s)
     kv, cpu_ms, wall_ms = process.prefill(prefix, edit)   # blocks the calling thread, not the others
