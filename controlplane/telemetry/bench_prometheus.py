@@ -35,9 +35,11 @@ embedded Redis; a throwaway SQLite database; ``prometheus`` and ``promtool`` on 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import multiprocessing
 import os
+import pstats
 import random
 import re
 import shutil
@@ -323,8 +325,10 @@ def _data_of(view: str, body: dict) -> int:
     return _values(fleet) + sum(_values(top) for top in body.get("top", {}).get("instances", []))
 
 
-def measure_reads(pool: str, names: list[str], client, requests: int, hours: float) -> list[Reading]:
-    """Every view of every window longer than the live one: cold, then ``requests`` polls."""
+def measure_reads(pool: str, names: list[str], client, requests: int, hours: float,
+                  profile_dir: Path | None = None) -> list[Reading]:
+    """Every view of every window longer than the live one: cold, then ``requests`` polls (with
+    ``profile_dir``, the control plane's side of the warm polls of each view, as cProfile stats there)."""
     from controlplane.telemetry.cache import telemetry_cache
     from controlplane.telemetry.selectors import TOP_DEFAULT, WINDOWS
     from controlplane.telemetry.sources import LIVE_WINDOW_S
@@ -341,6 +345,7 @@ def measure_reads(pool: str, names: list[str], client, requests: int, hours: flo
     # "Cold" is an empty process cache, not a process that has served nothing: one live-window read first.
     get(f"{base}/metrics/?window={min(WINDOWS, key=lambda w: WINDOWS[w][0])}&top=0")
     readings = []
+    profiles: dict[tuple[str, str], list[cProfile.Profile]] = {}
     _header()
     for window, (window_s, _) in WINDOWS.items():
         if window_s <= LIVE_WINDOW_S:
@@ -364,7 +369,12 @@ def measure_reads(pool: str, names: list[str], client, requests: int, hours: flo
                         poll += f"&since={body['timestamps'][-1]}" if body["timestamps"] else ""
                         if view == "live":
                             poll += "&known=" + ",".join(t["instance"] for t in body["top"]["instances"])
-                    wall, cpu, _, size = get(poll)
+                    if profile_dir is None:
+                        wall, cpu, _, size = get(poll)
+                    else:
+                        with cProfile.Profile() as prof:
+                            wall, cpu, _, size = get(poll)
+                        profiles.setdefault((window, view), []).append(prof)
                     walls.append(wall)
                     cpus.append(cpu)
                     sizes.append(size)
@@ -377,6 +387,14 @@ def measure_reads(pool: str, names: list[str], client, requests: int, hours: flo
                                     _percentile(walls, 95), _percentile(cpus, 95), _percentile(sizes, 95),
                                     _data_of(view, body)))
             _row(readings[-1])
+    for (window, view), runs in profiles.items():
+        assert profile_dir is not None
+        stats = pstats.Stats(runs[0])
+        for run in runs[1:]:
+            stats.add(run)
+        stats.dump_stats(profile_dir / f"{pool}-{window}-{view}.prof")
+    if profiles:
+        print(f"profiles of the warm polls in {profile_dir} (python -m pstats FILE; sort cumtime; stats 30)")
     return readings
 
 
@@ -392,7 +410,8 @@ def _row(r: Reading) -> None:
           flush=True)
 
 
-def bench_history_reads(instances: int, hours: float, requests: int, redis_client, work_dir: Path) -> list[Reading]:
+def bench_history_reads(instances: int, hours: float, requests: int, redis_client, work_dir: Path,
+                        profile_dir: Path | None = None) -> list[Reading]:
     """One instance count: backfill, Prometheus up, the live tier in Redis, every history view timed."""
     from django.test import Client
 
@@ -425,7 +444,7 @@ def bench_history_reads(instances: int, hours: float, requests: int, redis_clien
     with prometheus_server(data_dir, port, work_dir / f"prometheus-{instances}.log"):
         wait_for_merged_blocks(data_dir, MERGE_TIMEOUT_S)
         print(f"prometheus ready {time.perf_counter() - started:.0f} s after the backfill began")
-        readings = measure_reads(pool, names, client, requests, hours)
+        readings = measure_reads(pool, names, client, requests, hours, profile_dir)
     shutil.rmtree(data_dir)
     return readings
 
@@ -437,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="history backfilled, up to now (hours; 24 fills the 24h window, ~12x the 2 h backfill)")
     parser.add_argument("--requests", type=int, default=30, help="warm polls per window and view")
     parser.add_argument("--json", type=Path, help="write every reading here (a list per instance count)")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="profile the control plane's side of the warm polls (cProfile; slows them: not for the "
+                             "figures) and write one stats file per window and view into DIR")
     args = parser.parse_args(argv)
     if not 0 < args.hours <= 24 * 30:
         parser.error(f"--hours must be in (0, 720], got {args.hours:g}")
@@ -447,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with throwaway_stack("relaygr-bench-prometheus-") as (redis_client, _, _, tmp):
         for count in args.instances:
-            readings = bench_history_reads(count, args.hours, args.requests, redis_client, tmp)
+            readings = bench_history_reads(count, args.hours, args.requests, redis_client, tmp, args.profile)
             results[str(count)] = [{**asdict(r), "passed": r.passed} for r in readings]
             ok &= bool(readings) and all(r.passed for r in readings)
     if args.json:
