@@ -386,17 +386,20 @@ def instance_metrics(*, pool: Pool, instance: str, window: str, since: float | N
 
 
 def pool_counts(*, pool: Pool, start_s: float, end_s: float, now: float | None = None) -> dict | None:
-    """The pool's ranking requests and admitted pre-infers over the whole 10 s periods within
-    [start, end]; None where no instance reported in any of them."""
-    step_s = TELEMETRY_TIERS["10s"][0]
+    """The pool's ranking requests and admitted pre-infers over the whole periods (10 s; a minute where
+    Prometheus holds the span) within [start, end]; None where no instance reported in any of them."""
+    now = time.time() if now is None else now
+    # 10 s periods, or where Prometheus holds the span the recording rules' minutes: a 10 s point of
+    # its raw series holds one scrape at most, and an increase() of one scrape is nothing.
+    span_s = math.ceil(now - start_s)
+    step_s = max(TELEMETRY_TIERS["10s"][0], history_point_s(span_s))
     first = math.ceil(start_s / step_s) * step_s
     n_periods = int((end_s - first) // step_s)
     if n_periods <= 0:
         return None
-    now = time.time() if now is None else now
     # From Redis, the 10 s rollups, or the live tier's where Redis holds only that one.
     tier = "10s" if "10s" in redis_tiers() else LIVE_TIER
-    with history_source(math.ceil(now - first)) as source:
+    with history_source(span_s) as source:
         rows, gauges, _ = source.pool_points(pool=pool.name, tier=tier, start=first, step_s=step_s, n_points=n_periods,
                                           now=now)
     if not (gauges[:, POOL_GAUGE_COLUMN["instances"]] > 0).any():
