@@ -17,6 +17,7 @@ length is judged on all of it. Prometheus unreachable: the bake is judged on wha
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,18 +92,59 @@ def _row_during(client: redis.Redis, keys: PoolKeys, tier: str, instance: str, g
     return history.deltas[counted].sum(axis=0)
 
 
+@dataclass
+class _Read:
+    """The Prometheus points of one bake side read so far: how many, their counts, and whether each
+    instance ran the generation at the last one's end (the next point's start)."""
+
+    n_points: int
+    row: np.ndarray
+    running_at_end: dict[str, bool]
+
+
+# The points each bake has read, kept between its evaluation ticks: they end ``REDIS_SPAN_S`` before
+# now, settled, so a tick reads only the points added since the last, not the whole bake again (for the
+# stable side of a 256-instance pool the whole read is ~1 s; the bake re-evaluates every few seconds).
+_reads: dict[tuple, _Read] = {}
+_reads_lock = threading.Lock()
+MAX_READS_KEPT = 64  # bake sides at once, far more than a control plane runs
+
+
+def forget_reads() -> None:
+    """Read every bake's points again on its next tick (tests; Prometheus's data replaced under it)."""
+    with _reads_lock:
+        _reads.clear()
+
+
 def _prometheus_during(*, pool: str, instances: list[str], generation: int, since: float,
                        n_points: int) -> np.ndarray:
     """The counts of ``n_points`` Prometheus points from ``since``, summed over the points at whose both
-    ends the instance ran ``generation`` (the first point's start taken as its end, as in Redis)."""
+    ends the instance ran ``generation`` (the first point's start taken as its end, as in Redis); the
+    points read at an earlier tick of the same bake are not read again."""
+    key = (settings.PROMETHEUS_URL, pool, tuple(instances), generation, since)
+    with _reads_lock:
+        held = _reads.get(key)
+    if held is not None and held.n_points == n_points:
+        return held.row.copy()
+    done = held.n_points if held is not None and held.n_points < n_points else 0
+    row = held.row.copy() if done else np.zeros(N_COLUMNS)
+    running_at_end = dict(held.running_at_end) if done else {}
     source = PrometheusHistory(settings.PROMETHEUS_URL, timeout_s=settings.PROMETHEUS_TIMEOUT_S)
-    row = np.zeros(N_COLUMNS)
-    span_s = n_points * PROMETHEUS_STEP_S
-    for rows, gauges in source.instance_points(pool=pool, tier="", instances=instances, window_s=span_s, start=since,
-                                              step_s=PROMETHEUS_STEP_S, n_points=n_points, now=since + span_s):
+    start, new = since + done * PROMETHEUS_STEP_S, n_points - done
+    span_s = new * PROMETHEUS_STEP_S
+    points = source.instance_points(pool=pool, tier="", instances=instances, window_s=span_s, start=start,
+                                    step_s=PROMETHEUS_STEP_S, n_points=new, now=start + span_s)
+    for name, (rows, gauges) in zip(instances, points, strict=True):
         running = gauges[:, _GENERATION] == generation  # NaN (no sample in the point) never equals
-        before = np.concatenate([running[:1], running[:-1]])
+        first = running_at_end.get(name, bool(running[0])) if done else bool(running[0])
+        before = np.concatenate([[first], running[:-1]])
         row += rows[running & before].sum(axis=0)
+        running_at_end[name] = bool(running[-1])
+    with _reads_lock:
+        _reads.pop(key, None)
+        _reads[key] = _Read(n_points, row.copy(), running_at_end)
+        while len(_reads) > MAX_READS_KEPT:
+            del _reads[next(iter(_reads))]
     return row
 
 
