@@ -159,7 +159,9 @@ def test_prometheus_scrapes_web_with_the_token_its_volume_holds(compose, tmp_pat
     (tmp_path / config_name).write_text(yaml.safe_dump(config))
     result = promtool("check", "config", str(tmp_path / config_name))
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
-    assert b"SUCCESS: 1 rule files found" in result.stdout + result.stderr
+    # The alerting rules and the history's recording rules, both loaded.
+    assert b"SUCCESS: 2 rule files found" in result.stdout + result.stderr
+    assert b"relaygr-rules.yml" in result.stdout and b"relaygr-history-rules.yml" in result.stdout
 
 
 def test_grafana_provisions_the_compose_prometheus_and_the_committed_dashboards(compose):
