@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,7 @@ from controlplane.common.redis import get_redis, redis_unreachable
 from controlplane.policies import selectors as policy_selectors
 from controlplane.policies.models import Pool
 from controlplane.telemetry.forwards import DEFAULT_WINDOW_S, MAX_WINDOW_S, pool_forward_times
+from relay_engine.core.capture import trace_order
 from relay_engine.core.config import slo_of
 from relay_engine.core.lifetime import die_with_parent
 from relay_engine.core.wire import InstanceStatus, PoolKeys, WireError, live_members
@@ -295,9 +297,9 @@ def _simulate(preview: Preview) -> dict:
     lead_s = warmup_lead_s(live.spec, preview.window_s)
     lead = traffic.read_window(pool=pool.name, window_s=lead_s, end_s=end_s - preview.window_s)
     warmup_requests = sum(1 for _ in traffic.trace_lines(lead))
+    replayed = lead.records + window.records if warmup_requests else window.records
     if warmup_requests:
-        lines = list(traffic.trace_lines(traffic.CaptureWindow(
-            start_s=lead.start_s, end_s=end_s, records=lead.records + window.records)))
+        lines = list(traffic.trace_lines(traffic.CaptureWindow(start_s=lead.start_s, end_s=end_s, records=replayed)))
     proposed = policy_selectors.revision_get(pool=pool, generation=preview.generation)
     fleet = pool_fleet(pool=pool)
     try:  # the pool's own forward times: the simulator fits its cost model from them
@@ -322,6 +324,8 @@ def _simulate(preview: Preview) -> dict:
         if done.returncode != 0:
             raise PreviewFailed(f"The simulator failed (exit {done.returncode}): {_error_tail(done.stderr)}")
         result = json.loads(paths["out"].read_text(encoding="utf-8"))
+        if settings.RELAYGR_PREVIEW_KEEP_DIR:
+            _keep(preview, paths, replayed, _sim_command(paths, fleet, warmup_requests))
     result.update({
         "window": traffic.window_label(preview.window_s), "window_from": end_s - preview.window_s,
         "warmup_lead_s": lead_s if warmup_requests else 0,
@@ -332,6 +336,27 @@ def _simulate(preview: Preview) -> dict:
     })
     result.update(model_error_of(pool=pool, validation=(result.get("model_error"), result.get("model_error_note"))))
     return result
+
+
+def _keep(preview: Preview, paths: dict[str, Path], records: list, command: list[str]) -> None:
+    """What this preview replayed, kept in ``RELAYGR_PREVIEW_KEEP_DIR/preview-<id>/``: the simulator's
+    inputs and output under their own names, ``capture.jsonl`` (the captured records in the trace's
+    order, with each request's outcome and latency as the instance measured them: line i is query i)
+    and ``command.json``. A folder that cannot be written is logged, never a failed preview."""
+    folder = Path(settings.RELAYGR_PREVIEW_KEEP_DIR) / f"preview-{preview.pk}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in paths.values():
+            shutil.copyfile(path, folder / path.name)
+        with (folder / "capture.jsonl").open("w", encoding="utf-8") as out:
+            for _, record in trace_order(records):
+                out.write(json.dumps(record.to_fields(), separators=(",", ":")) + "\n")
+        (folder / "command.json").write_text(json.dumps({
+            "argv": command[command.index("preview"):], "pool": preview.pool.name, "generation": preview.generation,
+            "live_generation": preview.live_generation, "window_s": preview.window_s,
+            "window_end": preview.window_end.timestamp()}, indent=2), encoding="utf-8")
+    except OSError as exc:
+        log.warning("preview %s: could not keep its inputs in %s: %s", preview.pk, folder, exc)
 
 
 def model_error_of(*, pool: Pool, validation: tuple[float | None, str | None] = (None, None)) -> dict:

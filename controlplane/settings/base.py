@@ -205,6 +205,11 @@ TELEMETRY_CACHE_MB = float(os.environ.get("RELAYGR_TELEMETRY_CACHE_MB", 64))
 # What-if previews: the most recent requests of a window the simulator replays (0: its default,
 # sized to finish a 15-minute window at 50 QPS within a minute).
 RELAYGR_PREVIEW_MAX_REQUESTS = int(os.environ.get("RELAYGR_PREVIEW_MAX_REQUESTS", 0))
+# A folder where each preview keeps what it replayed (its trace, specs, the pool's forward times, the
+# captured records with what the instances measured, the simulator's command and result), one
+# subfolder per preview, for ``python -m relay_engine.sim decompose`` to replay it request by request
+# against the capture. Empty: nothing is kept.
+RELAYGR_PREVIEW_KEEP_DIR = os.environ.get("RELAYGR_PREVIEW_KEEP_DIR", "")
 
 
 def _env_int(name: str, default: int, lo: int, hi: int) -> int:

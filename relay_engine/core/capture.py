@@ -132,15 +132,21 @@ def window_gap_ms(records: Iterable[CaptureRecord]) -> float:
     return statistics.median(known) if known else DEFAULT_GAP_MS
 
 
+def trace_order(records: Iterable[CaptureRecord]) -> list[tuple[float, CaptureRecord]]:
+    """The records a trace can hold, each with its pre-infer signal's unix ms, sorted by it: the order
+    of ``to_trace``'s queries (its i-th query is the i-th record here)."""
+    kept = [r for r in records if replayable(r)]
+    fallback = window_gap_ms(kept) if kept else DEFAULT_GAP_MS
+    return sorted(((r.ts_ms - (fallback if r.gap_ms is None else r.gap_ms), r) for r in kept),
+                  key=lambda pair: pair[0])
+
+
 def to_trace(records: Iterable[CaptureRecord]) -> list[TraceQuery]:
     """Captured ranking requests → trace queries (sorted by pre-infer signal time, ``t_ms`` from the
     first). Requests no trace can hold (``replayable``) are left out."""
-    kept = [r for r in records if replayable(r)]
-    if not kept:
+    signals = trace_order(records)
+    if not signals:
         return []
-    fallback = window_gap_ms(kept)
-    signals = sorted(((r.ts_ms - (fallback if r.gap_ms is None else r.gap_ms), r) for r in kept),
-                     key=lambda pair: pair[0])
     start = signals[0][0]
     return [TraceQuery(t_ms=round(t - start, 3), user_id=r.user, seq_len=r.prefix_len, short_len=r.short_len,
                        n_candidates=r.candidates, rank_delay_ms=round(r.ts_ms - t, 3))

@@ -8,6 +8,7 @@ Celery worker runs it in tests/frontend.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from datetime import timedelta
@@ -189,6 +190,32 @@ def test_the_traffic_before_the_window_warms_the_caches_unmeasured(operator, poo
     assert 200 <= result["requests"] <= 300  # the window's last minute holds none (the capture ends 61 s ago)
     assert result["requests_captured"] == result["requests"]
     assert result["live"]["requests"] > 0.9 * result["requests"]  # the window measured, the lead not
+
+
+def test_a_kept_preview_replays_request_by_request_against_its_capture(operator, pool, redis_client, settings,
+                                                                       tmp_path, capsys):
+    """With RELAYGR_PREVIEW_KEEP_DIR the preview keeps what it replayed, the captured records in the
+    trace's order beside it: ``sim decompose`` sets each replayed request against its own record."""
+    settings.RELAYGR_PREVIEW_KEEP_DIR = str(tmp_path / "kept")
+    write_capture(redis_client, pool.name, n=600, qps=2, end_s=time.time() - 61)
+    response = operator.post(f"/api/v1/pools/{pool.name}/revisions/1/preview/", {"window": "3m"}, format="json")
+    preview = services.preview_execute(preview_id=response.json()["id"])
+    assert preview.status == "done", preview.error
+    folder = tmp_path / "kept" / f"preview-{preview.pk}"
+    assert {p.name for p in folder.iterdir()} == {"trace.jsonl", "capture.jsonl", "live.json", "proposed.json",
+                                                  "forwards.json", "out.json", "command.json"}
+    trace = read_trace(folder / "trace.jsonl")
+    captured = [CaptureRecord.from_fields(json.loads(line)) for line in (folder / "capture.jsonl").open()]
+    assert len(trace) == len(captured) == preview.result["warmup_requests"] + preview.result["requests"]
+    assert [(q.user_id, q.seq_len) for q in trace] == [(r.user, r.prefix_len) for r in captured]
+    from relay_engine.lab.sim import cli  # the lab: tests and the command line only
+
+    out = tmp_path / "decomposed.json"
+    assert cli.main(["decompose", str(folder), "--out", str(out)]) == 0
+    decomposed = json.loads(out.read_text())
+    assert decomposed["real"]["requests"] == preview.result["live"]["requests"]
+    assert decomposed["sim"]["p99_ms"] == pytest.approx(preview.result["live"]["p99_ms"])  # the preview's replay
+    assert "Outcomes, captured → simulated" in capsys.readouterr().out
 
 
 def test_a_failing_simulation_fails_the_preview_with_a_sentence(operator, pool, redis_client, settings):

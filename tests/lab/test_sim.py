@@ -25,6 +25,7 @@ from relay_engine.lab.sim.preview import (
     preview,
     profile_for,
     recent_share,
+    replay_trace,
     replicates_for,
     run_preview,
     simulate_trace,
@@ -56,6 +57,18 @@ def test_one_instance_is_the_hand_computed_fifo_queue():
     assert point.n == 20
     assert np.allclose(np.sort(point.latencies_ms), expected)
     assert point.p99_ms == pytest.approx(float(np.quantile(expected, 0.99, method="inverted_cdf")))
+
+
+def test_the_replay_says_where_each_requests_time_went():
+    # The same queue: request i waits 5·i ms for the thread, then its 10 ms forward has the core alone.
+    queries = evenly(20, 5.0)
+    spec = FleetSpec(None, instances=1, deadline_ms=10_000, rank_threads=1)
+    (report,) = replay_trace(queries, spec, constant_cost(full_ms=10.0), cap=64, warmup_share=0.0)
+    detail = sorted(report.detail)
+    assert [q for q, *_ in detail] == list(range(20))
+    assert np.allclose([queued for _, queued, _, _ in detail], [5.0 * i for i in range(20)])
+    assert np.allclose([work for _, _, work, _ in detail], 10.0)
+    assert np.allclose([on_compute for *_, on_compute in detail], 10.0)
 
 
 def test_shared_compute_splits_by_weight_and_gives_all_to_a_job_alone():

@@ -154,6 +154,9 @@ class InstanceReport:
 
     ranks: list[tuple[int, float, str, bool]] = field(default_factory=list)  # (query, ms, outcome, measured)
     preinfers: list[tuple[int, bool, str | None, bool]] = field(default_factory=list)  # (query, admitted, reason, measured)
+    # Where a simulated ranking request's time went (the simulator fills it): (query, ms queued before a
+    # rank thread took it, ms of its forwards alone, ms its forwards took on the shared compute).
+    detail: list[tuple[int, float, float, float]] = field(default_factory=list)
     # Each cache tier's peak and budget at the window's end, by tier name (every tier the engine ran).
     peak_bytes: dict[str, int] = field(default_factory=dict)
     budget_bytes: dict[str, int] = field(default_factory=dict)

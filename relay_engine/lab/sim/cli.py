@@ -7,6 +7,7 @@
         [--device-kind cpu|cuda|npu] [--profile FILE] [--forward-times FILE] [--max-requests 15000]
         [--validation FILE] --out FILE
     python -m relay_engine.sim fit --forward-times FILE [--profile FILE] [--out cost.json]
+    python -m relay_engine.sim decompose KEPT_DIR [--seed 0] [--slowest 15] [--out FILE]
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from relay_engine.lab.bench.settings import REFERENCE_PROFILE, BenchSettings, qu
 from relay_engine.lab.bench.workload import paired_windows, trace_qps
 from relay_engine.lab.costmodel import CostModel, CostModelError, time_scale_against
 from relay_engine.lab.livefit import COMPARE_LENGTHS, fit_live, read_pool_forwards, window_words
+from relay_engine.lab.sim import decompose
 from relay_engine.lab.sim.fleet import FleetSpec
 from relay_engine.lab.sim.preview import (
     DEFAULT_MAX_REQUESTS,
@@ -175,21 +177,18 @@ def _spec_file(path: str, what: str):
         raise SpecFileError(f"the {what} spec {path}: {exc}") from None
 
 
-def cmd_preview(args: argparse.Namespace) -> int:
-    """The what-if preview: a captured window under the live spec and under the proposed one."""
-    queries = read_trace(args.trace)
-    if len(queries) < 2:
-        raise TraceError(0, f"a preview needs at least 2 captured requests, got {len(queries)}", args.trace)
-    live, proposed = _spec_file(args.live, "live"), _spec_file(args.proposed, "proposed")
-    if args.profile:
-        profile, profile_note = args.profile, "the profile given with --profile"
+def preview_cost(profile: Path | None, device_kind: str, forward_times: Path | None) -> tuple[CostModel, dict]:
+    """The cost model a preview replays with: fitted from the pool's own forwards where it has them, the
+    rest from ``profile`` (default: its device kind's); and what it is, in words and figures."""
+    if profile:
+        profile_note = "the profile given with --profile"
     else:
-        profile, profile_note = profile_for(args.device_kind)
+        profile, profile_note = profile_for(device_kind)
     cost = CostModel.load(profile)
     pools_own = not Path(profile).samefile(REFERENCE_PROFILE)
     live_fit = None
-    if args.forward_times:
-        times, meta = read_pool_forwards(args.forward_times)
+    if forward_times:
+        times, meta = read_pool_forwards(forward_times)
         live_fit = fit_live(times, cost)
         if live_fit.live_ops:
             cost = live_fit.cost
@@ -199,18 +198,26 @@ def cmd_preview(args: argparse.Namespace) -> int:
                             f"({live_fit.sentence()}; the rest: {profile_note})")
         else:
             profile_note = f"{profile_note}: no forwards of this pool's own in {window_words(meta)} yet"
+    return cost, {"path": str(profile), "device": cost.device, "note": profile_note,
+                  # whether the times are this pool's devices' own, or a stand-in's
+                  "pools_own": pools_own, "live_fit": None if live_fit is None else live_fit.to_dict()}
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    """The what-if preview: a captured window under the live spec and under the proposed one."""
+    queries = read_trace(args.trace)
+    if len(queries) < 2:
+        raise TraceError(0, f"a preview needs at least 2 captured requests, got {len(queries)}", args.trace)
+    live, proposed = _spec_file(args.live, "live"), _spec_file(args.proposed, "proposed")
+    cost, profile_info = preview_cost(args.profile, args.device_kind, args.forward_times)
     model_error, model_error_note = model_error_of(Path(args.validation))
     result = run_preview(queries, live, proposed, instances=args.instances, cost=cost,
                          rank_threads=args.rank_threads, max_requests=args.max_requests, jobs=args.jobs,
                          host=(args.instances_per_host, args.host_cores), warmup_requests=args.warmup_requests)
-    result.update({"model_error": model_error, "model_error_note": model_error_note,
-                   "profile": {"path": str(profile), "device": cost.device, "note": profile_note,
-                               # whether the times are this pool's devices' own, or a stand-in's
-                               "pools_own": pools_own,
-                               "live_fit": None if live_fit is None else live_fit.to_dict()}})
+    result.update({"model_error": model_error, "model_error_note": model_error_note, "profile": profile_info})
     report.write_json(Path(args.out), result)
     print(f"previewed {result['requests']} requests on {args.instances} instances in {result['sim_wall_s']} s "
-          f"({profile_note}); wrote {args.out}", file=sys.stderr)
+          f"({profile_info['note']}); wrote {args.out}", file=sys.stderr)
     return 0
 
 
@@ -236,7 +243,62 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_decompose(args: argparse.Namespace) -> int:
+    """A kept preview replayed request by request against the capture (``sim.decompose``)."""
+    folder = Path(args.folder)
+    try:
+        kept = json.loads((folder / "command.json").read_text(encoding="utf-8"))
+        argv = [str(a) for a in kept["argv"]]
+    except (KeyError, TypeError) as exc:
+        raise SpecFileError(f"{folder / 'command.json'} is not a kept preview's command ({exc})") from None
+    original = build_parser().parse_args(argv)
+    # The files the preview ran on, under the names the control plane kept them by.
+    local = {k: folder / Path(getattr(original, k)).name for k in ("trace", "live", "forward_times")
+             if getattr(original, k)}
+    queries = read_trace(local["trace"])
+    records = decompose.read_capture(folder / "capture.jsonl")
+    live = _spec_file(str(local["live"]), "live")
+    cost, profile_info = preview_cost(original.profile, original.device_kind, local.get("forward_times"))
+    rows = decompose.replay_rows(queries, records, live, cost, instances=original.instances,
+                                 rank_threads=original.rank_threads,
+                                 host=(original.instances_per_host, original.host_cores),
+                                 max_requests=original.max_requests, warmup_requests=original.warmup_requests,
+                                 seed=args.seed)
+    result = decompose.summarize(rows, live.trigger.ranking_p99_slo_ms, slowest=args.slowest)
+    result["profile"] = profile_info["note"]
+    print(f"Preview {folder.name} of pool {kept.get('pool')}, replayed with seed {args.seed}; cost model: "
+          f"{profile_info['note']}\n")
+    print(decompose.table(result))
+    if args.out:
+        report.write_json(Path(args.out), result | {"rows": [asdict(r) for r in rows]})
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "preview" and args.warmup_requests < 0:
+        parser.error(f"--warmup-requests must be ≥ 0, got {args.warmup_requests}")
+    if args.command == "preview" and args.max_requests < 100:
+        parser.error(f"--max-requests must be at least 100, got {args.max_requests}")
+    if args.command not in ("fit", "decompose") and not 1 <= args.instances <= 256:
+        parser.error(f"--instances must be between 1 and 256, got {args.instances}")
+    if args.command not in ("fit", "decompose") and args.rank_threads < 1:
+        parser.error(f"--rank-threads must be ≥ 1, got {args.rank_threads}")
+    if args.command == "run":
+        unknown = [m for m in args.modes.split(",") if m not in MODES_BY_NAME]
+        if unknown:
+            parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES_BY_NAME)}")
+    try:
+        return {"run": cmd_run, "project": cmd_project, "validate": cmd_validate,
+                "preview": cmd_preview, "fit": cmd_fit, "decompose": cmd_decompose}[args.command](args)
+    except (TraceError, OSError, CostModelError, SpecFileError, json.JSONDecodeError, ForwardTimesError,
+            decompose.KeptError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m relay_engine.sim", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -299,22 +361,10 @@ def main(argv: list[str] | None = None) -> int:
                       help="GET /api/v1/pools/<pool>/forwards/ saved as a file")
     fitp.add_argument("--profile", type=Path, help="the offline profile (default: by the pool's device kind)")
     fitp.add_argument("--out", help="write the fitted cost model here (and its report beside it)")
-    args = parser.parse_args(argv)
-    if args.command == "preview" and args.warmup_requests < 0:
-        parser.error(f"--warmup-requests must be ≥ 0, got {args.warmup_requests}")
-    if args.command == "preview" and args.max_requests < 100:
-        parser.error(f"--max-requests must be at least 100, got {args.max_requests}")
-    if args.command != "fit" and not 1 <= args.instances <= 256:
-        parser.error(f"--instances must be between 1 and 256, got {args.instances}")
-    if args.command != "fit" and args.rank_threads < 1:
-        parser.error(f"--rank-threads must be ≥ 1, got {args.rank_threads}")
-    if args.command == "run":
-        unknown = [m for m in args.modes.split(",") if m not in MODES_BY_NAME]
-        if unknown:
-            parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES_BY_NAME)}")
-    try:
-        return {"run": cmd_run, "project": cmd_project, "validate": cmd_validate,
-                "preview": cmd_preview, "fit": cmd_fit}[args.command](args)
-    except (TraceError, OSError, CostModelError, SpecFileError, json.JSONDecodeError, ForwardTimesError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    dec = sub.add_parser("decompose", help="a kept preview (RELAYGR_PREVIEW_KEEP_DIR) replayed request by request "
+                                           "against what the instances measured")
+    dec.add_argument("folder", help="the preview's folder (…/preview-<id>)")
+    dec.add_argument("--seed", type=int, default=0, help="the replay's seed (forward times drawn from it)")
+    dec.add_argument("--slowest", type=int, default=15, help="requests listed from each side's tail")
+    dec.add_argument("--out", help="JSON file: the figures and every request's row")
+    return parser

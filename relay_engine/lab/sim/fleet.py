@@ -127,12 +127,17 @@ class SimInstance:
             ev, arrival = self._queue.popleft()
             request = RankRequest(ev.user_id, self.tokens.history(ev.prefix_len), self.tokens.history(ev.short_len),
                                   self.tokens.candidates(ev.n_candidates), deadline_s=arrival + self.deadline_s)
+            started = self.sim.now
+            spent = self.forwards.watch()
             try:
                 result = self.ranker.rank(request)
                 outcome = result if isinstance(result, str) else result.source
             except DeadlineExceeded:
                 outcome = "deadline"
+            finally:
+                self.forwards.unwatch()
             self.report.ranks.append((ev.query, (self.sim.now - arrival) * 1000, outcome, ev.measured))
+            self.report.detail.append((ev.query, (started - arrival) * 1000, spent[0] * 1000, spent[1] * 1000))
         self._idle_threads += 1
 
     def finish(self) -> InstanceReport:

@@ -26,7 +26,7 @@ from relay_engine.core.lifetime import follow_parent
 from relay_engine.core.model import HSTUModel, ModelConfig
 from relay_engine.core.trace import TraceQuery
 from relay_engine.lab.bench.stats import PointResult, per_tier, point_result, quantile
-from relay_engine.lab.bench.workload import Window, schedule, trace_qps, window_rng
+from relay_engine.lab.bench.workload import InstanceReport, Window, schedule, trace_qps, window_rng
 from relay_engine.lab.costmodel import CostModel
 from relay_engine.lab.sim.fleet import FleetSpec, Tokens, replay_window
 
@@ -62,14 +62,25 @@ def simulate_trace(queries: Sequence[TraceQuery], spec: FleetSpec, cost: CostMod
     model = model or shared_model(model_config_of(cost))
     cap = cap or model.config.max_seq_len
     rate = trace_qps(queries)
-    window = whole_trace_window(len(queries), prime_share, warmup_share)
     started = time.monotonic()
-    events = schedule(queries, window, cap=cap, qps=qps or rate / spec.time_scale, trace_rate=rate,
-                      time_scale=spec.time_scale, with_preinfer=spec.preinfer)
-    reports = replay_window(queries, window, events, cap=cap, spec=spec, model=model, cost=cost,
-                            rng=window_rng(seed, window), tokens=Tokens(), progress=progress, forward_seed=seed)
+    reports = replay_trace(queries, spec, cost, cap=cap, qps=qps, prime_share=prime_share,
+                           warmup_share=warmup_share, seed=seed, model=model, progress=progress)
     return point_result(name, cap, qps or rate / spec.time_scale, spec.time_scale, slo_ms, [reports],
                         time.monotonic() - started)
+
+
+def replay_trace(queries: Sequence[TraceQuery], spec: FleetSpec, cost: CostModel, *, cap: int,
+                 qps: float | None = None, prime_share: float = 0.0, warmup_share: float = 0.05, seed: int = 0,
+                 model: HSTUModel | None = None,
+                 progress: Callable[[float], None] | None = None) -> list[InstanceReport]:
+    """``simulate_trace``'s replay, each instance's report as it is (request by request)."""
+    model = model or shared_model(model_config_of(cost))
+    rate = trace_qps(queries)
+    window = whole_trace_window(len(queries), prime_share, warmup_share)
+    events = schedule(queries, window, cap=cap, qps=qps or rate / spec.time_scale, trace_rate=rate,
+                      time_scale=spec.time_scale, with_preinfer=spec.preinfer)
+    return replay_window(queries, window, events, cap=cap, spec=spec, model=model, cost=cost,
+                         rng=window_rng(seed, window), tokens=Tokens(), progress=progress, forward_seed=seed)
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,14 @@ def combined(replays: Sequence[PreviewFigures]) -> PreviewFigures:
         replicates=len(replays), p99_range_ms=(min(p99s), max(p99s)) if p99s else None)
 
 
+def preview_fleet(spec: PolicySpec | None, instances: int, cost: CostModel, *, slo_ms: float, rank_threads: int = 4,
+                  host: tuple[int, float] = (1, 1.0)) -> FleetSpec:
+    """The simulated fleet a preview replays ``spec`` on (None: the relay off; deadlines at 2 × the SLO)."""
+    return FleetSpec(spec, instances, deadline_ms=2 * slo_ms, rank_threads=rank_threads,
+                     preinfer=spec is not None, instances_per_host=host[0], host_cores=host[1],
+                     device_type=cost.device if cost.device in ("cpu", "cuda", "npu") else "accelerator")
+
+
 def preview(queries: Sequence[TraceQuery], spec: PolicySpec | None, instances: int, cost: CostModel, *,
             rank_threads: int = 4, prime_share: float = 0.1, warmup_share: float = 0.05,
             seed: int = 0, cap: int | None = None, slo_ms: float | None = None,
@@ -146,9 +165,7 @@ def preview(queries: Sequence[TraceQuery], spec: PolicySpec | None, instances: i
         raise ValueError("the relay off needs the SLO it is judged on (slo_ms)")
     if replicates < 1:
         raise ValueError(f"replicates must be ≥ 1, got {replicates}")
-    fleet = FleetSpec(spec, instances, deadline_ms=2 * slo_ms, rank_threads=rank_threads,
-                      preinfer=spec is not None, instances_per_host=host[0], host_cores=host[1],
-                      device_type=cost.device if cost.device in ("cpu", "cuda", "npu") else "accelerator")
+    fleet = preview_fleet(spec, instances, cost, slo_ms=slo_ms, rank_threads=rank_threads, host=host)
     window = whole_trace_window(len(queries), prime_share, warmup_share)
     span_s = max(1e-9, (queries[-1].t_ms - queries[window.first_measured].t_ms) / 1000)
     replays = []
@@ -262,6 +279,33 @@ def prefix_cap(queries: Sequence[TraceQuery], cost: CostModel) -> int:
     return max(1, max_seq_len - max(q.short_len for q in queries))
 
 
+@dataclass(frozen=True)
+class ReplayPlan:
+    """Which of a preview's queries it replays and how: ``replayed`` (the last ``len(replayed)`` of the
+    queries given, times from the first of them), of which the first ``warm`` warm the caches up and
+    ``measured`` count; the prefix ``cap``; (prime, warm-up) ``shares``; ``note`` when it cut."""
+
+    replayed: list[TraceQuery]
+    lead: int
+    warm: int
+    measured: int
+    cap: int
+    shares: tuple[float, float]
+    note: str | None
+
+
+def replay_plan(queries: Sequence[TraceQuery], cost: CostModel, *, max_requests: int = DEFAULT_MAX_REQUESTS,
+                warmup_requests: int = 0) -> ReplayPlan:
+    lead = max(0, min(warmup_requests, len(queries) - 2))
+    measured = min(len(queries) - lead, max_requests)
+    # Warm up on the traffic just before the measured requests: the lead, or the part of a window too
+    # long to replay whole (as much of it as the lead); none given, the window's first tenth primes.
+    warm = min(len(queries) - measured, lead)
+    replayed, _ = recent_share(queries, measured + warm)
+    return ReplayPlan(replayed, lead, warm, measured, prefix_cap(replayed, cost),
+                      warmup_shares(len(replayed), warm), recent_share(queries[lead:], max_requests)[1])
+
+
 def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: PolicySpec, *, instances: int,
                 cost: CostModel, rank_threads: int = 4, max_requests: int = DEFAULT_MAX_REQUESTS,
                 jobs: int = 2, host: tuple[int, float] = (1, 1.0), warmup_requests: int = 0) -> dict:
@@ -269,18 +313,13 @@ def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: Polic
     (judged on the live SLO: what the relay is worth on this traffic); the replays in parallel
     processes when ``jobs`` > 1. ``warmup_requests``: the first ones are the traffic before the
     window, replayed to warm the caches and not measured."""
-    lead = max(0, min(warmup_requests, len(queries) - 2))
-    measured = min(len(queries) - lead, max_requests)
-    # Warm up on the traffic just before the measured requests: the lead, or the part of a window too
-    # long to replay whole (as much of it as the lead); none given, the window's first tenth primes.
-    warm = min(len(queries) - measured, lead)
-    replayed, _ = recent_share(queries, measured + warm)
-    note = recent_share(queries[lead:], max_requests)[1]
-    cap = prefix_cap(replayed, cost)
+    plan = replay_plan(queries, cost, max_requests=max_requests, warmup_requests=warmup_requests)
+    replayed, warm, measured, cap, shares, note = (plan.replayed, plan.warm, plan.measured, plan.cap, plan.shares,
+                                                   plan.note)
+    lead = plan.lead
     cut = sum(q.seq_len > cap for q in replayed)
     slo_ms = live.trigger.ranking_p99_slo_ms
     replicates = replicates_for(len(replayed), cost, max_requests)
-    shares = warmup_shares(len(replayed), warm)
     work = [(replayed, spec, instances, cost, rank_threads, cap, slo_ms, host, replicates, shares)
             for spec in (live, proposed, None)]
     started = time.monotonic()

@@ -9,6 +9,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 
+import greenlet
 import torch
 
 from relay_engine.core.lane import nice_for_share, share_of_nice
@@ -52,12 +53,30 @@ class CostForwards:
         # op → (mu, sigma) of the log of the factor
         self._lognormal = {op: (-math.log1p(cv * cv) / 2, math.sqrt(math.log1p(cv * cv)))
                            for op, cv in cost.dispersion.items() if cv > 0}
+        # A process's forwards while something watches it (``watch``): [standalone s, elapsed s].
+        self._spent: dict[greenlet.greenlet, list[float]] = {}
+
+    def watch(self) -> list[float]:
+        """From now on, the calling process's forwards add their standalone time and the time they took
+        on the shared compute to the returned pair (until ``unwatch``)."""
+        spent = self._spent[greenlet.getcurrent()] = [0.0, 0.0]
+        return spent
+
+    def unwatch(self) -> None:
+        self._spent.pop(greenlet.getcurrent(), None)
 
     def _run(self, op: str, ms: float) -> None:
         spread = self._lognormal.get(op)
         if spread is not None:
             ms *= self._rng.lognormvariate(*spread)
+        spent = self._spent.get(greenlet.getcurrent())
+        if spent is None:
+            self.compute.run(ms / 1000)
+            return
+        started = self.compute.sim.now
         self.compute.run(ms / 1000)
+        spent[0] += ms / 1000
+        spent[1] += self.compute.sim.now - started
 
     def virtual_kv(self, length: int, edit: EditTensors | None = None) -> VirtualPrefixKV:
         c = self.config
