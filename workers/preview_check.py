@@ -1,6 +1,7 @@
 """How far to trust a what-if preview: predict a change on captured traffic, publish it, measure it.
 
     python -m workers.preview_check [--window 5m] [--change trigger|hbm|ttl|live|curve] [--windows N] [--at-risk-seq-len N] [--out F]
+        [--keep DIR]                                   # each preview's inputs, for ``sim decompose``
         [--url URL --token KEY --pool NAME]          # a running stack (an operator's token)
         [--instances 2] [--rate 8] [--model default] [--device auto] [--warmup-s 60]   # else one started here
 
@@ -77,7 +78,8 @@ def start_stack(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Pop
          "--data-dir", str(workdir), "--status-file", str(status)],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0,
         preexec_fn=die_with_parent(),
-        env={**os.environ, "RELAYGR_KEY_PREFIX": stack_prefix})
+        env={**os.environ, "RELAYGR_KEY_PREFIX": stack_prefix,
+             **({"RELAYGR_PREVIEW_KEEP_DIR": str(args.keep.resolve())} if args.keep else {})})
     deadline = time.monotonic() + 600
     while not status.exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -108,6 +110,11 @@ def wait_converged(api: Api, pool: str, generation: int, timeout_s: float = 180.
             return time.monotonic() - started
         time.sleep(1)
     raise SystemExit(f"the pool did not converge on generation {generation} within {timeout_s:.0f} s")
+
+
+def measured_on(api: Api, pool: str, window: str, preview: dict) -> dict:
+    """What the instances measured on the very window a preview replayed (its end is rounded down)."""
+    return measured(api("GET", f"/api/v1/pools/{pool}/traffic/?window={window}&end={preview['result']['window_to']}"))
 
 
 def measured(summary: dict) -> dict:
@@ -159,8 +166,8 @@ def check_live(api: Api, pool: str, window: str, windows: int) -> dict:
     for i in range(windows):
         say(f"window {i + 1} of {windows}: letting {window} of traffic into the capture")
         time.sleep(window_s + (ROUND_STEP_S if i == 0 else 0))
-        measured_now = measured(api("GET", f"/api/v1/pools/{pool}/traffic/?window={window}"))
         preview, preview_s = previewed(api, pool, generation, window)
+        measured_now = measured_on(api, pool, window, preview)
         live = preview["result"]["live"]
         rows.append({"predicted": {k: live[k] for k, _ in FIGURES} | {
                          "requests": live["requests"], "replicates": live.get("replicates", 1),
@@ -206,24 +213,30 @@ def check_curve(api: Api, pool: str, window: str, keep: tuple[dict, Path] | None
     the stack's status and a file for the window's captured records."""
     say(f"letting a full {window} window of traffic into the capture")
     time.sleep(WINDOWS[window] + ROUND_STEP_S)
-    curves = api("GET", f"/api/v1/pools/{pool}/cache-curves/?window={window}")
-    if keep is not None:
-        status, path = keep
-        n = save_capture(status["redis_url"], status["key_prefix"], pool, curves["from"], curves["to"], path)
-        say(f"{n} captured records of the window written to {path}")
-    measured_now = measured(api("GET", f"/api/v1/pools/{pool}/traffic/?window={window}"))
     state = api("GET", f"/api/v1/pools/{pool}/")
     live = api("GET", f"/api/v1/pools/{pool}/revisions/{state['desired_generation']}/")
     live_mb = parse_policy(live["spec"]).cache.hbm_budget_mb
-    rows = [{"factor": 1.0, "hbm_budget_mb": live_mb, "curve": curves["live"]["hit_ratio"],
-             "measured": curves["measured_hit_ratio"], "simulated": None}]
-    live_previews = []  # each preview's prediction for the live revision, on the same window
+    previews = []
     for factor in CURVE_FACTORS:
         spec = {**live["spec"], "cache": {**(live["spec"].get("cache") or {}), "hbm_budget_mb": live_mb * factor}}
         revision = api("POST", f"/api/v1/pools/{pool}/revisions/", {
             "parent_generation": api("GET", f"/api/v1/pools/{pool}/")["latest_generation"], "spec": spec,
             "comment": f"preview_check: the cache curve at {factor:g}× the HBM budget"})
-        preview, _ = previewed(api, pool, revision["generation"], window)
+        previews.append((factor, previewed(api, pool, revision["generation"], window)[0]))
+    # The curve, the instances' figures and the simulator's replays on one window: the first preview's.
+    end = previews[0][1]["result"]["window_to"]
+    curves = api("GET", f"/api/v1/pools/{pool}/cache-curves/?window={window}&end={end}")
+    if keep is not None:
+        status, path = keep
+        n = save_capture(status["redis_url"], status["key_prefix"], pool, curves["from"], curves["to"], path)
+        say(f"{n} captured records of the window written to {path}")
+    measured_now = measured_on(api, pool, window, previews[0][1])
+    rows = [{"factor": 1.0, "hbm_budget_mb": live_mb, "curve": curves["live"]["hit_ratio"],
+             "measured": curves["measured_hit_ratio"], "simulated": None}]
+    live_previews = []  # each preview's prediction for the live revision, on the same window
+    for factor, preview in previews:
+        if preview["result"]["window_to"] != end:
+            say(f"note: the {factor:g}× preview replayed the window ending {preview['result']['window_to']}, not {end}")
         rows.append({"factor": factor, "hbm_budget_mb": live_mb * factor,
                      "curve": _at(curves["axes"]["hbm"], live_mb * factor), "measured": None,
                      "simulated": preview["result"]["proposed"]["hit_ratio"],
@@ -303,8 +316,8 @@ def check(api: Api, pool: str, window: str, at_risk_seq_len: int | None, change:
     revision = api("POST", f"/api/v1/pools/{pool}/revisions/", {
         "parent_generation": state["latest_generation"], "spec": spec, "comment": f"preview_check: {words}"})
     say(f"previewing generation {revision['generation']} ({words}) against generation {live['generation']}")
-    live_measured = measured(api("GET", f"/api/v1/pools/{pool}/traffic/?window={window}"))
     preview, preview_s = previewed(api, pool, revision["generation"], window)
+    live_measured = measured_on(api, pool, window, preview)
     say(f"preview done in {preview_s:.1f} s; publishing generation {revision['generation']}")
     api("POST", f"/api/v1/pools/{pool}/revisions/{revision['generation']}/publish/")
     converged_s = wait_converged(api, pool, revision["generation"])
@@ -363,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="JSON file for the figures")
     parser.add_argument("--save-capture", type=Path, help="with --change curve on a stack started here: the "
                         "window's captured records (outcome and miss reason included) as JSON lines")
+    parser.add_argument("--keep", type=Path, help="on a stack started here: each preview keeps what it replayed in "
+                        "KEEP/preview-<id>/ (RELAYGR_PREVIEW_KEEP_DIR), for python -m relay_engine.sim decompose")
     parser.add_argument("--url", help="a running control plane (default: start a stack here)")
     parser.add_argument("--token", help="an operator's API token (with --url)")
     parser.add_argument("--pool", default="main", help="the pool (with --url)")

@@ -159,10 +159,10 @@ def _enqueue(preview_id: int) -> None:
                                                   f"Celery broker (REDIS_URL) is unreachable ({type(exc).__name__}).")
 
 
-def traffic_download(*, pool: Pool, window_s: int, actor: str) -> Iterator[str]:
-    """The pool's captured traffic of the window ending now, as trace lines; the download is audited
-    (who took which window, how many requests), since the hashed users are a pool's traffic too."""
-    window = traffic.read_window(pool=pool.name, window_s=window_s)
+def traffic_download(*, pool: Pool, window_s: int, actor: str, end_s: float | None = None) -> Iterator[str]:
+    """The pool's captured traffic of the window ending now (or at ``end_s``), as trace lines; the download
+    is audited (who took which window, how many requests), since the hashed users are a pool's traffic too."""
+    window = traffic.read_window(pool=pool.name, window_s=window_s, end_s=end_s)
     with transaction.atomic():
         audit_record(actor=actor, action=AuditEntry.Action.TRAFFIC_DOWNLOAD, object_type="traffic",
                      object_id=f"{pool.name}:{traffic.window_label(window_s)}", pool=pool.name,
@@ -340,7 +340,8 @@ def _simulate(preview: Preview) -> dict:
 
 def _keep(preview: Preview, paths: dict[str, Path], records: list, command: list[str]) -> None:
     """What this preview replayed, kept in ``RELAYGR_PREVIEW_KEEP_DIR/preview-<id>/``: the simulator's
-    inputs and output under their own names, ``capture.jsonl`` (the captured records in the trace's
+    inputs and output under their own names, the cost profile it started from (``profile.json``),
+    ``capture.jsonl`` (the captured records in the trace's
     order, with each request's outcome and latency as the instance measured them: line i is query i)
     and ``command.json``. A folder that cannot be written is logged, never a failed preview."""
     folder = Path(settings.RELAYGR_PREVIEW_KEEP_DIR) / f"preview-{preview.pk}"
@@ -348,6 +349,9 @@ def _keep(preview: Preview, paths: dict[str, Path], records: list, command: list
         folder.mkdir(parents=True, exist_ok=True)
         for path in paths.values():
             shutil.copyfile(path, folder / path.name)
+        profile = Path(str((json.loads(paths["out"].read_text(encoding="utf-8")).get("profile") or {}).get("path")))
+        if profile.is_file():  # the cost profile the simulator started from (a stack's lives in its data dir)
+            shutil.copyfile(profile, folder / "profile.json")
         with (folder / "capture.jsonl").open("w", encoding="utf-8") as out:
             for _, record in trace_order(records):
                 out.write(json.dumps(record.to_fields(), separators=(",", ":")) + "\n")

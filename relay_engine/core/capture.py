@@ -149,5 +149,5 @@ def to_trace(records: Iterable[CaptureRecord]) -> list[TraceQuery]:
         return []
     start = signals[0][0]
     return [TraceQuery(t_ms=round(t - start, 3), user_id=r.user, seq_len=r.prefix_len, short_len=r.short_len,
-                       n_candidates=r.candidates, rank_delay_ms=round(r.ts_ms - t, 3))
+                       n_candidates=r.candidates, rank_delay_ms=round(r.ts_ms - t, 3), instance=r.instance)
             for t, r in signals]

@@ -2,7 +2,9 @@
 
 A trace line is one query: ``t_ms`` (arrival of the pre-infer signal, ms from trace start),
 ``user_id``, ``seq_len`` (long-term prefix tokens), ``short_len``, ``n_candidates`` and
-``rank_delay_ms`` (pre-infer signal → ranking request). Unknown fields are ignored; a malformed
+``rank_delay_ms`` (pre-infer signal → ranking request); optionally ``instance``, the instance that
+served it (a trace exported from captured traffic has it: a preview sends each request where the
+pool's router sent it). Unknown fields are ignored; a malformed
 line is an error naming its line number. A trace carries no token ids: ``features.SyntheticFeatures``
 derives them. The traffic replayer, the benchmark and the simulator all read traces through here;
 generating one is the lab's (``relay_engine.lab.traffic``).
@@ -36,9 +38,13 @@ class TraceQuery:
     short_len: int
     n_candidates: int
     rank_delay_ms: float
+    instance: str = ""  # the instance that served it, where the trace was captured ("" unknown)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        data = asdict(self)
+        if not self.instance:
+            del data["instance"]
+        return json.dumps(data, separators=(",", ":"))
 
 
 def _field_number(data: dict, key: str, *, integer: bool, lo: float, hi: float) -> float | int:
@@ -65,6 +71,10 @@ def parse_query(line: str) -> TraceQuery:
         raise ValueError(f"field 'user_id' must be a non-empty string, got {user!r}")
     if len(str(user)) > 256:
         raise ValueError("field 'user_id' is longer than 256 characters")
+    instance = data.get("instance", "")
+    if not isinstance(instance, str) or len(instance) > 256 or not instance.isprintable():
+        raise ValueError(f"field 'instance' must be an instance name (at most 256 printable characters), "
+                         f"got {str(instance)[:40]!r}")
     return TraceQuery(
         t_ms=float(_field_number(data, "t_ms", integer=False, lo=0, hi=1e12)),
         user_id=str(user),
@@ -72,6 +82,7 @@ def parse_query(line: str) -> TraceQuery:
         short_len=int(_field_number(data, "short_len", integer=True, lo=0, hi=MAX_TRACE_SEQ_LEN)),
         n_candidates=int(_field_number(data, "n_candidates", integer=True, lo=1, hi=MAX_CANDIDATES)),
         rank_delay_ms=float(_field_number(data, "rank_delay_ms", integer=False, lo=0, hi=3.6e6)),
+        instance=instance,
     )
 
 

@@ -70,6 +70,20 @@ def test_traffic_summary_of_the_window(operator, viewer, pool, redis_client):
     assert body["hit_ratio"] == pytest.approx(400 / 600, abs=1e-3)  # hbm and dram are hits, miss is not
 
 
+def test_a_past_window_is_summarised_by_its_end_and_an_end_outside_the_capture_is_a_400(viewer, pool, redis_client):
+    now = time.time()
+    write_capture(redis_client, pool.name, n=600, qps=1, end_s=now - 1)  # one a second for the last 10 min
+    body = viewer.get(f"/api/v1/pools/{pool.name}/traffic/?window=1m&end={now - 300}").json()
+    assert body["to"] == pytest.approx(now - 300) and body["to"] - body["from"] == 60
+    assert 59 <= body["requests"] <= 61
+    curves = viewer.get(f"/api/v1/pools/{pool.name}/cache-curves/?window=1m&end={now - 300}")
+    assert curves.status_code == 200 and curves.json()["to"] == pytest.approx(now - 300)
+    for end in (now - 7200, now + 3600, "noon"):
+        response = viewer.get(f"/api/v1/pools/{pool.name}/traffic/?window=1m&end={end}")
+        assert response.status_code == 400 and "end" in response.json()["errors"], response.content
+        assert response.json()["detail"].startswith("end: ")
+
+
 def test_a_pool_without_traffic_summarises_to_zero(viewer, pool, redis_on):
     body = viewer.get(f"/api/v1/pools/{pool.name}/traffic/").json()
     assert body["requests"] == 0 and body["repeat_user_share"] is None and body["window"] == "15m"
@@ -203,7 +217,7 @@ def test_a_kept_preview_replays_request_by_request_against_its_capture(operator,
     assert preview.status == "done", preview.error
     folder = tmp_path / "kept" / f"preview-{preview.pk}"
     assert {p.name for p in folder.iterdir()} == {"trace.jsonl", "capture.jsonl", "live.json", "proposed.json",
-                                                  "forwards.json", "out.json", "command.json"}
+                                                  "forwards.json", "out.json", "command.json", "profile.json"}
     trace = read_trace(folder / "trace.jsonl")
     captured = [CaptureRecord.from_fields(json.loads(line)) for line in (folder / "capture.jsonl").open()]
     assert len(trace) == len(captured) == preview.result["warmup_requests"] + preview.result["requests"]

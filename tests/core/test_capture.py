@@ -10,6 +10,7 @@ from relay_engine.core.capture import (
     CaptureRecord,
     capture_key,
     to_trace,
+    trace_order,
     user_hash,
 )
 from relay_engine.core.telemetry import MissReason
@@ -78,3 +79,11 @@ def test_the_trace_starts_at_the_first_pre_infer_signal_and_keeps_the_gaps():
 def test_requests_no_trace_can_hold_are_left_out_and_a_window_without_gaps_assumes_the_default():
     queries = to_trace([record(0.0, gap_ms=None), record(5.0, prefix_len=0, outcome="invalid_input")])
     assert len(queries) == 1 and queries[0].rank_delay_ms == DEFAULT_GAP_MS
+
+
+def test_the_trace_names_the_instance_that_served_each_request_in_the_records_order():
+    records = [record(10_100.0, "a", 50.0, instance="main.1"), record(10_000.0, "b", 20.0, instance="main.0"),
+               record(10_200.0, "a", None)]
+    queries = to_trace(records)
+    assert [q.instance for q in queries] == ["main.0", "main.1", ""]
+    assert [r for _, r in trace_order(records)] == [records[1], records[0], records[2]]  # query i is record i

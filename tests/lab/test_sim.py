@@ -23,6 +23,7 @@ from relay_engine.lab.sim.preview import (
     PROFILES_DIR,
     model_error_of,
     preview,
+    preview_routing,
     profile_for,
     recent_share,
     replay_trace,
@@ -66,9 +67,10 @@ def test_the_replay_says_where_each_requests_time_went():
     (report,) = replay_trace(queries, spec, constant_cost(full_ms=10.0), cap=64, warmup_share=0.0)
     detail = sorted(report.detail)
     assert [q for q, *_ in detail] == list(range(20))
-    assert np.allclose([queued for _, queued, _, _ in detail], [5.0 * i for i in range(20)])
-    assert np.allclose([work for _, _, work, _ in detail], 10.0)
-    assert np.allclose([on_compute for *_, on_compute in detail], 10.0)
+    assert np.allclose([queued for _, queued, *_ in detail], [5.0 * i for i in range(20)])
+    assert np.allclose([work for _, _, work, *_ in detail], 10.0)
+    assert np.allclose([on_compute for *_, on_compute, _ in detail], 10.0)
+    assert {reason for *_, reason in detail} == {""}  # the baseline's full ranks are not misses
 
 
 def test_shared_compute_splits_by_weight_and_gives_all_to_a_job_alone():
@@ -236,6 +238,31 @@ def test_paired_windows_replay_the_same_ranking_requests_in_every_mode():
         assert sum(1 for _, _, m in plain[0] if m) == window.measured
         routes = [v for k, v in ranks.items() if k.endswith("/routes")]
         assert len(routes) >= 2 and all(r == routes[0] for r in routes)
+
+
+def test_a_preview_sends_each_captured_request_where_the_pools_router_sent_it():
+    # One hot user whose load trips the bounded-load fallback of the benchmark's router: the product's
+    # client never uses it, so a captured trace goes where it went, and a plain one by pure rendezvous.
+    queries = [TraceQuery(i * 20.0, "hot" if i % 2 else f"u{i}", 64, 4, 8, 5.0, instance=f"main.{i % 2}")
+               for i in range(400)]
+    spec = replace(_relay_spec(), instances=2)
+    cost = constant_cost(2.0, 1.0, 3.0)
+
+    def served_by(routing, trace):
+        reports = replay_trace(trace, replace(spec, routing=routing), cost, cap=64)
+        return [{q for q, *_ in r.ranks} for r in reports]
+
+    captured = served_by("captured", queries)
+    assert captured == [{i for i in range(400) if i % 2 == 0}, {i for i in range(400) if i % 2}]
+    plain = [replace(q, instance="") for q in queries]
+    hot = {i for i in range(400) if i % 2}
+    rendezvous = served_by("rendezvous", plain)
+    assert any(hot <= served for served in rendezvous)  # the hot user on one instance, always
+    assert not any(hot <= served for served in served_by("bounded", plain))  # the fallback moved some
+    assert preview_routing(queries, 2)[0] == "captured"
+    assert preview_routing(queries, 3) == ("rendezvous", "by rendezvous hashing of the users, as the pool's router "
+                                           "does (the capture names 2 instances, the preview simulates 3)")
+    assert preview_routing(plain, 2)[0] == "rendezvous"
 
 
 def test_the_preview_gives_every_figure_of_a_policy_on_a_window():

@@ -16,7 +16,7 @@ from tests.lab.test_livefit import true_model
 def captured(n: int = 300, seed: int = 0) -> list[CaptureRecord]:
     """Records as two instances would write them: arrival order differs from signal order (gaps vary)."""
     rng = random.Random(seed)
-    out = []
+    out = []  # as read back from the stream (times kept to the µs)
     for i in range(n):
         user = f"u{rng.randrange(20)}"
         outcome = rng.choice(["hbm", "miss", "miss", "inflight", "deadline_exceeded"])
@@ -25,7 +25,7 @@ def captured(n: int = 300, seed: int = 0) -> list[CaptureRecord]:
                                  gap_ms=rng.uniform(20, 200), outcome=outcome,
                                  latency_ms=0.0 if outcome == "deadline_exceeded" else rng.uniform(5, 90),
                                  instance=f"main.{int(user[1:]) % 2}"))
-    return out
+    return [CaptureRecord.from_fields(r.to_fields()) for r in out]
 
 
 def keep(tmp_path, records: list[CaptureRecord], base_path, *, warmup: int = 50, max_requests: int = 200):

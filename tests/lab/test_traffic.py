@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relay_engine.core.features import SyntheticFeatures
-from relay_engine.core.trace import TraceError, read_trace, write_trace
+from relay_engine.core.trace import TraceError, TraceQuery, read_trace, write_trace
 from relay_engine.lab.traffic import TraceSpec, generate_trace
 from tests.models import SMALL
 
@@ -37,6 +37,8 @@ def test_generation_is_reproducible_and_has_the_documented_shape(tmp_path):
      "seq_len"),
     ('{"t_ms": "x", "user_id": "u", "seq_len": 3, "short_len": 1, "n_candidates": 1, "rank_delay_ms": 1}', "t_ms"),
     ('[1, 2]', "JSON object"),
+    ('{"t_ms": 0, "user_id": "u", "seq_len": 3, "short_len": 1, "n_candidates": 1, "rank_delay_ms": 1, '
+     '"instance": 7}', "instance"),
 ])
 def test_a_malformed_line_is_named_by_its_number(tmp_path, line, fragment):
     good = '{"t_ms": 0, "user_id": "u", "seq_len": 10, "short_len": 1, "n_candidates": 1, "rank_delay_ms": 5}'
@@ -53,6 +55,15 @@ def test_unknown_fields_are_ignored(tmp_path):
                     '"rank_delay_ms": 5, "region": "eu"}\n')
     (q,) = read_trace(path)
     assert q.user_id == "7" and q.n_candidates == 2
+
+
+def test_the_serving_instance_round_trips_and_a_trace_without_it_reads_as_unknown(tmp_path):
+    path = tmp_path / "t.jsonl"
+    served = TraceQuery(1.0, "u", 10, 1, 2, 5.0, instance="main.1")
+    plain = TraceQuery(2.0, "v", 10, 1, 2, 5.0)
+    write_trace(path, [served, plain])
+    assert '"instance"' not in path.read_text().splitlines()[1]  # traces without it are written as before
+    assert read_trace(path) == [served, plain] and read_trace(path)[1].instance == ""
 
 
 def test_features_are_deterministic_per_user_and_length():

@@ -14,6 +14,12 @@ class TrafficQuerySerializer(serializers.Serializer):
                                    help_text="A duration from 1m to 1h (e.g. 15m, 90s, 1h), ending now.")
 
 
+class TrafficSummaryQuerySerializer(TrafficQuerySerializer):
+    end = serializers.FloatField(required=False, help_text="Where the window ends, unix seconds (default now): "
+                                 "within the capture's last hour, e.g. a preview's `window_to` to measure what "
+                                 "the pool did on the very requests it replayed.")
+
+
 def preview_url(pool: str, preview_id: int) -> str:
     return f"/api/v1/pools/{pool}/previews/{preview_id}/"
 
@@ -59,6 +65,8 @@ class PreviewScoreSerializer(WindowLabelMixin, serializers.ModelSerializer):
 class CurveQuerySerializer(serializers.Serializer):
     window = serializers.CharField(required=False, default=DEFAULT_WINDOW, max_length=16,
                                    help_text="The captured window, ending now: a duration from 1m to 1h (e.g. 15m, 1h).")
+    end = serializers.FloatField(required=False, help_text="Where the window ends, unix seconds (default now): "
+                                 "within the capture's last hour, e.g. a preview's `window_to`.")
 
 
 class CurvePointSerializer(serializers.Serializer):

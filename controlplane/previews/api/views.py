@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -24,6 +25,7 @@ from .serializers import (
     PreviewScoreSerializer,
     PreviewSerializer,
     TrafficQuerySerializer,
+    TrafficSummaryQuerySerializer,
 )
 
 
@@ -38,6 +40,24 @@ class JsonLinesRenderer(BaseRenderer):
         return (json.dumps(data) + "\n").encode()
 
 
+def _window_end(data: dict) -> float | None:
+    """``end`` (unix s), the end of a window of the capture's last hour (a minute ahead allowed for
+    clocks); None when not given: now."""
+    query = TrafficSummaryQuerySerializer(data=data)
+    if query.is_valid():
+        end = query.validated_data.get("end")
+        if end is None:
+            return None
+        now = time.time()
+        if now - traffic.MAX_WINDOW_S <= end <= now + 60:
+            return end
+        message = (f"must be a time of the capture's last hour (unix seconds from {now - traffic.MAX_WINDOW_S:.0f} "
+                   f"to {now:.0f}), got {end:g}")
+    else:
+        message = " ".join(str(m) for m in query.errors.get("end", ["is invalid"]))
+    raise InvalidInput(f"end: {message}", {"end": [message]})
+
+
 def _window(data: dict) -> int:
     query = TrafficQuerySerializer(data=data)
     if not query.is_valid():
@@ -50,12 +70,13 @@ class PoolTrafficView(APIView):
     renderer_classes = [JSONRenderer, BrowsableAPIRenderer, JsonLinesRenderer]
 
     @extend_schema(
-        parameters=[POOL_PARAM, TrafficQuerySerializer,
+        parameters=[POOL_PARAM, TrafficSummaryQuerySerializer,
                     OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "jsonl"],
                                      description="`jsonl`: the captured window in the trace format (a download)")],
         responses={200: OpenApiTypes.OBJECT, (200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.STR),
                    **error_responses(400, 401, 403, 404, 503)},
-        description="The shape of the pool's captured ranking traffic over the window ending now: `requests`, "
+        description="The shape of the pool's captured ranking traffic over the window ending now (or at `end`): "
+        "`requests`, "
         "`rate_qps`, prefix-length percentiles, short-length and candidates medians, `repeat_user_share` "
         "(requests of users seen more than once in the window), `outcomes`; what the instances measured: "
         "`latency_ms` p50/p99, `within_slo_share` (against the live revision's SLO, failures outside it), "
@@ -69,13 +90,14 @@ class PoolTrafficView(APIView):
     def get(self, request, pool):
         pool_obj = policy_selectors.pool_get(name=pool)
         window_s = _window(request.query_params)
+        end_s = _window_end(request.query_params)
         if request.accepted_renderer.format == "jsonl":
-            lines = services.traffic_download(pool=pool_obj, window_s=window_s, actor=actor_name(request))
+            lines = services.traffic_download(pool=pool_obj, window_s=window_s, actor=actor_name(request), end_s=end_s)
             response = StreamingHttpResponse(lines, content_type="application/x-ndjson")
             response["Content-Disposition"] = (f'attachment; filename="{pool_obj.name}-traffic-'
                                                f'{traffic.window_label(window_s)}.jsonl"')
             return response
-        window = traffic.read_window(pool=pool_obj.name, window_s=window_s)
+        window = traffic.read_window(pool=pool_obj.name, window_s=window_s, end_s=end_s)
         return Response(traffic.summary(window, window_s, traffic.capture_extent(pool=pool_obj.name),
                                         slo_ms=pool_obj.slo.p99_ms, off=traffic.capture_off(pool=pool_obj)))
 
@@ -143,7 +165,8 @@ class PoolCacheCurvesView(APIView):
     @extend_schema(
         parameters=[POOL_PARAM, CurveQuerySerializer],
         responses={200: CacheCurvesSerializer, **error_responses(400, 401, 403, 404, 409, 503)},
-        description="Miss-ratio curves from the pool's captured traffic of the window (default 15m, ending now): "
+        description="Miss-ratio curves from the pool's captured traffic of the window (default 15m, ending now or "
+        "at `end`): "
         "the hit ratio the pool would have had, and its split by tier, as a function of the HBM budget per "
         "instance (`axes.hbm`), of each lower tier's budget under the live HBM (`axes.dram`, …) and of HBM's "
         "entry TTL (`axes.entry_ttl`), the other values live; requests grouped by the instance that served them. "
@@ -156,4 +179,6 @@ class PoolCacheCurvesView(APIView):
     def get(self, request, pool):
         pool_obj = policy_selectors.pool_get(name=pool)
         window_s = _window(request.query_params)
-        return Response(CacheCurvesSerializer(cache_curves.pool_cache_curves(pool=pool_obj, window_s=window_s)).data)
+        end_s = _window_end(request.query_params)
+        return Response(CacheCurvesSerializer(cache_curves.pool_cache_curves(pool=pool_obj, window_s=window_s,
+                                                                             now_s=end_s)).data)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from relay_engine.core.router import AffinityRouter
@@ -41,6 +41,7 @@ class Event:
     short_len: int
     n_candidates: int
     measured: bool
+    instance: str = ""  # where the trace says it was served ("" unknown)
 
     @property
     def prefix_len(self) -> int:
@@ -80,14 +81,25 @@ def paired_windows(n_queries: int, windows: int, warmup: int, measured: int, pri
 
 
 def primed_routes(queries: Sequence[TraceQuery], window: Window, names: Sequence[str], affinity: bool,
-                  rng: random.Random) -> dict[str, list[int]]:
+                  rng: random.Random, captured: Mapping[str, str] | None = None) -> dict[str, list[int]]:
     """The primed queries' indices by the instance their router picks (affinity: the rendezvous choice,
-    which is where the fleet's traffic settles; random: any)."""
+    which is where the fleet's traffic settles; random: any); ``captured``: see ``route``."""
     router = AffinityRouter(names)
     out: dict[str, list[int]] = {n: [] for n in names}
     for i in range(window.prime_start, window.start):
-        out[router.route(queries[i].user_id) if affinity else rng.choice(names)].append(i)
+        q = queries[i]
+        name = (captured or {}).get(q.instance) or (router.route(q.user_id) if affinity else rng.choice(names))
+        out[name].append(i)
     return out
+
+
+def captured_names(queries: Sequence[TraceQuery], names: Sequence[str]) -> dict[str, str] | None:
+    """Each instance the trace names → one of ``names``, when the trace names as many instances as there
+    are (the pool the traffic was captured on, simulated as it is); None otherwise."""
+    seen = sorted({q.instance for q in queries if q.instance})
+    if not seen or len(seen) != len(names):
+        return None
+    return dict(zip(seen, names, strict=True))
 
 
 def window_rng(seed: int, window: Window) -> random.Random:
@@ -111,7 +123,7 @@ def schedule(queries: Sequence[TraceQuery], window: Window, *, cap: int, qps: fl
         q = queries[i]
         at_s = (q.t_ms - t0) * arrival_scale
         common = dict(query=i, user_id=q.user_id, seq_len=q.seq_len, cap=cap, short_len=q.short_len,
-                      n_candidates=q.n_candidates, measured=i >= window.first_measured)
+                      n_candidates=q.n_candidates, measured=i >= window.first_measured, instance=q.instance)
         if with_preinfer:
             events.append(Event(at_s=at_s, kind="preinfer", **common))
         events.append(Event(at_s=at_s + q.rank_delay_ms * time_scale / 1000, kind="rank", **common))
@@ -120,13 +132,18 @@ def schedule(queries: Sequence[TraceQuery], window: Window, *, cap: int, qps: fl
 
 
 def route(events: Sequence[Event], names: Sequence[str], affinity: bool, rng: random.Random,
-          time_scale: float = 1.0) -> dict[str, list[Event]]:
-    """Affinity: the rendezvous router with its bounded-load fallback, loads being the ranking requests
+          time_scale: float = 1.0, *, bounded: bool = True,
+          captured: Mapping[str, str] | None = None) -> dict[str, list[Event]]:
+    """Affinity: the rendezvous router with its bounded-load fallback (``bounded``; off, the pure
+    rendezvous choice, as the product's ``RelayClient`` routes), loads being the ranking requests
     routed to each instance in the last LOAD_WINDOW_S × K. The pre-infer signal is routed when it is
     sent and its ranking request follows it to the same instance (the cache is produced where it will
     be consumed, whatever the loads did meanwhile); a ranking request without a signal is routed when
-    it arrives. Random: the signal and the ranking request each to any instance, independently."""
+    it arrives. Random: the signal and the ranking request each to any instance, independently.
+    ``captured`` (the trace's instance names → ``names``): an event whose query names an instance of
+    it goes there, as the pool's router sent it; the others are routed as above."""
     router = AffinityRouter(names)
+    captured = captured or {}
     out: dict[str, list[Event]] = {n: [] for n in names}
     recent: deque[tuple[float, str]] = deque()
     loads: Counter[str] = Counter()
@@ -135,12 +152,14 @@ def route(events: Sequence[Event], names: Sequence[str], affinity: bool, rng: ra
     for ev in events:
         while recent and recent[0][0] < ev.at_s - window_s:
             loads[recent.popleft()[1]] -= 1
-        if not affinity:
+        if ev.instance in captured:
+            name = captured[ev.instance]
+        elif not affinity:
             name = rng.choice(names)
         elif ev.kind == "preinfer":
-            name = signalled[ev.query] = router.route(ev.user_id, loads)
+            name = signalled[ev.query] = router.route(ev.user_id, loads if bounded else None)
         else:
-            name = signalled.pop(ev.query, None) or router.route(ev.user_id, loads)
+            name = signalled.pop(ev.query, None) or router.route(ev.user_id, loads if bounded else None)
         if ev.kind == "rank":
             recent.append((ev.at_s, name))
             loads[name] += 1
@@ -155,8 +174,9 @@ class InstanceReport:
     ranks: list[tuple[int, float, str, bool]] = field(default_factory=list)  # (query, ms, outcome, measured)
     preinfers: list[tuple[int, bool, str | None, bool]] = field(default_factory=list)  # (query, admitted, reason, measured)
     # Where a simulated ranking request's time went (the simulator fills it): (query, ms queued before a
-    # rank thread took it, ms of its forwards alone, ms its forwards took on the shared compute).
-    detail: list[tuple[int, float, float, float]] = field(default_factory=list)
+    # rank thread took it, ms of its forwards alone, ms its forwards took on the shared compute, a
+    # miss's reason or "").
+    detail: list[tuple[int, float, float, float, str]] = field(default_factory=list)
     # Each cache tier's peak and budget at the window's end, by tier name (every tier the engine ran).
     peak_bytes: dict[str, int] = field(default_factory=dict)
     budget_bytes: dict[str, int] = field(default_factory=dict)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from relay_engine.core.capture import to_trace
 from relay_engine.core.config import PolicyError, parse_policy
 from relay_engine.core.forward_times import ForwardTimesError
 from relay_engine.core.trace import TraceError, TraceQuery, read_trace
@@ -255,15 +256,25 @@ def cmd_decompose(args: argparse.Namespace) -> int:
     # The files the preview ran on, under the names the control plane kept them by.
     local = {k: folder / Path(getattr(original, k)).name for k in ("trace", "live", "forward_times")
              if getattr(original, k)}
-    queries = read_trace(local["trace"])
     records = decompose.read_capture(folder / "capture.jsonl")
+    kept_trace = read_trace(local["trace"])
+    # The trace again from the records (the same queries in the same order; with each one's instance
+    # where the kept trace predates that field), checked against the kept one.
+    queries = to_trace(records)
+    if len(queries) != len(kept_trace) or any(
+            (a.user_id, a.seq_len) != (b.user_id, b.seq_len) or abs(a.rank_delay_ms - b.rank_delay_ms) > 0.01
+            for a, b in zip(queries, kept_trace, strict=False)):
+        raise decompose.KeptError(f"{local['trace']} and {folder / 'capture.jsonl'} are not the same requests "
+                                  f"in the same order")
     live = _spec_file(str(local["live"]), "live")
-    cost, profile_info = preview_cost(original.profile, original.device_kind, local.get("forward_times"))
+    kept_profile = folder / "profile.json"  # the profile the preview started from, where it was kept
+    profile = original.profile or (kept_profile if kept_profile.is_file() else None)
+    cost, profile_info = preview_cost(profile, original.device_kind, local.get("forward_times"))
     rows = decompose.replay_rows(queries, records, live, cost, instances=original.instances,
                                  rank_threads=original.rank_threads,
                                  host=(original.instances_per_host, original.host_cores),
                                  max_requests=original.max_requests, warmup_requests=original.warmup_requests,
-                                 seed=args.seed)
+                                 seed=args.seed, routing=args.routing)
     result = decompose.summarize(rows, live.trigger.ranking_p99_slo_ms, slowest=args.slowest)
     result["profile"] = profile_info["note"]
     print(f"Preview {folder.name} of pool {kept.get('pool')}, replayed with seed {args.seed}; cost model: "
@@ -366,5 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("folder", help="the preview's folder (…/preview-<id>)")
     dec.add_argument("--seed", type=int, default=0, help="the replay's seed (forward times drawn from it)")
     dec.add_argument("--slowest", type=int, default=15, help="requests listed from each side's tail")
+    dec.add_argument("--routing", choices=("captured", "rendezvous", "bounded"),
+                     help="route as given instead of as the preview does (what-if: how much routing explains)")
     dec.add_argument("--out", help="JSON file: the figures and every request's row")
     return parser

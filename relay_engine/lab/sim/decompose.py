@@ -30,7 +30,7 @@ from relay_engine.core.trace import TraceQuery
 from relay_engine.lab.bench.stats import RANKED, quantile
 from relay_engine.lab.costmodel import CostModel
 from relay_engine.lab.sim.fleet import instance_names
-from relay_engine.lab.sim.preview import preview_fleet, replay_plan, replay_trace
+from relay_engine.lab.sim.preview import preview_fleet, preview_routing, replay_plan, replay_trace
 
 LENGTH_BUCKETS = (0, 512, 1024, 2048, 4096)
 SIM_DEADLINE = "deadline"
@@ -55,6 +55,8 @@ class Row:
     queued_ms: float  # simulated: before a rank thread took it
     work_ms: float  # simulated: its forwards' own time (alone on a core)
     forward_ms: float  # simulated: the time its forwards took on the shared compute
+    real_reason: str = ""  # a miss's reason, as captured
+    sim_reason: str = ""  # a miss's reason, as simulated
 
     @property
     def real_served(self) -> bool:
@@ -86,25 +88,28 @@ def read_capture(path: Path) -> list[CaptureRecord]:
 
 def replay_rows(queries: Sequence[TraceQuery], records: Sequence[CaptureRecord], live: PolicySpec, cost: CostModel,
                 *, instances: int, rank_threads: int, host: tuple[int, float], max_requests: int,
-                warmup_requests: int, seed: int = 0) -> list[Row]:
-    """The live spec replayed as its preview replays it; a row per measured request."""
-    if len(queries) != len(records):
+                warmup_requests: int, seed: int = 0, routing: str | None = None) -> list[Row]:
+    """The live spec replayed as its preview replays it (``routing``: as a preview routes, unless given:
+    ``FleetSpec.routing``); a row per measured request."""
+    if len(queries) != len(records) or any((q.user_id, q.seq_len) != (r.user, r.prefix_len)
+                                           for q, r in zip(queries, records, strict=False)):
         raise KeptError(f"the trace holds {len(queries)} queries and the capture {len(records)} records: "
                         f"they must be the same requests in the same order")
     plan = replay_plan(queries, cost, max_requests=max_requests, warmup_requests=warmup_requests)
     offset = len(queries) - len(plan.replayed)
-    fleet = preview_fleet(live, instances, cost, slo_ms=live.trigger.ranking_p99_slo_ms,
-                          rank_threads=rank_threads, host=host)
+    fleet = preview_fleet(live, instances, cost, slo_ms=live.trigger.ranking_p99_slo_ms, rank_threads=rank_threads,
+                          host=host, routing=routing or preview_routing(plan.replayed, instances)[0])
     reports = replay_trace(plan.replayed, fleet, cost, cap=plan.cap, prime_share=plan.shares[0],
                            warmup_share=plan.shares[1], seed=seed)
     rows = []
     for name, report in zip(instance_names(instances), reports, strict=True):
-        for (query, ms, outcome, measured), (_, queued, work, forward) in zip(report.ranks, report.detail, strict=True):
+        for (query, ms, outcome, measured), (_, queued, work, forward, reason) in zip(report.ranks, report.detail,
+                                                                                      strict=True):
             if not measured:
                 continue
             record = records[offset + query]
             rows.append(Row(offset + query, record.prefix_len, record.outcome, record.latency_ms, record.instance,
-                            outcome, ms, name, queued, work, forward))
+                            outcome, ms, name, queued, work, forward, record.miss_reason, reason))
     return sorted(rows, key=lambda r: r.query)
 
 
@@ -127,7 +132,7 @@ def summarize(rows: Sequence[Row], slo_ms: float, slowest: int = 15) -> dict:
     sim = _figures(np.array([r.sim_ms for r in rows]), sim_served, slo_ms,
                    sum(r.sim_served and r.sim_outcome != "miss" for r in rows),
                    sum(r.sim_outcome == SIM_DEADLINE for r in rows), len(rows))
-    outcomes = Counter((r.real_outcome, r.sim_outcome) for r in rows)
+    outcomes = Counter((_labelled(r.real_outcome, r.real_reason), _labelled(r.sim_outcome, r.sim_reason)) for r in rows)
 
     def side_by_side(group: list[Row]) -> dict:
         a = np.array([r.real_ms for r in group if r.real_served])
@@ -167,6 +172,10 @@ def summarize(rows: Sequence[Row], slo_ms: float, slowest: int = 15) -> dict:
             "instances": instances,
             "slowest_real": [asdict(r) for r in sorted((r for r in rows if r.real_served), key=lambda r: -r.real_ms)[:slowest]],
             "slowest_sim": [asdict(r) for r in sorted((r for r in rows if r.sim_served), key=lambda r: -r.sim_ms)[:slowest]]}
+
+
+def _labelled(outcome: str, reason: str) -> str:
+    return f"{outcome} ({reason})" if reason else outcome
 
 
 def _per_instance(triples: list[tuple[str, float, bool]]) -> dict:
@@ -221,7 +230,8 @@ def table(report: dict) -> str:
                   "|---:|---:|---|---|---:|---:|---:|---:|"]
         for r in report[key]:
             row = Row(**r)
-            lines.append(f"| {row.query} | {row.prefix_len} | {row.real_outcome} {_ms(row.real_ms)} | "
-                         f"{row.sim_outcome} {_ms(row.sim_ms)} | {_ms(row.queued_ms)} | {_ms(row.work_ms)} | "
+            lines.append(f"| {row.query} | {row.prefix_len} | {_labelled(row.real_outcome, row.real_reason)} "
+                         f"{_ms(row.real_ms)} | {_labelled(row.sim_outcome, row.sim_reason)} {_ms(row.sim_ms)} | "
+                         f"{_ms(row.queued_ms)} | {_ms(row.work_ms)} | "
                          f"{_ms(row.shared_ms)} | {_ms(row.waited_ms)} |")
     return "\n".join(lines)

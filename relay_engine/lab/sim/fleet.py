@@ -28,6 +28,7 @@ from relay_engine.lab.bench.workload import (
     Event,
     InstanceReport,
     Window,
+    captured_names,
     primed_routes,
     route,
     schedule,
@@ -55,6 +56,11 @@ class FleetSpec:
     # core at most (1, 1.0: every instance on a compute of its own, one core or one device).
     instances_per_host: int = 1
     host_cores: float = 1.0
+    # How requests find instances: "bounded" (the rendezvous router with its bounded-load fallback, as
+    # the benchmark's fleet routes), "rendezvous" (the pure rendezvous choice, as the product's
+    # ``RelayClient`` routes) or "captured" (where the trace says each request was served, the rest by
+    # rendezvous: a preview replaying a pool's own traffic on its own members).
+    routing: str = "bounded"
 
     @classmethod
     def of_mode(cls, mode: Mode, regime: Regime, instances: int, rank_threads: int = 4,
@@ -129,15 +135,18 @@ class SimInstance:
                                   self.tokens.candidates(ev.n_candidates), deadline_s=arrival + self.deadline_s)
             started = self.sim.now
             spent = self.forwards.watch()
+            reason = ""
             try:
                 result = self.ranker.rank(request)
                 outcome = result if isinstance(result, str) else result.source
+                reason = "" if isinstance(result, str) else (result.miss_reason or "")
             except DeadlineExceeded:
                 outcome = "deadline"
             finally:
                 self.forwards.unwatch()
             self.report.ranks.append((ev.query, (self.sim.now - arrival) * 1000, outcome, ev.measured))
-            self.report.detail.append((ev.query, (started - arrival) * 1000, spent[0] * 1000, spent[1] * 1000))
+            self.report.detail.append((ev.query, (started - arrival) * 1000, spent[0] * 1000, spent[1] * 1000,
+                                       str(reason)))
         self._idle_threads += 1
 
     def finish(self) -> InstanceReport:
@@ -171,10 +180,12 @@ def replay_window(queries: Sequence[TraceQuery], window: Window, events: Sequenc
     names = instance_names(spec.instances)
     fleet = {n: SimInstance(sim, n, model, cost, spec, tokens, compute, forward_seed)
              for n, compute in zip(names, computes(sim, spec), strict=True)}
+    captured = captured_names(queries[window.prime_start:window.end], names) if spec.routing == "captured" else None
     if spec.policy is not None:
-        for name, indices in primed_routes(queries, window, names, spec.affinity, rng).items():
+        for name, indices in primed_routes(queries, window, names, spec.affinity, rng, captured).items():
             fleet[name].prime(queries, indices, cap)
-    for name, evs in route(events, names, spec.affinity, rng, spec.time_scale).items():
+    for name, evs in route(events, names, spec.affinity, rng, spec.time_scale, bounded=spec.routing == "bounded",
+                           captured=captured).items():
         handle = fleet[name].on_event
         for ev in evs:
             sim.at(ev.at_s, lambda ev=ev, handle=handle: handle(ev))

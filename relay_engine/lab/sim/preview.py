@@ -26,9 +26,16 @@ from relay_engine.core.lifetime import follow_parent
 from relay_engine.core.model import HSTUModel, ModelConfig
 from relay_engine.core.trace import TraceQuery
 from relay_engine.lab.bench.stats import PointResult, per_tier, point_result, quantile
-from relay_engine.lab.bench.workload import InstanceReport, Window, schedule, trace_qps, window_rng
+from relay_engine.lab.bench.workload import (
+    InstanceReport,
+    Window,
+    captured_names,
+    schedule,
+    trace_qps,
+    window_rng,
+)
 from relay_engine.lab.costmodel import CostModel
-from relay_engine.lab.sim.fleet import FleetSpec, Tokens, replay_window
+from relay_engine.lab.sim.fleet import FleetSpec, Tokens, instance_names, replay_window
 
 _MODELS: dict[ModelConfig, HSTUModel] = {}
 
@@ -142,12 +149,26 @@ def combined(replays: Sequence[PreviewFigures]) -> PreviewFigures:
         replicates=len(replays), p99_range_ms=(min(p99s), max(p99s)) if p99s else None)
 
 
+def preview_routing(queries: Sequence[TraceQuery], instances: int) -> tuple[str, str]:
+    """How a preview sends requests to instances (``FleetSpec.routing``), and why, in words: where the
+    capture says the pool's router sent each one, when the window names as many instances as the
+    preview simulates; else by the product's router (rendezvous hashing on the captured user ids,
+    which are salted hashes: consistent per user, not the pool's own assignment)."""
+    named = {q.instance for q in queries if q.instance}
+    if captured_names(queries, instance_names(instances)) is not None:
+        return "captured", f"each request to the instance that served it ({len(named)} named in the capture)"
+    why = ("the capture names no instance" if not named else
+           f"the capture names {len(named)} instances, the preview simulates {instances}")
+    return "rendezvous", f"by rendezvous hashing of the users, as the pool's router does ({why})"
+
+
 def preview_fleet(spec: PolicySpec | None, instances: int, cost: CostModel, *, slo_ms: float, rank_threads: int = 4,
-                  host: tuple[int, float] = (1, 1.0)) -> FleetSpec:
+                  host: tuple[int, float] = (1, 1.0), routing: str = "rendezvous") -> FleetSpec:
     """The simulated fleet a preview replays ``spec`` on (None: the relay off; deadlines at 2 × the SLO)."""
     return FleetSpec(spec, instances, deadline_ms=2 * slo_ms, rank_threads=rank_threads,
                      preinfer=spec is not None, instances_per_host=host[0], host_cores=host[1],
-                     device_type=cost.device if cost.device in ("cpu", "cuda", "npu") else "accelerator")
+                     device_type=cost.device if cost.device in ("cpu", "cuda", "npu") else "accelerator",
+                     routing=routing)
 
 
 def preview(queries: Sequence[TraceQuery], spec: PolicySpec | None, instances: int, cost: CostModel, *,
@@ -165,7 +186,8 @@ def preview(queries: Sequence[TraceQuery], spec: PolicySpec | None, instances: i
         raise ValueError("the relay off needs the SLO it is judged on (slo_ms)")
     if replicates < 1:
         raise ValueError(f"replicates must be ≥ 1, got {replicates}")
-    fleet = preview_fleet(spec, instances, cost, slo_ms=slo_ms, rank_threads=rank_threads, host=host)
+    fleet = preview_fleet(spec, instances, cost, slo_ms=slo_ms, rank_threads=rank_threads, host=host,
+                          routing=preview_routing(queries, instances)[0])
     window = whole_trace_window(len(queries), prime_share, warmup_share)
     span_s = max(1e-9, (queries[-1].t_ms - queries[window.first_measured].t_ms) / 1000)
     replays = []
@@ -330,6 +352,7 @@ def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: Polic
     else:
         live_figures, proposed_figures, relay_off = map(_figures, work)
     return {"live": live_figures, "proposed": proposed_figures, "relay_off": relay_off, "requests": measured,
+            "routing": preview_routing(replayed, instances)[1],
             "requests_captured": len(queries) - lead, "warmup_requests": warm, "sampling": note, "instances": instances,
             "rank_threads": rank_threads, "instances_per_host": host[0], "host_cores": host[1], "prefix_cap": cap, "prefixes_cut": cut,
             "replicates": replicates,
