@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -237,6 +237,21 @@ def _sim_command(paths: dict[str, Path], fleet: SimulatedFleet, warmup_requests:
     return command
 
 
+def _background() -> Callable[[], None]:
+    """The simulator's ``preexec_fn``: it dies with this worker, and runs at ``RELAYGR_PREVIEW_NICE`` (a
+    preview measured beside a pool on one host took both cores for its seconds, and the pool's prefills,
+    at their lane's lower priority, fell behind: the very traffic the next preview replays)."""
+    follow = die_with_parent()
+    nice = settings.RELAYGR_PREVIEW_NICE
+
+    def preexec() -> None:
+        if follow is not None:
+            follow()
+        os.nice(nice)
+
+    return preexec
+
+
 def _error_tail(stderr: str) -> str:
     """The simulator's own ``error: …`` line when it printed one, else the end of its output."""
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
@@ -316,7 +331,7 @@ def _simulate(preview: Preview) -> dict:
         paths["proposed"].write_text(json.dumps(proposed.spec), encoding="utf-8")
         try:
             done = subprocess.run(_sim_command(paths, fleet, warmup_requests), capture_output=True, text=True,
-                                  timeout=SIM_TIMEOUT_S, cwd=settings.BASE_DIR, preexec_fn=die_with_parent(),
+                                  timeout=SIM_TIMEOUT_S, cwd=settings.BASE_DIR, preexec_fn=_background(),
                                   env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                       filter(None, [str(settings.BASE_DIR), os.environ.get("PYTHONPATH")]))})
         except subprocess.TimeoutExpired:

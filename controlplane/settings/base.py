@@ -223,6 +223,9 @@ def _env_int(name: str, default: int, lo: int, hi: int) -> int:
 # the previews' worker): per pool, and per user over every pool. One more is a 429 naming the limit
 # and what is running; asking again for a preview already queued reuses it and counts nothing.
 RELAYGR_PREVIEW_MAX_PER_POOL = _env_int("RELAYGR_PREVIEW_MAX_PER_POOL", 4, 1, 1000)
+# The niceness previews' simulator runs at: background work, which must never take a core from the
+# ranking of instances on the same host (make run's demo puts them on one; so may a small deployment).
+RELAYGR_PREVIEW_NICE = _env_int("RELAYGR_PREVIEW_NICE", 19, 0, 19)
 RELAYGR_PREVIEW_MAX_PER_USER = _env_int("RELAYGR_PREVIEW_MAX_PER_USER", 2, 1, 1000)
 
 RELAYGR_WRITE_THROTTLE_RATE = os.environ.get("RELAYGR_WRITE_THROTTLE_RATE", "120/min")

@@ -84,6 +84,13 @@ class ForwardTimes:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:  # pickled (a benchmark instance's report crosses a pipe): the sums alone
+        return {"sums": self.copy().sums}
+
+    def __setstate__(self, state: dict) -> None:
+        self.sums = state["sums"]
+        self._lock = threading.Lock()
+
     def record(self, op: str, n: int, s: int, c: int, ms: float, wall_ms: float | None = None) -> None:
         wall_ms = ms if wall_ms is None else wall_ms
         if not (math.isfinite(ms) and math.isfinite(wall_ms)) or ms < 0 or wall_ms < 0:

@@ -188,6 +188,8 @@ def test_a_stricter_at_risk_seq_len_predicts_fewer_admissions(operator, pool, re
     assert "reference profile" in result["profile"]["note"]  # no worker reported a device
     assert result["instances"] == 2  # none live: the pool's expected count, said so
     assert "expected" in result["instances_note"]
+    assert result["sim_nice"] == 19  # background work: never a core taken from a pool's ranking on the host
+    assert result["routing"].startswith("by rendezvous hashing")  # the capture here names no instance
 
 
 def test_the_traffic_before_the_window_warms_the_caches_unmeasured(operator, pool, redis_client):

@@ -96,6 +96,18 @@ def test_validation_reports_the_simulators_error_at_every_point(trace, tmp_path)
     result = json.loads(out.read_text())
     assert len(result["points"]) >= 4
     for p in result["points"]:
-        assert p["real"]["n"] == p["sim"]["n"] > 0
-        assert isinstance(p["p99_error"], float)
+        assert p["real"]["n"] == p["sim"]["n"] == p["sim_profile"]["n"] > 0
+        assert isinstance(p["p99_error"], float) and isinstance(p["p99_error_profile"], float)
+        # The simulator replays with the real instances' own forwards at the point, fitted as a preview fits
+        # a pool's: every operation the point ran is the instances' own.
+        fit = p["in_service_fit"]
+        assert fit["rank_full"]["how"] != "profile" and fit["rank_full"]["forwards"] > 0
+        if p["mode"] != "baseline":
+            assert fit["rank"]["forwards"] > 0
+        for side in ("real", "sim"):  # where the time went, on both sides, all requests and the tail
+            parts = p[side]["time_parts_ms"]
+            assert set(parts) == {"all", "tail"} and parts["all"]["requests"] > 0
+            assert parts["all"]["work"] > 0 and parts["tail"]["latency"] >= parts["all"]["latency"]
     assert result["p99_target"] == 0.15 and "within_target" in result
+    assert isinstance(result["max_abs_p99_error_profile"], float)
+    assert "Where the time went" in proc.stdout

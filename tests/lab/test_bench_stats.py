@@ -10,9 +10,9 @@ from relay_engine.core.config import parse_policy
 from relay_engine.core.engine import RelayEngine
 from relay_engine.core.model import PrefixKV
 from relay_engine.core.outcomes import Outcome
-from relay_engine.lab.bench.stats import PointResult, bootstrap_quantiles, crossing, interval
+from relay_engine.lab.bench.stats import PointResult, bootstrap_quantiles, crossing, interval, time_parts
 from relay_engine.lab.bench.warmup import prime
-from relay_engine.lab.bench.workload import paired_windows
+from relay_engine.lab.bench.workload import InstanceReport, paired_windows
 from tests.models import SMALL, make_history
 
 
@@ -148,3 +148,23 @@ def test_the_compute_bound_divides_a_full_rank_by_a_cached_rank_plus_the_compute
     assert b["bound"] == pytest.approx(5.75 / (1.0 + 0.5 * 4.75), abs=1e-3)
     assert b["efficiency"] == pytest.approx(1.5 / b["bound"], abs=1e-3)
     assert compute_bound(Linear(), queries, windows, 1000, None, 1.5) is None
+
+
+def test_time_parts_say_where_the_ranked_requests_time_went_overall_and_in_the_tail():
+    # 100 requests: 97 take 10 ms (2 queued, 7 forwards, 1 the rest); 3 take 200 ms, 150 of them waiting.
+    report = InstanceReport()
+    for q in range(100):
+        ms, queued, work = (200.0, 0.0, 50.0) if q in (40, 41, 42) else (10.0, 2.0, 7.0)
+        report.ranks.append((q, ms, "hbm", True))
+        report.detail.append((q, queued, work, work, ""))
+    report.ranks.append((100, 500.0, "deadline", True))  # failed: not ranked, not in the parts
+    report.detail.append((100, 500.0, 0.0, 0.0, ""))
+    report.ranks.append((101, 1.0, "hbm", False))  # warm-up: not measured
+    report.detail.append((101, 0.0, 1.0, 1.0, ""))
+    parts = time_parts([report])
+    assert parts["all"]["requests"] == 100
+    assert parts["all"]["latency"] == pytest.approx((97 * 10 + 3 * 200) / 100)
+    assert parts["all"]["queued"] == pytest.approx(97 * 2 / 100)
+    assert parts["all"]["work"] == pytest.approx((97 * 7 + 3 * 50) / 100)
+    assert parts["tail"] == {"requests": 3, "latency": 200.0, "queued": 0.0, "work": 50.0, "rest": 150.0}
+    assert time_parts([InstanceReport()]) == {}

@@ -147,7 +147,9 @@ RelayGR.editor.preview = (() => {
         + ` (window ended ${fmt.age(age)} ago)`
         + (r.warmup_lead_s ? `, after the ${fmt.count(r.warmup_requests)} of the ${fmt.age(r.warmup_lead_s)} before it `
           + "(replayed to warm the caches as the instances' were, not measured)" : "")
-        + ` on ${r.instances} instances (${r.instances_note}); ${r.profile.note}.`
+        + ` on ${r.instances} instances (${r.instances_note})`
+        + (r.routing ? `, requests sent ${r.routing}` : "")
+        + `; ${r.profile.note}.`
         + (r.replicates > 1 ? ` Each figure is the median of ${r.replicates} replays, each drawing every forward's `
           + "time with the spread this pool's forwards measured: a P99 of a few minutes moves that much by chance." : "")
         + (r.sampling ? ` ${r.sampling}.` : "")),

@@ -25,6 +25,7 @@ import torch
 from relay_engine.core.config import PolicySpec
 from relay_engine.core.engine import DeadlineExceeded, PreInferRequest, RankRequest, RelayEngine
 from relay_engine.core.features import SyntheticFeatures
+from relay_engine.core.forward_times import ForwardTimes, TimedForwards, clock_for
 from relay_engine.core.lifetime import follow_parent
 from relay_engine.core.model import History, HSTUModel, PrefixKV
 from relay_engine.lab.bench.host import cores_for, pin
@@ -54,6 +55,7 @@ class Instance:
         self.model = model
         self.features = features
         self.rank_threads = settings.rank_threads
+        self.forward_times = ForwardTimes()
         self.ranker: RelayEngine | FullInference = FullInference(model)
         self._prefixes: dict[tuple[str, int, int], History] = {}
         self._requests: dict[int, tuple] = {}
@@ -78,7 +80,8 @@ class Instance:
         if isinstance(self.ranker, RelayEngine):
             self.ranker.close()
         if plan.policy is None:
-            self.ranker = FullInference(self.model)
+            self.forward_times = ForwardTimes()
+            self.ranker = FullInference(TimedForwards(self.model, self.forward_times, clock_for(self.model.device)[0]))
         else:
             # Deadlines are time.monotonic() instants, shared by the driver and every instance.
             self.ranker = RelayEngine(model=self.model, device=self.model.device, policy=plan.policy,
@@ -87,6 +90,7 @@ class Instance:
             # Priming demotes what HBM cannot hold; those copies and writes settle before the clock starts,
             # not inside the measured window.
             self.ranker.cache.flush(timeout_s=PRIME_SETTLE_S)
+            self.forward_times = self.ranker.forward_times  # the fresh engine's: this window's forwards
         for ev in plan.events:
             self.prefix(ev.user_id, ev.seq_len, ev.cap)
             if ev.kind == "rank" and ev.query not in self._requests:
@@ -119,6 +123,7 @@ class Instance:
         if engine is not None:
             engine.close()  # the lane drains here, not into the next window
             report.record_tiers(engine.stats())
+        report.forward_times = self.forward_times.copy()
         return report
 
     def _rank_loop(self, plan: WindowPlan, start_s: float, ranks: queue.SimpleQueue, report: InstanceReport) -> None:
@@ -127,12 +132,20 @@ class Instance:
             short_term, candidates = self._requests[ev.query]
             request = RankRequest(ev.user_id, self.prefix(ev.user_id, ev.seq_len, ev.cap), short_term, candidates,
                                   deadline_s=arrival + plan.deadline_ms / 1000)
+            taken, cpu = time.monotonic(), time.thread_time()
+            reason = ""
             try:
                 result = self.ranker.rank(request)
                 outcome = result if isinstance(result, str) else result.source
+                reason = "" if isinstance(result, str) else str(result.miss_reason or "")
             except DeadlineExceeded:
                 outcome = "deadline"
-            report.ranks.append((ev.query, (time.monotonic() - arrival) * 1000, outcome, ev.measured))
+            done = time.monotonic()
+            report.ranks.append((ev.query, (done - arrival) * 1000, outcome, ev.measured))
+            # As the simulator's (``InstanceReport.detail``): queued before this thread took it; the rank's
+            # own CPU time (its forwards alone, near enough); its whole time taken (CPU + waits + sharing).
+            report.detail.append((ev.query, max(0.0, taken - arrival) * 1000, (time.thread_time() - cpu) * 1000,
+                                  (done - taken) * 1000, reason))
 
 
 def _instance_main(conn, index: int, settings: BenchSettings, parent_pid: int) -> None:

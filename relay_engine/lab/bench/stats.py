@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from relay_engine.core.forward_times import ForwardTimes, merged
 from relay_engine.core.outcomes import TIERS, Outcome
 from relay_engine.lab.bench.workload import InstanceReport
 
@@ -73,6 +74,8 @@ class PointResult:
     # The ranked ones (not past their deadline): what a dashboard's P99 is of (``telemetry``: the engine
     # records the latency of a served request only; a missed deadline counts against the SLO share).
     served_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
+    time_parts: dict = field(default_factory=dict)  # ``time_parts``: where the time went
+    forward_times: ForwardTimes | None = None  # a real point's forwards, all its windows and instances
 
     @property
     def n(self) -> int:
@@ -130,6 +133,7 @@ class PointResult:
             **per_tier(self.peak_bytes, "peak_bytes"), **per_tier(self.budget_bytes, "budget_bytes"),
             "within_budget": all(peak <= self.budget_bytes.get(tier, 0) for tier, peak in self.peak_bytes.items()),
             "wall_s": round(self.wall_s, 2), "host": self.host, "redone": self.redone,
+            "time_parts_ms": {side: {k: round(v, 2) for k, v in parts.items()} for side, parts in self.time_parts.items()},
         }
 
 
@@ -137,6 +141,27 @@ def per_tier(values: dict[str, int], figure: str) -> dict[str, int]:
     """A per-tier figure in the plain form of results, ``<tier>_<figure>`` (``hbm_peak_bytes``): one for
     every tier the core can run (0 where none ran, as with the relay off), then any other tier named."""
     return {f"{tier}_{figure}": values.get(tier, 0) for tier in dict.fromkeys([*TIERS, *values])}
+
+
+def time_parts(reports: Sequence[InstanceReport]) -> dict[str, dict[str, float]]:
+    """Where the measured ranked requests' time went, as means in ms: ``queued`` before a rank thread took
+    them, ``work`` (their forwards alone: simulated, or a real rank's CPU time) and ``rest`` (the
+    remainder: sharing the compute, waits on a computation in flight), over ``all`` of them and over the
+    ``tail`` (at or past their P99). Empty where no report has the detail."""
+    latency = {(id(r), q): ms for r in reports for q, ms, o, m in r.ranks if m and o in RANKED}
+    rows = [(latency[(id(r), q)], queued, work) for r in reports for q, queued, work, *_ in r.detail
+            if (id(r), q) in latency]
+    if not rows:
+        return {}
+    p99 = quantile(np.array([ms for ms, _, _ in rows]), SLO_QUANTILE)
+
+    def means(group: list[tuple[float, float, float]]) -> dict[str, float]:
+        n = len(group)
+        return {"requests": n, "latency": sum(g[0] for g in group) / n, "queued": sum(g[1] for g in group) / n,
+                "work": sum(g[2] for g in group) / n,
+                "rest": sum(max(0.0, g[0] - g[1] - g[2]) for g in group) / n}
+
+    return {"all": means(rows), "tail": means([g for g in rows if g[0] >= p99])}
 
 
 def point_result(mode: str, cap: int, qps: float, time_scale: float, slo_ms: float,
@@ -157,7 +182,8 @@ def point_result(mode: str, cap: int, qps: float, time_scale: float, slo_ms: flo
         mode, cap, qps, time_scale, slo_ms, latencies, dict(outcomes), len(pre), sum(1 for a, _ in pre if a),
         dict(Counter(reason for a, reason in pre if not a)), peak("peak_bytes"), peak("budget_bytes"), wall_s,
         instance_peak_bytes={tier: max(r.peak_bytes.get(tier, 0) for r in reports) for tier in tiers},
-        served_ms=served)
+        served_ms=served, time_parts=time_parts(reports),
+        forward_times=merged(r.forward_times for r in reports) if any(r.forward_times for r in reports) else None)
 
 
 # --- sweeps ------------------------------------------------------------------------------------

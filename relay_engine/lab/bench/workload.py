@@ -24,6 +24,7 @@ from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from relay_engine.core.forward_times import ForwardTimes
 from relay_engine.core.router import AffinityRouter
 from relay_engine.core.trace import TraceQuery
 
@@ -173,10 +174,14 @@ class InstanceReport:
 
     ranks: list[tuple[int, float, str, bool]] = field(default_factory=list)  # (query, ms, outcome, measured)
     preinfers: list[tuple[int, bool, str | None, bool]] = field(default_factory=list)  # (query, admitted, reason, measured)
-    # Where a simulated ranking request's time went (the simulator fills it): (query, ms queued before a
-    # rank thread took it, ms of its forwards alone, ms its forwards took on the shared compute, a
-    # miss's reason or "").
+    # Where a ranking request's time went: (query, ms queued before a rank thread took it, ms of its
+    # forwards alone — on a real instance the rank's thread CPU time —, ms its forwards took on the
+    # shared compute — on a real instance the rank's whole wall time, waits included —, a miss's reason
+    # or "").
     detail: list[tuple[int, float, float, float, str]] = field(default_factory=list)
+    # The real instance's forwards in the window, timed as a pool's instances time theirs (the simulator's
+    # cost model can be fitted from them, as a preview fits it from a pool's).
+    forward_times: ForwardTimes | None = None
     # Each cache tier's peak and budget at the window's end, by tier name (every tier the engine ran).
     peak_bytes: dict[str, int] = field(default_factory=dict)
     budget_bytes: dict[str, int] = field(default_factory=dict)

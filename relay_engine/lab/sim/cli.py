@@ -269,7 +269,8 @@ def cmd_decompose(args: argparse.Namespace) -> int:
     live = _spec_file(str(local["live"]), "live")
     kept_profile = folder / "profile.json"  # the profile the preview started from, where it was kept
     profile = original.profile or (kept_profile if kept_profile.is_file() else None)
-    cost, profile_info = preview_cost(profile, original.device_kind, local.get("forward_times"))
+    forwards = None if args.profile_alone else local.get("forward_times")
+    cost, profile_info = preview_cost(profile, original.device_kind, forwards)
     rows = decompose.replay_rows(queries, records, live, cost, instances=original.instances,
                                  rank_threads=original.rank_threads,
                                  host=(original.instances_per_host, original.host_cores),
@@ -379,5 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--slowest", type=int, default=15, help="requests listed from each side's tail")
     dec.add_argument("--routing", choices=("captured", "rendezvous", "bounded"),
                      help="route as given instead of as the preview does (what-if: how much routing explains)")
+    dec.add_argument("--profile-alone", action="store_true",
+                     help="replay with the cost profile alone, not the pool's own forward times (what-if)")
     dec.add_argument("--out", help="JSON file: the figures and every request's row")
     return parser

@@ -156,7 +156,7 @@ def preview_routing(queries: Sequence[TraceQuery], instances: int) -> tuple[str,
     which are salted hashes: consistent per user, not the pool's own assignment)."""
     named = {q.instance for q in queries if q.instance}
     if captured_names(queries, instance_names(instances)) is not None:
-        return "captured", f"each request to the instance that served it ({len(named)} named in the capture)"
+        return "captured", f"each to the instance that served it ({len(named)} named in the capture)"
     why = ("the capture names no instance" if not named else
            f"the capture names {len(named)} instances, the preview simulates {instances}")
     return "rendezvous", f"by rendezvous hashing of the users, as the pool's router does ({why})"
@@ -355,5 +355,5 @@ def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: Polic
             "routing": preview_routing(replayed, instances)[1],
             "requests_captured": len(queries) - lead, "warmup_requests": warm, "sampling": note, "instances": instances,
             "rank_threads": rank_threads, "instances_per_host": host[0], "host_cores": host[1], "prefix_cap": cap, "prefixes_cut": cut,
-            "replicates": replicates,
+            "replicates": replicates, "sim_nice": os.nice(0),
             "sim_wall_s": round(time.monotonic() - started, 2)}
