@@ -9,9 +9,9 @@ Records lost to a full queue or to an unreachable Redis are added to ``PoolKeys.
 (instance → count) once Redis answers again. Every capture key expires an hour (the age bound)
 after its last write, so a pool gone quiet leaves nothing behind.
 
-The retrieval→ranking gap: ``signal`` notes when a user's pre-infer signal reached this instance
-(the router sends a user's signal and ranking to one instance); ``record`` uses the latest such note
-of the user younger than ``MAX_GAP_S``.
+The retrieval→ranking gap: ``signal`` notes when a user's pre-infer signal was sent and how long it
+took to reach the trigger here (the router sends a user's signal and ranking to one instance);
+``record`` uses the latest such note of the user younger than ``MAX_GAP_S``.
 """
 
 from __future__ import annotations
@@ -68,25 +68,28 @@ class TrafficCapture:
     # --- the request path: constant time, never blocks ------------------------------------------
 
     def signal(self, user_id: str, sent_s: float | None = None) -> None:
-        """Note a pre-infer signal for ``user_id``: sent at ``sent_s`` (the client's clock), else now."""
-        now = self.clock() if sent_s is None else sent_s
+        """Note a pre-infer signal for ``user_id`` the trigger has just decided on: sent at ``sent_s`` (the
+        client's clock), else now."""
+        now = self.clock()
+        sent = now if sent_s is None else sent_s
         with self._lock:
-            self._signals[user_id] = now
+            self._signals[user_id] = (sent, max(0.0, now - sent))
             self._signals.move_to_end(user_id)
             if len(self._signals) > MAX_SIGNALS:
                 self._signals.popitem(last=False)
 
     def record(self, user_id: str, *, arrived_s: float, prefix_len: int, short_len: int, candidates: int,
-               outcome: str, latency_ms: float, miss_reason: str = "") -> bool:
+               outcome: str, latency_ms: float, miss_reason: str = "", cpu_ms: float | None = None) -> bool:
         """Queue one ranking request's shape; False (and counted) when the queue is full."""
         with self._lock:
             signalled = self._signals.pop(user_id, None)
-        gap_ms = None
-        if signalled is not None and 0 <= arrived_s - signalled <= MAX_GAP_S:
-            gap_ms = (arrived_s - signalled) * 1000
+        gap_ms = delay_ms = None
+        if signalled is not None and 0 <= arrived_s - signalled[0] <= MAX_GAP_S:
+            gap_ms = (arrived_s - signalled[0]) * 1000
+            delay_ms = min(gap_ms, signalled[1] * 1000)
         try:
             self._queue.put_nowait((arrived_s * 1000, user_id, prefix_len, short_len, candidates, gap_ms,
-                                    outcome, latency_ms, miss_reason))
+                                    outcome, latency_ms, miss_reason, cpu_ms, delay_ms))
         except queue.Full:
             with self._lock:
                 self.dropped += 1
@@ -133,10 +136,12 @@ class TrafficCapture:
 
     def _write(self, batch: list[tuple]) -> None:
         pipe = self.client.pipeline(transaction=False)
-        for ts_ms, user_id, prefix_len, short_len, candidates, gap_ms, outcome, latency_ms, miss_reason in batch:
+        for (ts_ms, user_id, prefix_len, short_len, candidates, gap_ms, outcome, latency_ms, miss_reason, cpu_ms,
+             delay_ms) in batch:
             record = CaptureRecord(ts_ms=ts_ms, user=user_hash(self._key, user_id), prefix_len=prefix_len,
                                    short_len=short_len, candidates=candidates, gap_ms=gap_ms, outcome=outcome,
-                                   latency_ms=latency_ms, miss_reason=miss_reason, instance=self.instance)
+                                   latency_ms=latency_ms, miss_reason=miss_reason, instance=self.instance,
+                                   cpu_ms=cpu_ms, signal_delay_ms=delay_ms)
             pipe.xadd(self.keys.traffic, record.to_fields(), maxlen=self.max_records, approximate=True)
         if batch:
             oldest_ms = int((self.clock() - CAPTURE_MAX_AGE_S) * 1000)

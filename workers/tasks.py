@@ -67,7 +67,7 @@ class InstanceRuntime:
         except PayloadError as exc:
             self.counts.count("rank_requests", "rank_errors")
             return error_result(INVALID_INPUT, str(exc), field=exc.field, errors=exc.errors, instance=self.name)
-        arrived_s = time.time()
+        arrived_s, cpu_s = time.time(), time.thread_time()
         try:
             result = self.engine.rank(request)
         except DeadlineExceeded as exc:
@@ -80,19 +80,20 @@ class InstanceRuntime:
             log.exception("rank for user %r failed", payload.user_id)
             self._capture(request, arrived_s, INTERNAL)
             return error_result(INTERNAL, f"{type(exc).__name__}: {exc}", instance=self.name)
-        self._capture(request, arrived_s, result.source, result.latency_ms, result.miss_reason or "")
+        self._capture(request, arrived_s, result.source, result.latency_ms, result.miss_reason or "",
+                      cpu_ms=(time.thread_time() - cpu_s) * 1000)
         return {"ok": True, "instance": self.name, "scores": result.scores, "source": result.source,
                 "prefix_len": result.prefix_len, "latency_ms": result.latency_ms}
 
     def _capture(self, request, arrived_s: float, outcome: str, latency_ms: float | None = None,
-                 miss_reason: str = "") -> None:
+                 miss_reason: str = "", cpu_ms: float | None = None) -> None:
         if self.capture is None:
             return
         if latency_ms is None:
             latency_ms = (time.time() - arrived_s) * 1000
         self.capture.record(request.user_id, arrived_s=arrived_s, prefix_len=len(request.prefix),
                             short_len=len(request.short_term), candidates=len(request.candidates),
-                            outcome=outcome, latency_ms=latency_ms, miss_reason=miss_reason)
+                            outcome=outcome, latency_ms=latency_ms, miss_reason=miss_reason, cpu_ms=cpu_ms)
 
     def pre_infer(self, data: Any, sent_s: float | None = None) -> dict[str, Any]:
         """One pre-infer signal (``sent_s``: when its sender sent it; the capture's gap starts there)."""

@@ -3,7 +3,9 @@
 An instance records, per ranking request, a ``CaptureRecord``: when it arrived (unix ms), a keyed
 hash of the user (never the raw id), prefix and short-term lengths, candidates, the retrieval→ranking
 gap when the instance saw that user's pre-infer signal, the outcome (the cache tier that served it,
-or the error kind), the latency and the instance that served it (absent in older records). Records go to one bounded stream per pool (``PoolKeys.traffic``:
+or the error kind), the latency and the instance that served it; and, where the instance measured
+them, the rank's own CPU time (its forwards, against the latency's waits) and how long the signal
+took from its sender to the trigger's decision (absent in older records). Records go to one bounded stream per pool (``PoolKeys.traffic``:
 ``XADD … MAXLEN ~ CAPTURE_MAX_RECORDS``, ``XTRIM MINID`` for ``CAPTURE_MAX_AGE_S``).
 
 The hash is an HMAC of the user id under the pool's capture key, itself an HMAC of the pool name
@@ -13,8 +15,10 @@ every instance of a pool derives the same key, so one user hashes alike everywhe
 visible; pools hash apart.
 
 ``to_trace`` turns records into the trace format (``trace.TraceQuery``): a query's ``t_ms`` is the
-pre-infer signal's time, i.e. ranking time − gap, from the first signal of the window; a request
-whose gap is unknown gets the window's median known gap (``DEFAULT_GAP_MS`` when none is known).
+pre-infer signal's time at the instance — when the trigger decided on it: ranking time − gap + the
+signal's delay where recorded (a prefill can start no earlier), else ranking time − gap —, from the
+first signal of the window; a request whose gap is unknown gets the window's median known gap
+(``DEFAULT_GAP_MS`` when none is known).
 Redis is untrusted input: ``CaptureRecord.from_fields`` checks every field and raises
 ``CaptureError`` naming it.
 """
@@ -72,13 +76,17 @@ class CaptureRecord:
     latency_ms: float
     miss_reason: str = ""  # a miss's ``MissReason``; "" for other outcomes and records older than it
     instance: str = ""  # the instance that served it (stream field ``i``); empty in records older than the field
+    cpu_ms: float | None = None  # the rank's own CPU time (field ``k``): the latency less its waits, on a CPU
+    signal_delay_ms: float | None = None  # its signal's sender → the trigger's decision (field ``d``)
 
     def to_fields(self) -> dict[str, str]:
         """Stream entry fields (short names: a stream of 100k entries stores them once per node)."""
         return {"t": f"{self.ts_ms:.3f}", "u": self.user, "p": str(self.prefix_len), "s": str(self.short_len),
                 "c": str(self.candidates), "g": "" if self.gap_ms is None else f"{self.gap_ms:.3f}",
                 "o": self.outcome, "l": f"{self.latency_ms:.3f}", **({"r": self.miss_reason} if self.miss_reason else {}),
-                **({"i": self.instance} if self.instance else {})}
+                **({"i": self.instance} if self.instance else {}),
+                **({"k": f"{self.cpu_ms:.3f}"} if self.cpu_ms is not None else {}),
+                **({"d": f"{self.signal_delay_ms:.3f}"} if self.signal_delay_ms is not None else {})}
 
     @classmethod
     def from_fields(cls, data: Mapping[str, str]) -> CaptureRecord:
@@ -118,6 +126,8 @@ class CaptureRecord:
             gap_ms=None if gap == "" else float(num("g", "gap_ms", 0, 3.6e6)),
             outcome=outcome, latency_ms=float(num("l", "latency_ms", 0, 3.6e6)), miss_reason=miss_reason,
             instance=instance,
+            cpu_ms=float(num("k", "cpu_ms", 0, 3.6e6)) if "k" in data else None,
+            signal_delay_ms=float(num("d", "signal_delay_ms", 0, 3.6e6)) if "d" in data else None,
         )
 
 
@@ -137,8 +147,8 @@ def trace_order(records: Iterable[CaptureRecord]) -> list[tuple[float, CaptureRe
     of ``to_trace``'s queries (its i-th query is the i-th record here)."""
     kept = [r for r in records if replayable(r)]
     fallback = window_gap_ms(kept) if kept else DEFAULT_GAP_MS
-    return sorted(((r.ts_ms - (fallback if r.gap_ms is None else r.gap_ms), r) for r in kept),
-                  key=lambda pair: pair[0])
+    return sorted(((r.ts_ms - (fallback if r.gap_ms is None else r.gap_ms - min(r.gap_ms, r.signal_delay_ms or 0.0)),
+                    r) for r in kept), key=lambda pair: pair[0])
 
 
 def to_trace(records: Iterable[CaptureRecord]) -> list[TraceQuery]:

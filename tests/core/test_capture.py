@@ -38,6 +38,17 @@ def test_a_miss_carries_its_reason_and_an_older_record_without_one_reads_as_none
     assert "r" not in older and CaptureRecord.from_fields(older).miss_reason == ""
 
 
+def test_the_ranks_cpu_time_and_the_signals_delay_survive_their_fields_and_older_records_have_none():
+    r = record(1.7e12, cpu_ms=4.25, signal_delay_ms=12.5)
+    assert (r.to_fields()["k"], r.to_fields()["d"]) == ("4.250", "12.500") and CaptureRecord.from_fields(r.to_fields()) == r
+    older = record(1.7e12).to_fields()
+    assert "k" not in older and "d" not in older
+    assert (CaptureRecord.from_fields(older).cpu_ms, CaptureRecord.from_fields(older).signal_delay_ms) == (None, None)
+    for name in ("k", "d"):
+        with pytest.raises(CaptureError, match="cpu_ms" if name == "k" else "signal_delay_ms"):
+            CaptureRecord.from_fields({**older, name: "-3"})
+
+
 def test_the_serving_instance_survives_its_stream_field_and_older_records_have_none():
     r = record(1.7e12, instance="pool-a:gpu0:1234")
     assert r.to_fields()["i"] == "pool-a:gpu0:1234" and CaptureRecord.from_fields(r.to_fields()) == r

@@ -45,7 +45,7 @@ def _capture(client, key_prefix, pool: str = "ranking-a", index: int = 0, secret
 def _record(capture: TrafficCapture, user: str, arrived_s: float | None = None, **shape) -> bool:
     return capture.record(user, arrived_s=time.time() if arrived_s is None else arrived_s,
                           prefix_len=shape.get("prefix_len", 700), short_len=4, candidates=16, outcome="hbm",
-                          latency_ms=3.5)
+                          latency_ms=3.5, cpu_ms=shape.get("cpu_ms"))
 
 
 def _records(client, capture: TrafficCapture) -> list[CaptureRecord]:
@@ -166,6 +166,21 @@ def test_the_gap_is_the_time_since_the_users_pre_infer_signal(client, key_prefix
     assert gaps[1] is None
 
 
+def test_a_signal_the_trigger_took_late_starts_its_trace_query_when_it_was_taken(client, key_prefix):
+    """Sent at 1000.000, decided on at 1000.030 (a reader behind): the gap is from the send, the delay is
+    recorded, and the replayed signal arrives when the instance could first have started its prefill."""
+    now = [1000.030]
+    capture = _capture(client, key_prefix, clock=lambda: now[0])
+    capture.signal("u1", sent_s=1000.0)
+    _record(capture, "u1", arrived_s=1000.045, cpu_ms=3.5)
+    capture.drain(wait_s=1.0)
+    (record,) = _records(client, capture)
+    assert record.gap_ms == pytest.approx(45.0, abs=0.01) and record.signal_delay_ms == pytest.approx(30.0, abs=0.01)
+    assert record.cpu_ms == pytest.approx(3.5)
+    (query,) = to_trace([record])
+    assert query.rank_delay_ms == pytest.approx(15.0, abs=0.01)
+
+
 def test_captured_records_replay_as_a_trace(client, key_prefix, tmp_path):
     capture = _capture(client, key_prefix)
     start = time.time() - 10
@@ -204,6 +219,9 @@ def test_a_fleet_captures_what_it_served_and_what_expired_in_its_queue(fleet):
     served = [r for r in records if r.outcome in ("hbm", "dram", "inflight", "miss")]
     assert served and all(r.prefix_len == 48 and r.short_len == 4 and r.candidates == 8 for r in served)
     assert any(r.gap_ms is not None and r.gap_ms >= 40 for r in served)
+    # Where the time went: the rank's own CPU time (at most its latency, less on a wait), the signal's delay.
+    assert all(r.cpu_ms is not None and 0 < r.cpu_ms <= r.latency_ms + 1.0 for r in served)
+    assert any(r.signal_delay_ms is not None and 0 <= r.signal_delay_ms <= r.gap_ms for r in served)
     raw = json.dumps([data for _, data in fleet.redis.xrange(fleet.keys.traffic)])
     assert "capture-user" not in raw and "expired-user" not in raw
 

@@ -57,6 +57,8 @@ class Row:
     forward_ms: float  # simulated: the time its forwards took on the shared compute
     real_reason: str = ""  # a miss's reason, as captured
     sim_reason: str = ""  # a miss's reason, as simulated
+    real_cpu_ms: float | None = None  # captured: the rank's own CPU time, where the instance recorded it
+    real_signal_delay_ms: float | None = None  # captured: its signal's sender → the trigger's decision
 
     @property
     def real_served(self) -> bool:
@@ -109,7 +111,8 @@ def replay_rows(queries: Sequence[TraceQuery], records: Sequence[CaptureRecord],
                 continue
             record = records[offset + query]
             rows.append(Row(offset + query, record.prefix_len, record.outcome, record.latency_ms, record.instance,
-                            outcome, ms, name, queued, work, forward, record.miss_reason, reason))
+                            outcome, ms, name, queued, work, forward, record.miss_reason, reason, record.cpu_ms,
+                            record.signal_delay_ms))
     return sorted(rows, key=lambda r: r.query)
 
 
@@ -160,15 +163,30 @@ def summarize(rows: Sequence[Row], slo_ms: float, slowest: int = 15) -> dict:
     served = [r for r in rows if r.sim_served]
     sim_p99 = sim["p99_ms"]
     real_p99 = real["p99_ms"]
+    real_tail = [r for r in rows if real_p99 is not None and r.real_served and r.real_ms >= real_p99]
     decomposition = {"all": parts(served),
                      "sim_tail": parts([r for r in served if sim_p99 is not None and r.sim_ms >= sim_p99]),
-                     "real_tail": parts([r for r in served if real_p99 is not None and r.real_served
-                                         and r.real_ms >= real_p99])}
+                     "real_tail": parts([r for r in real_tail if r.sim_served])}
+
+    def captured_parts(group: list[Row]) -> dict:
+        timed = [r for r in group if r.real_cpu_ms is not None]
+        if not timed:
+            return {"requests": 0}
+        return {"requests": len(timed), "latency_ms": float(np.mean([r.real_ms for r in timed])),
+                "work_ms": float(np.mean([r.real_cpu_ms for r in timed])),
+                "waited_ms": float(np.mean([max(0.0, r.real_ms - r.real_cpu_ms) for r in timed]))}
+
+    delays = np.array([r.real_signal_delay_ms for r in rows if r.real_signal_delay_ms is not None])
+    captured_time = {"all": captured_parts([r for r in rows if r.real_served]), "real_tail": captured_parts(real_tail),
+                     "signal_delay_ms": {"requests": int(delays.size), "p50": quantile(delays, 0.5),
+                                         "p99": quantile(delays, 0.99),
+                                         "max": float(delays.max()) if delays.size else None}}
     instances = {"real": _per_instance([(r.real_instance, r.real_ms, r.real_served) for r in rows]),
                  "sim": _per_instance([(r.sim_instance, r.sim_ms, r.sim_served) for r in rows])}
     return {"slo_ms": slo_ms, "real": real, "sim": sim,
             "outcomes": [{"real": a, "sim": b, "requests": n} for (a, b), n in sorted(outcomes.items())],
             "by_real_outcome": by_outcome, "by_prefix_len": by_length, "sim_time": decomposition,
+            "captured_time": captured_time,
             "instances": instances,
             "slowest_real": [asdict(r) for r in sorted((r for r in rows if r.real_served), key=lambda r: -r.real_ms)[:slowest]],
             "slowest_sim": [asdict(r) for r in sorted((r for r in rows if r.sim_served), key=lambda r: -r.sim_ms)[:slowest]]}
@@ -221,6 +239,19 @@ def table(report: dict) -> str:
         if p["requests"]:
             lines.append(f"| {label} | {p['requests']} | {_ms(p['latency_ms'])} | {_ms(p['queued_ms'])} | "
                          f"{_ms(p['work_ms'])} | {_ms(p['shared_ms'])} | {_ms(p['waited_ms'])} |")
+    captured = report.get("captured_time") or {}
+    if (captured.get("all") or {}).get("requests"):
+        lines += ["", "Where the captured time went (means, ms; the rank's own CPU time, the rest waiting):",
+                  "| requests | n | latency | CPU | waits |", "|---|---:|---:|---:|---:|"]
+        for name, label in (("all", "every served"), ("real_tail", "the captured tail (≥ its P99)")):
+            p = captured[name]
+            if p["requests"]:
+                lines.append(f"| {label} | {p['requests']} | {_ms(p['latency_ms'])} | {_ms(p['work_ms'])} | "
+                             f"{_ms(p['waited_ms'])} |")
+    delay = captured.get("signal_delay_ms") or {}
+    if delay.get("requests"):
+        lines.append(f"\nPre-infer signals, sender → the trigger's decision ({delay['requests']} requests): "
+                     f"P50 {_ms(delay['p50'])} ms, P99 {_ms(delay['p99'])} ms, max {_ms(delay['max'])} ms.")
     lines += ["", "Per instance (requests, P99 served ms): captured "
               + ", ".join(f"{n} {v['requests']} / {_ms(v['p99_ms'])}" for n, v in report["instances"]["real"].items())
               + "; simulated "
@@ -230,8 +261,9 @@ def table(report: dict) -> str:
                   "|---:|---:|---|---|---:|---:|---:|---:|"]
         for r in report[key]:
             row = Row(**r)
+            cpu = "" if row.real_cpu_ms is None else f" (CPU {_ms(row.real_cpu_ms)})"
             lines.append(f"| {row.query} | {row.prefix_len} | {_labelled(row.real_outcome, row.real_reason)} "
-                         f"{_ms(row.real_ms)} | {_labelled(row.sim_outcome, row.sim_reason)} {_ms(row.sim_ms)} | "
+                         f"{_ms(row.real_ms)}{cpu} | {_labelled(row.sim_outcome, row.sim_reason)} {_ms(row.sim_ms)} | "
                          f"{_ms(row.queued_ms)} | {_ms(row.work_ms)} | "
                          f"{_ms(row.shared_ms)} | {_ms(row.waited_ms)} |")
     return "\n".join(lines)
