@@ -108,6 +108,13 @@ def test_validation_reports_the_simulators_error_at_every_point(trace, tmp_path)
             parts = p[side]["time_parts_ms"]
             assert set(parts) == {"all", "tail"} and parts["all"]["requests"] > 0
             assert parts["all"]["work"] > 0 and parts["tail"]["latency"] >= parts["all"]["latency"]
+        # Where the real instances' CPU went, and the simulator charged the rest of the process to each
+        # request (the forwards-only replay kept beside it).
+        cpu = p["real"]["cpu_ms"]
+        assert cpu["rank_requests"] > 0 and cpu["process"] >= cpu["ranks"] > 0 and cpu["window"] > 0
+        assert p["in_service_overhead"]["rank_overhead_ms"] == pytest.approx(cpu["outside_per_rank"], abs=0.01)
+        assert p["sim_forwards_only"]["n"] == p["sim"]["n"] and isinstance(p["p99_error_forwards_only"], float)
     assert result["p99_target"] == 0.15 and "within_target" in result
     assert isinstance(result["max_abs_p99_error_profile"], float)
-    assert "Where the time went" in proc.stdout
+    assert isinstance(result["max_abs_p99_error_forwards_only"], float)
+    assert "Where the time went" in proc.stdout and "Where the real instances' CPU went" in proc.stdout

@@ -8,9 +8,17 @@ import torch
 
 from relay_engine.core.config import parse_policy
 from relay_engine.core.engine import RelayEngine
+from relay_engine.core.forward_times import ForwardTimes
 from relay_engine.core.model import PrefixKV
 from relay_engine.core.outcomes import Outcome
-from relay_engine.lab.bench.stats import PointResult, bootstrap_quantiles, crossing, interval, time_parts
+from relay_engine.lab.bench.stats import (
+    PointResult,
+    bootstrap_quantiles,
+    cpu_parts,
+    crossing,
+    interval,
+    time_parts,
+)
 from relay_engine.lab.bench.warmup import prime
 from relay_engine.lab.bench.workload import InstanceReport, paired_windows
 from tests.models import SMALL, make_history
@@ -168,3 +176,26 @@ def test_time_parts_say_where_the_ranked_requests_time_went_overall_and_in_the_t
     assert parts["all"]["work"] == pytest.approx((97 * 7 + 3 * 50) / 100)
     assert parts["tail"] == {"requests": 3, "latency": 200.0, "queued": 0.0, "work": 50.0, "rest": 150.0}
     assert time_parts([InstanceReport()]) == {}
+
+
+def test_cpu_parts_split_a_real_instances_process_time_into_ranks_prefills_and_the_rest():
+    # Two instances over 1 s windows: ranks' own threads 10 × 30 ms, prefills 2 × 40 ms, the process 400 ms;
+    # the pinned cores 450 ms busy, so 50 ms went to other processes.
+    reports = []
+    for _ in range(2):
+        report = InstanceReport()
+        report.detail.extend((q, 0.0, 30.0, 30.0, "") for q in range(10))
+        report.forward_times = ForwardTimes()
+        report.forward_times.record("prefill", 512, 0, 0, 40.0)
+        report.forward_times.record("prefill", 1024, 0, 0, 40.0)
+        report.forward_times.record("rank", 512, 8, 64, 25.0)
+        report.cpu_ms = {"window": 1000.0, "process": 400.0, "cores_busy": 450.0}
+        reports.append(report)
+    parts = cpu_parts(reports)
+    assert parts["rank_requests"] == 20 and parts["ranks"] == pytest.approx(600.0)
+    assert parts["prefill"] == pytest.approx(160.0) and parts["process"] == pytest.approx(800.0)
+    assert parts["outside"] == pytest.approx(40.0) and parts["outside_per_rank"] == pytest.approx(2.0)
+    assert parts["others"] == pytest.approx(100.0) and parts["others_share"] == pytest.approx(0.05)
+    del reports[1].cpu_ms["cores_busy"]  # where /proc cannot tell for one, no share is claimed for any
+    assert "others_share" not in cpu_parts(reports)
+    assert cpu_parts([InstanceReport()]) == {}  # the simulator's reports have none

@@ -73,6 +73,19 @@ def test_the_replay_says_where_each_requests_time_went():
     assert {reason for *_, reason in detail} == {""}  # the baseline's full ranks are not misses
 
 
+def test_a_requests_cpu_outside_its_forwards_and_other_processes_share_are_charged_to_its_instance():
+    # One request alone: 10 ms of forwards, plus 2 ms of the process's own per request = 12 ms; on a core
+    # of which other processes take half, every part takes twice as long = 24 ms.
+    spec = FleetSpec(None, instances=1, deadline_ms=10_000, rank_threads=1, rank_overhead_ms=2.0)
+    (report,) = replay_trace(evenly(1, 5.0), spec, constant_cost(full_ms=10.0), cap=64, warmup_share=0.0)
+    [(_, ms, _, _)] = report.ranks
+    [(_, queued, work, _, _)] = report.detail
+    assert ms == pytest.approx(12.0) and queued == 0.0 and work == pytest.approx(10.0)  # forwards alone
+    (report,) = replay_trace(evenly(1, 5.0), replace(spec, background_share=0.5), constant_cost(full_ms=10.0),
+                             cap=64, warmup_share=0.0)
+    assert report.ranks[0][1] == pytest.approx(24.0)
+
+
 def test_shared_compute_splits_by_weight_and_gives_all_to_a_job_alone():
     sim = Simulation()
     compute = SharedCompute(sim)

@@ -35,6 +35,25 @@ def cores_for(index: int, per_instance: int) -> list[int]:
     return list(range(index * per_instance, (index + 1) * per_instance))
 
 
+def cores_busy_s(cores: Sequence[int] | None) -> float | None:
+    """CPU seconds the given cores have spent busy since boot (``/proc/stat``'s per-CPU lines: user,
+    nice, system, irq, softirq), or None where that cannot be read."""
+    if not cores:
+        return None
+    wanted, busy = {f"cpu{c}" for c in cores}, 0
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            for line in f:
+                parts = line.split()
+                if parts and parts[0] in wanted:
+                    user, nice, system, _idle, _iowait, irq, softirq = ([int(x) for x in parts[1:8]] + [0] * 7)[:7]
+                    busy += user + nice + system + irq + softirq
+                    wanted.discard(parts[0])
+    except (OSError, ValueError):
+        return None
+    return None if wanted else busy / _HZ
+
+
 def _cpu_ticks() -> tuple[int, int] | None:
     """(busy ticks of all CPUs, steal ticks) from /proc/stat."""
     try:

@@ -28,7 +28,7 @@ from relay_engine.core.features import SyntheticFeatures
 from relay_engine.core.forward_times import ForwardTimes, TimedForwards, clock_for
 from relay_engine.core.lifetime import follow_parent
 from relay_engine.core.model import History, HSTUModel, PrefixKV
-from relay_engine.lab.bench.host import cores_for, pin
+from relay_engine.lab.bench.host import cores_busy_s, cores_for, pin
 from relay_engine.lab.bench.modes import FullInference
 from relay_engine.lab.bench.settings import BenchSettings
 from relay_engine.lab.bench.warmup import prime
@@ -50,8 +50,10 @@ class WindowPlan:
 class Instance:
     """One engine instance inside its own process."""
 
-    def __init__(self, name: str, model: HSTUModel, features: SyntheticFeatures, settings: BenchSettings):
+    def __init__(self, name: str, model: HSTUModel, features: SyntheticFeatures, settings: BenchSettings,
+                 cores: list[int] | None = None):
         self.name = name
+        self.cores = cores  # the cores it is pinned to (None: not pinned), whose busy time a window reads
         self.model = model
         self.features = features
         self.rank_threads = settings.rank_threads
@@ -100,6 +102,7 @@ class Instance:
 
     def run(self, plan: WindowPlan, start_s: float) -> InstanceReport:
         report = InstanceReport()
+        wall, cpu, busy = time.monotonic(), time.process_time(), cores_busy_s(self.cores)
         ranks: queue.SimpleQueue[Event | None] = queue.SimpleQueue()
         workers = [threading.Thread(target=self._rank_loop, args=(plan, start_s, ranks, report), daemon=True)
                    for _ in range(self.rank_threads)]
@@ -123,6 +126,10 @@ class Instance:
         if engine is not None:
             engine.close()  # the lane drains here, not into the next window
             report.record_tiers(engine.stats())
+        report.cpu_ms = {"window": (time.monotonic() - wall) * 1000, "process": (time.process_time() - cpu) * 1000}
+        busy_after = cores_busy_s(self.cores)
+        if busy is not None and busy_after is not None:
+            report.cpu_ms["cores_busy"] = (busy_after - busy) * 1000
         report.forward_times = self.forward_times.copy()
         return report
 
@@ -154,7 +161,7 @@ def _instance_main(conn, index: int, settings: BenchSettings, parent_pid: int) -
     torch.set_num_threads(settings.threads_per_instance)
     model = HSTUModel(settings.model)
     features = SyntheticFeatures(settings.model, with_timestamps=settings.with_timestamps, seed=settings.seed)
-    instance = Instance(f"instance-{index}", model, features, settings)
+    instance = Instance(f"instance-{index}", model, features, settings, cores)
     conn.send((model.version, cores))
     while True:
         command, arg = conn.recv()

@@ -75,6 +75,7 @@ class PointResult:
     # records the latency of a served request only; a missed deadline counts against the SLO share).
     served_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
     time_parts: dict = field(default_factory=dict)  # ``time_parts``: where the time went
+    cpu_parts: dict = field(default_factory=dict)  # ``cpu_parts``: where a real point's CPU went
     forward_times: ForwardTimes | None = None  # a real point's forwards, all its windows and instances
 
     @property
@@ -134,6 +135,8 @@ class PointResult:
             "within_budget": all(peak <= self.budget_bytes.get(tier, 0) for tier, peak in self.peak_bytes.items()),
             "wall_s": round(self.wall_s, 2), "host": self.host, "redone": self.redone,
             "time_parts_ms": {side: {k: round(v, 2) for k, v in parts.items()} for side, parts in self.time_parts.items()},
+            **({"cpu_ms": {k: round(v, 4 if k.endswith("share") else 2) for k, v in self.cpu_parts.items()}}
+               if self.cpu_parts else {}),
         }
 
 
@@ -164,6 +167,32 @@ def time_parts(reports: Sequence[InstanceReport]) -> dict[str, dict[str, float]]
     return {"all": means(rows), "tail": means([g for g in rows if g[0] >= p99])}
 
 
+def cpu_parts(reports: Sequence[InstanceReport]) -> dict[str, float]:
+    """Where the real instances' CPU went over their windows (summed over instances and windows, ms):
+    ``process`` (every thread of the instance processes), ``ranks`` (the ranking requests' own threads,
+    forwards and engine code), ``prefill`` (the pre-inference lane's forwards), ``outside`` (the rest of
+    the process: the dispatcher, waking the rank threads, the lane's own code, the allocator and the
+    collector), ``others`` (what other processes ran on the pinned cores); with ``outside_per_rank``
+    and the ``others_share`` of the window. Empty where no report has the figures (the simulator's)."""
+    timed = [r for r in reports if r.cpu_ms]
+    if not timed:
+        return {}
+    window = sum(r.cpu_ms["window"] for r in timed)
+    process = sum(r.cpu_ms["process"] for r in timed)
+    ranks = sum(d[2] for r in timed for d in r.detail)
+    prefill = sum(row[1] for r in timed if r.forward_times is not None
+                  for row in r.forward_times.sums.get("prefill", {}).values())
+    n_ranks = sum(len(r.detail) for r in timed)
+    parts = {"window": window, "process": process, "ranks": ranks, "prefill": prefill,
+             "outside": max(0.0, process - ranks - prefill), "rank_requests": n_ranks}
+    parts["outside_per_rank"] = parts["outside"] / n_ranks if n_ranks else 0.0
+    if all("cores_busy" in r.cpu_ms for r in timed):
+        busy = sum(r.cpu_ms["cores_busy"] for r in timed)
+        parts.update(cores_busy=busy, others=max(0.0, busy - process),
+                     others_share=max(0.0, busy - process) / window if window > 0 else 0.0)
+    return parts
+
+
 def point_result(mode: str, cap: int, qps: float, time_scale: float, slo_ms: float,
                  windows: Sequence[Sequence[InstanceReport]], wall_s: float = 0.0) -> PointResult:
     """Merge every instance's report of every window into one point (peaks: the largest window's sum)."""
@@ -182,7 +211,7 @@ def point_result(mode: str, cap: int, qps: float, time_scale: float, slo_ms: flo
         mode, cap, qps, time_scale, slo_ms, latencies, dict(outcomes), len(pre), sum(1 for a, _ in pre if a),
         dict(Counter(reason for a, reason in pre if not a)), peak("peak_bytes"), peak("budget_bytes"), wall_s,
         instance_peak_bytes={tier: max(r.peak_bytes.get(tier, 0) for r in reports) for tier in tiers},
-        served_ms=served, time_parts=time_parts(reports),
+        served_ms=served, time_parts=time_parts(reports), cpu_parts=cpu_parts(reports),
         forward_times=merged(r.forward_times for r in reports) if any(r.forward_times for r in reports) else None)
 
 

@@ -182,6 +182,10 @@ class InstanceReport:
     # The real instance's forwards in the window, timed as a pool's instances time theirs (the simulator's
     # cost model can be fitted from them, as a preview fits it from a pool's).
     forward_times: ForwardTimes | None = None
+    # Where a real instance's CPU went over the window, in ms: ``window`` (wall), ``process`` (its process's
+    # CPU time, every thread), ``cores_busy`` (its pinned cores busy, whoever ran on them; absent where
+    # /proc cannot tell). Empty on the simulator.
+    cpu_ms: dict[str, float] = field(default_factory=dict)
     # Each cache tier's peak and budget at the window's end, by tier name (every tier the engine ran).
     peak_bytes: dict[str, int] = field(default_factory=dict)
     budget_bytes: dict[str, int] = field(default_factory=dict)

@@ -13,7 +13,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -61,6 +61,12 @@ class FleetSpec:
     # ``RelayClient`` routes) or "captured" (where the trace says each request was served, the rest by
     # rendezvous: a preview replaying a pool's own traffic on its own members).
     routing: str = "bounded"
+    # CPU a ranking request costs its instance outside its forwards (ms, on the instance's compute, before
+    # the forwards): handing it to a rank thread, the dispatcher, the interpreter lock changing hands — what
+    # a real instance's process spends beyond its forwards, per request (``stats.cpu_parts``).
+    rank_overhead_ms: float = 0.0
+    # The share of each instance's compute other processes take (``stats.cpu_parts``'s ``others_share``).
+    background_share: float = 0.0
 
     @classmethod
     def of_mode(cls, mode: Mode, regime: Regime, instances: int, rank_threads: int = 4,
@@ -112,6 +118,7 @@ class SimInstance:
         self.report = InstanceReport()
         self._queue: deque[tuple[Event, float]] = deque()
         self._idle_threads = spec.rank_threads
+        self.overhead_s = spec.rank_overhead_ms / 1000
 
     def prime(self, queries: Sequence[TraceQuery], indices: Sequence[int], cap: int) -> None:
         if self.engine is not None:
@@ -134,6 +141,8 @@ class SimInstance:
             request = RankRequest(ev.user_id, self.tokens.history(ev.prefix_len), self.tokens.history(ev.short_len),
                                   self.tokens.candidates(ev.n_candidates), deadline_s=arrival + self.deadline_s)
             started = self.sim.now
+            if self.overhead_s > 0:
+                self.compute.run(self.overhead_s)
             spent = self.forwards.watch()
             reason = ""
             try:
@@ -162,7 +171,7 @@ def instance_names(n: int) -> list[str]:
 def computes(sim: Simulation, spec: FleetSpec) -> list[SharedCompute]:
     """Each instance's compute: its own, or its host's (``instances_per_host`` to a host)."""
     if spec.instances_per_host <= 1 and spec.host_cores == 1.0:
-        return [SharedCompute(sim) for _ in range(spec.instances)]
+        return [SharedCompute(sim, capacity=1.0 - spec.background_share) for _ in range(spec.instances)]
     per_host = max(1, spec.instances_per_host)
     hosts = [SharedCompute(sim, capacity=spec.host_cores, job_cap=1.0)
              for _ in range(-(-spec.instances // per_host))]
@@ -196,11 +205,13 @@ def replay_window(queries: Sequence[TraceQuery], window: Window, events: Sequenc
 def simulate_point(queries: Sequence[TraceQuery], windows: Sequence[Window], *, model: HSTUModel, cost: CostModel,
                    mode: Mode, regime: Regime, cap: int, qps: float, instances: int, device_type: str = "cpu",
                    seed: int = 0, rank_threads: int = 4, trace_rate: float | None = None,
-                   progress: Callable[[float], None] | None = None) -> PointResult:
+                   progress: Callable[[float], None] | None = None, rank_overhead_ms: float = 0.0,
+                   background_share: float = 0.0) -> PointResult:
     """One point (mode, cap, offered qps) over the paired windows, as the benchmark measures it."""
     started = time.monotonic()
     rate = trace_rate or trace_qps(queries)
-    spec = FleetSpec.of_mode(mode, regime, instances, rank_threads, device_type)
+    spec = replace(FleetSpec.of_mode(mode, regime, instances, rank_threads, device_type),
+                   rank_overhead_ms=rank_overhead_ms, background_share=min(0.9, max(0.0, background_share)))
     tokens = Tokens()
     reports = []
     for window in windows:
