@@ -108,6 +108,7 @@ def test_validation_reports_the_simulators_error_at_every_point(trace, tmp_path)
             parts = p[side]["time_parts_ms"]
             assert set(parts) == {"all", "tail"} and parts["all"]["requests"] > 0
             assert parts["all"]["work"] > 0 and parts["tail"]["latency"] >= parts["all"]["latency"]
+            assert ("dispatched_late" in parts["all"]) == (side == "real")
         # Where the real instances' CPU went, and the simulator charged the rest of the process to each
         # request (the forwards-only replay kept beside it).
         cpu = p["real"]["cpu_ms"]

@@ -176,6 +176,9 @@ def test_time_parts_say_where_the_ranked_requests_time_went_overall_and_in_the_t
     assert parts["all"]["work"] == pytest.approx((97 * 7 + 3 * 50) / 100)
     assert parts["tail"] == {"requests": 3, "latency": 200.0, "queued": 0.0, "work": 50.0, "rest": 150.0}
     assert time_parts([InstanceReport()]) == {}
+    # A real instance says how late its dispatcher handed each request on: part of its queued time.
+    report.dispatched_late = {q: 1.0 for q in range(102)}
+    assert time_parts([report])["all"]["dispatched_late"] == pytest.approx(97 * 1.0 / 100)  # never above queued
 
 
 def test_cpu_parts_split_a_real_instances_process_time_into_ranks_prefills_and_the_rest():

@@ -115,6 +115,7 @@ class Instance:
                 time.sleep(delay)
             if ev.kind == "rank":
                 ranks.put(ev)
+                report.dispatched_late[ev.query] = max(0.0, time.monotonic() - start_s - ev.at_s) * 1000
             elif engine is not None:
                 result = engine.submit_pre_infer(PreInferRequest(ev.user_id, self.prefix(ev.user_id, ev.seq_len,
                                                                                          ev.cap)))

@@ -148,21 +148,25 @@ def per_tier(values: dict[str, int], figure: str) -> dict[str, int]:
 
 def time_parts(reports: Sequence[InstanceReport]) -> dict[str, dict[str, float]]:
     """Where the measured ranked requests' time went, as means in ms: ``queued`` before a rank thread took
-    them, ``work`` (their forwards alone: simulated, or a real rank's CPU time) and ``rest`` (the
+    them (on a real instance, ``dispatched_late`` of it before its dispatcher had handed them on), ``work`` (their forwards alone: simulated, or a real rank's CPU time) and ``rest`` (the
     remainder: sharing the compute, waits on a computation in flight), over ``all`` of them and over the
     ``tail`` (at or past their P99). Empty where no report has the detail."""
     latency = {(id(r), q): ms for r in reports for q, ms, o, m in r.ranks if m and o in RANKED}
-    rows = [(latency[(id(r), q)], queued, work) for r in reports for q, queued, work, *_ in r.detail
-            if (id(r), q) in latency]
+    rows = [(latency[(id(r), q)], queued, work, r.dispatched_late.get(q)) for r in reports
+            for q, queued, work, *_ in r.detail if (id(r), q) in latency]
     if not rows:
         return {}
-    p99 = quantile(np.array([ms for ms, _, _ in rows]), SLO_QUANTILE)
+    p99 = quantile(np.array([row[0] for row in rows]), SLO_QUANTILE)
+    dispatched = all(row[3] is not None for row in rows)
 
-    def means(group: list[tuple[float, float, float]]) -> dict[str, float]:
+    def means(group: list[tuple[float, float, float, float | None]]) -> dict[str, float]:
         n = len(group)
-        return {"requests": n, "latency": sum(g[0] for g in group) / n, "queued": sum(g[1] for g in group) / n,
-                "work": sum(g[2] for g in group) / n,
-                "rest": sum(max(0.0, g[0] - g[1] - g[2]) for g in group) / n}
+        parts = {"requests": n, "latency": sum(g[0] for g in group) / n, "queued": sum(g[1] for g in group) / n,
+                 "work": sum(g[2] for g in group) / n,
+                 "rest": sum(max(0.0, g[0] - g[1] - g[2]) for g in group) / n}
+        if dispatched:  # a real instance's: of the queued time, how much before its dispatcher handed it on
+            parts["dispatched_late"] = sum(min(g[3], g[1]) for g in group) / n
+        return parts
 
     return {"all": means(rows), "tail": means([g for g in rows if g[0] >= p99])}
 

@@ -182,6 +182,9 @@ class InstanceReport:
     # The real instance's forwards in the window, timed as a pool's instances time theirs (the simulator's
     # cost model can be fitted from them, as a preview fits it from a pool's).
     forward_times: ForwardTimes | None = None
+    # A real instance's ranking requests: how late its dispatcher handed each to the rank threads' queue
+    # (ms after its arrival: waiting for a core and the interpreter lock; part of ``detail``'s queued).
+    dispatched_late: dict[int, float] = field(default_factory=dict)
     # Where a real instance's CPU went over the window, in ms: ``window`` (wall), ``process`` (its process's
     # CPU time, every thread), ``cores_busy`` (its pinned cores busy, whoever ran on them; absent where
     # /proc cannot tell). Empty on the simulator.

@@ -139,11 +139,14 @@ def table(result: dict) -> str:
         others = cpu.get("others_share")
         lines.append(f"| {r['mode']} | {r['cap']} | {cpu['ranks'] / n:.2f} | {cpu['prefill'] / n:.2f} | "
                      f"{cpu['outside_per_rank']:.2f} | {'–' if others is None else f'{100 * others:.1f} %'} |")
-    lines += ["", "Where the time went (means, ms: queued / forwards alone / the rest), all requests and the tail "
-              "(≥ P99):", "| mode | cap | real, all | sim, all | real, tail | sim, tail |", "|---|---:|---|---|---|---|"]
+    lines += ["", "Where the time went (means, ms: queued — of it, on the real side, dispatched late — / forwards "
+              "alone / the rest), all requests and the tail (≥ P99):", "| mode | cap | real, all | sim, all | real, tail | sim, tail |", "|---|---:|---|---|---|---|"]
 
     def parts(p: dict | None) -> str:
-        return "–" if not p else f"{p['queued']:.1f} / {p['work']:.1f} / {p['rest']:.1f}"
+        if not p:
+            return "–"
+        late = f" ({p['dispatched_late']:.1f} late)" if "dispatched_late" in p else ""
+        return f"{p['queued']:.1f}{late} / {p['work']:.1f} / {p['rest']:.1f}"
 
     for r in result["points"]:
         real, sim = r["real"].get("time_parts_ms") or {}, r["sim"].get("time_parts_ms") or {}
