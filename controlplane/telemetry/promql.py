@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 # A bucket's upper bound (seconds, as Prometheus's ``le`` reads) → its index; +Inf is the last.
 _BUCKET_OF_LE = {bound / 1000.0: i for i, bound in enumerate(LATENCY_BUCKETS_MS)} | {math.inf: len(LATENCY_BUCKETS_MS)}
 _GAUGE_COLUMN = {name: i for i, name in enumerate(GAUGES)}
+BUCKET_PART = "bucket"  # the ``column`` tag of the latency buckets in ``counts_query`` (``recording.COUNTED``)
 # How long an answer to "does this server run the recording rules?" is trusted, per PROMETHEUS_URL.
 RECORDED_RECHECK_S = 300.0
 _recorded: dict[str, tuple[bool, float]] = {}  # url → (the rules' series are there, when asked: monotonic s)
@@ -73,32 +74,47 @@ def _labels(by: tuple[str, ...], split: str | None) -> str:
     return ", ".join((*by, *((split,) if split else ())))
 
 
-def counts_query(selector: str, by: tuple[str, ...], range_s: int, recorded: bool = False) -> str:
-    """Every count of ``history``'s layout over the ``range_s`` before each evaluation, summed by ``by``
-    (``("pool",)`` or ``("instance",)``): ``increase()`` of the raw series, or with ``recorded`` the sum
-    of the recorded minutes of the same level (``range_s`` a multiple of ``RECORDED_STEP_S``)."""
-    level = POOL if by == ("pool",) else INSTANCE
-
-    def counted(series: str, split: str | None) -> str:
-        if recorded:
-            return f"sum_over_time({counted_record(series, split, level)}{{{selector}}}[{range_s}s])"
-        return f"increase({series}{{{selector}}}[{range_s}s])"
-
-    return " or ".join(_tagged(f"sum by ({_labels(by, split)}) ({counted(series, split)})", column)
-                       for series, split, column in COUNTED)
+def _counted(series: str, split: str | None, selector: str, by: tuple[str, ...], range_s: int,
+             recorded: bool) -> str:
+    """One part of ``counts_query``: ``series`` summed by ``by`` (and its ``split`` label) over ``range_s``."""
+    if recorded:
+        level = POOL if by == ("pool",) else INSTANCE
+        counted = f"sum_over_time({counted_record(series, split, level)}{{{selector}}}[{range_s}s])"
+    else:
+        counted = f"increase({series}{{{selector}}}[{range_s}s])"
+    return f"sum by ({_labels(by, split)}) ({counted})"
 
 
-def gauges_query(selector: str, by: tuple[str, ...], range_s: int, recorded: bool = False) -> str:
+def counts_query(selector: str, by: tuple[str, ...], range_s: int, recorded: bool = False,
+                 columns: frozenset[str] | None = None) -> str:
+    """Every count of ``history``'s layout (or only the parts whose ``column`` tag is in ``columns``) over the
+    ``range_s`` before each evaluation, summed by ``by`` (``("pool",)`` or ``("instance",)``): ``increase()``
+    of the raw series, or with ``recorded`` the sum of the recorded minutes of the same level (``range_s`` a
+    multiple of ``RECORDED_STEP_S``)."""
+    return " or ".join(_tagged(_counted(series, split, selector, by, range_s, recorded), column)
+                       for series, split, column in COUNTED if columns is None or column in columns)
+
+
+def quantile_query(q: float, selector: str, range_s: int, recorded: bool = False) -> str:
+    """Each instance's latency quantile ``q`` (seconds) over the ``range_s`` before the evaluation, from its
+    buckets summed over the range as ``counts_query`` counts them."""
+    [(series, split)] = [(series, split) for series, split, column in COUNTED if column == BUCKET_PART]
+    return f"histogram_quantile({q!r}, {_counted(series, split, selector, ('instance',), range_s, recorded)})"
+
+
+def gauges_query(selector: str, by: tuple[str, ...], range_s: int, recorded: bool = False,
+                 columns: frozenset[str] | None = None) -> str:
     """Each tier level's newest value within ``range_s`` (summed by ``by``), the applied generation, and how
-    many instances had a sample (``present``); with ``recorded`` (``by`` the pool only) the last recorded
-    minute's."""
+    many instances had a sample (``present``), or only the parts whose ``column`` tag is in ``columns``; with
+    ``recorded`` (``by`` the pool only) the last recorded minute's."""
     def gauged(series: str, combine: str, split: str | None) -> str:
         if recorded:
             return (f"{'max' if combine == 'max' else 'sum'} by ({_labels(by, split)}) "
                     f"(last_over_time({gauged_record(series, combine, split)}{{{selector}}}[{range_s}s]))")
         return f"{combine} by ({_labels(by, split)}) (last_over_time({series}{{{selector}}}[{range_s}s]))"
 
-    return " or ".join(_tagged(gauged(series, combine, split), column) for series, combine, split, column in GAUGED)
+    return " or ".join(_tagged(gauged(series, combine, split), column) for series, combine, split, column in GAUGED
+                       if columns is None or column in columns)
 
 
 def _count(raw) -> float | None:
@@ -121,7 +137,7 @@ def _cell_of_counts(labels: dict) -> int | None:
         return MISS_COLUMN.get(labels.get("reason"))
     if column == "sum":
         return SUM_COLUMN
-    if column == "bucket":
+    if column == BUCKET_PART:
         try:
             index = _BUCKET_OF_LE.get(float(labels.get("le", "")))
         except ValueError:
@@ -131,8 +147,8 @@ def _cell_of_counts(labels: dict) -> int | None:
 
 
 def _fill_counts(rows: np.ndarray, series: list[tuple[dict, list[tuple[int, object]]]]) -> None:
-    """Counts of ``counts_query`` into rows [..., N_COLUMNS]: the latency sum in ms, the buckets from
-    cumulative to each one's own (``history``'s layout)."""
+    """Counts of ``counts_query`` into rows [rows, N_COLUMNS] (each value at its row index): the latency sum
+    in ms, the buckets from cumulative to each one's own (``history``'s layout)."""
     for labels, values in series:
         column = _cell_of_counts(labels)
         if column is None:
@@ -242,7 +258,7 @@ class PrometheusHistory:
     def instance_points(self, *, pool, tier, instances, window_s, start, step_s, n_points, now):
         if not instances:
             return []
-        selector = f"pool={_label(pool)}, instance=~{_label('|'.join(instances))}"
+        selector = _selector(pool, instances)
         position = {name: i for i, name in enumerate(instances)}
         rows = np.zeros((len(instances), n_points, N_COLUMNS))
         counted = _by_instance(self._range(counts_query(selector, ("instance",), step_s,
@@ -264,19 +280,20 @@ class PrometheusHistory:
         gauges[~present] = np.nan
         return list(zip(rows, gauges, strict=True))
 
-    def window_totals(self, *, pool, tier, window_s, start, now):
-        selector = f"pool={_label(pool)}"
-        range_s = max(1, math.ceil(now - start))
-        # The recorded minutes evaluated since ``start``, as the window's points count them.
-        counts = counts_query(selector, ("instance",), range_s, recorded=self.records())
-        counted = _by_instance(self._instant(counts, now))
+    def window_totals(self, *, pool, tier, window_s, start, now, instances=None, counters=None):
+        if instances is not None and not instances:
+            return WindowTotals([], np.zeros((0, N_COLUMNS)), np.zeros((0, len(GAUGES))))
+        selector = _selector(pool, instances)
+        range_s = _range_s(start, now)
         gauged = self._instant(gauges_query(selector, ("instance",), range_s), now)
-        names = sorted({labels["instance"] for labels, values in gauged
-                        if labels.get("column") == PRESENT and isinstance(labels.get("instance"), str)})
+        names = _present(gauged)
         position = {name: i for i, name in enumerate(names)}
         sums = np.zeros((len(names), N_COLUMNS))
-        for name, i in position.items():
-            _fill_counts(sums[i:i + 1], counted.get(name, []))
+        columns = None if counters is None else frozenset(f"counter:{name}" for name in counters)
+        if columns is None or columns:
+            # The recorded minutes evaluated since ``start``, as the window's points count them.
+            counts = counts_query(selector, ("instance",), range_s, recorded=self.records(), columns=columns)
+            _fill_counts(sums, _at_instance(self._instant(counts, now), position))
         gauges = np.zeros((len(names), len(GAUGES)))
         for labels, values in gauged:
             i, column = position.get(labels.get("instance")), _gauge_column(labels, _GAUGE_COLUMN, None)
@@ -284,6 +301,43 @@ class PrometheusHistory:
             if i is not None and column is not None and value is not None:
                 gauges[i, column] = value
         return WindowTotals(names, sums, gauges)
+
+    def window_quantile(self, *, pool, tier, window_s, start, now, q):
+        # Computed where the buckets are: one value per instance comes back, not its every bucket.
+        selector = _selector(pool, None)
+        range_s = _range_s(start, now)
+        names = _present(self._instant(gauges_query(selector, ("instance",), range_s, columns=frozenset((PRESENT,))),
+                                       now))
+        position = {name: i for i, name in enumerate(names)}
+        values = np.full(len(names), np.nan)
+        for labels, [(_, raw)] in self._instant(quantile_query(q, selector, range_s, self.records()), now):
+            i, value = position.get(labels.get("instance")), _count(raw)
+            if i is not None and value is not None:
+                values[i] = value * 1000.0
+        return names, values
+
+
+def _selector(pool: str, instances: list[str] | None) -> str:
+    """The pool's series, or only those of ``instances``."""
+    if instances is None:
+        return f"pool={_label(pool)}"
+    return f"pool={_label(pool)}, instance=~{_label('|'.join(instances))}"
+
+
+def _range_s(start: float, now: float) -> int:
+    return max(1, math.ceil(now - start))
+
+
+def _present(gauged: list[tuple[dict, list]]) -> list[str]:
+    """The instances with a sample in a ``gauges_query`` answer, by name."""
+    return sorted({labels["instance"] for labels, _ in gauged
+                   if labels.get("column") == PRESENT and isinstance(labels.get("instance"), str)})
+
+
+def _at_instance(series: list[tuple[dict, list]], position: dict[str, int]) -> list[tuple[dict, list]]:
+    """An instant answer's series, each value at its instance's row (those of other instances left out)."""
+    return [(labels, [(position[labels["instance"]], raw) for _, raw in values]) for labels, values in series
+            if labels.get("instance") in position]
 
 
 def _by_instance(series: list[tuple[dict, list]]) -> dict[str, list[tuple[dict, list]]]:
