@@ -11,9 +11,12 @@ one series per column. Otherwise (no rules on the server, checked once every ``R
 logged when the answer changes; a narrower point) they are ``increase()`` over the raw series of every
 instance, far slower at fleet scale; the answer means the same either way (``recording.py`` says how
 close the two are). The selectors compute every figure from those counts as they do from Redis
-(quantiles from the summed buckets, as ``histogram_quantile`` does). Prometheus is untrusted input, as
-Redis is: a value that is not a finite count in range costs its figure that point, never the chart;
-unreachable, or an answer that is not one, is a 503 naming PROMETHEUS_URL.
+(quantiles from the summed buckets, as ``histogram_quantile`` does). Ranking every instance of a pool by
+one column reads of each only that column's counts (``window_totals`` with ``counters``), or for a latency
+quantile ``histogram_quantile`` itself (``window_quantile``: one value an instance, not its every bucket,
+kept per pool until a newer minute is recorded); whole rows are read only for the instances shown.
+Prometheus is untrusted input, as Redis is: a value that is not a finite count in range costs its figure
+that point, never the chart; unreachable, or an answer that is not one, is a 503 naming PROMETHEUS_URL.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 
 import numpy as np
 
 from controlplane.common.errors import Unavailable
 from relay_engine.core.telemetry import GAUGES, LATENCY_BUCKETS_MS, MAX_COUNT
 
+from .cache import telemetry_cache
 from .history import BUCKET_OFFSET, COUNTER_COLUMN, MISS_COLUMN, N_COLUMNS, REFUSAL_COLUMN, SUM_COLUMN
 from .recording import (
     COUNTED,
@@ -74,18 +79,20 @@ def _labels(by: tuple[str, ...], split: str | None) -> str:
     return ", ".join((*by, *((split,) if split else ())))
 
 
-def _counted(series: str, split: str | None, selector: str, by: tuple[str, ...], range_s: int,
+def _counted(series: str, split: str | None, selector: str, by: tuple[str, ...], range_s: int | str,
              recorded: bool) -> str:
-    """One part of ``counts_query``: ``series`` summed by ``by`` (and its ``split`` label) over ``range_s``."""
+    """One part of ``counts_query``: ``series`` summed by ``by`` (and its ``split`` label) over ``range_s``
+    (seconds, or a PromQL duration)."""
+    duration = f"{range_s}s" if isinstance(range_s, int) else range_s
     if recorded:
         level = POOL if by == ("pool",) else INSTANCE
-        counted = f"sum_over_time({counted_record(series, split, level)}{{{selector}}}[{range_s}s])"
+        counted = f"sum_over_time({counted_record(series, split, level)}{{{selector}}}[{duration}])"
     else:
-        counted = f"increase({series}{{{selector}}}[{range_s}s])"
+        counted = f"increase({series}{{{selector}}}[{duration}])"
     return f"sum by ({_labels(by, split)}) ({counted})"
 
 
-def counts_query(selector: str, by: tuple[str, ...], range_s: int, recorded: bool = False,
+def counts_query(selector: str, by: tuple[str, ...], range_s: int | str, recorded: bool = False,
                  columns: frozenset[str] | None = None) -> str:
     """Every count of ``history``'s layout (or only the parts whose ``column`` tag is in ``columns``) over the
     ``range_s`` before each evaluation, summed by ``by`` (``("pool",)`` or ``("instance",)``): ``increase()``
@@ -95,23 +102,25 @@ def counts_query(selector: str, by: tuple[str, ...], range_s: int, recorded: boo
                        for series, split, column in COUNTED if columns is None or column in columns)
 
 
-def quantile_query(q: float, selector: str, range_s: int, recorded: bool = False) -> str:
+def quantile_query(q: float, selector: str, range_s: int | str, recorded: bool = False) -> str:
     """Each instance's latency quantile ``q`` (seconds) over the ``range_s`` before the evaluation, from its
     buckets summed over the range as ``counts_query`` counts them."""
     [(series, split)] = [(series, split) for series, split, column in COUNTED if column == BUCKET_PART]
     return f"histogram_quantile({q!r}, {_counted(series, split, selector, ('instance',), range_s, recorded)})"
 
 
-def gauges_query(selector: str, by: tuple[str, ...], range_s: int, recorded: bool = False,
+def gauges_query(selector: str, by: tuple[str, ...], range_s: int | str, recorded: bool = False,
                  columns: frozenset[str] | None = None) -> str:
     """Each tier level's newest value within ``range_s`` (summed by ``by``), the applied generation, and how
     many instances had a sample (``present``), or only the parts whose ``column`` tag is in ``columns``; with
     ``recorded`` (``by`` the pool only) the last recorded minute's."""
+    duration = f"{range_s}s" if isinstance(range_s, int) else range_s
+
     def gauged(series: str, combine: str, split: str | None) -> str:
         if recorded:
             return (f"{'max' if combine == 'max' else 'sum'} by ({_labels(by, split)}) "
-                    f"(last_over_time({gauged_record(series, combine, split)}{{{selector}}}[{range_s}s]))")
-        return f"{combine} by ({_labels(by, split)}) (last_over_time({series}{{{selector}}}[{range_s}s]))"
+                    f"(last_over_time({gauged_record(series, combine, split)}{{{selector}}}[{duration}]))")
+        return f"{combine} by ({_labels(by, split)}) (last_over_time({series}{{{selector}}}[{duration}]))"
 
     return " or ".join(_tagged(gauged(series, combine, split), column) for series, combine, split, column in GAUGED
                        if columns is None or column in columns)
@@ -284,7 +293,7 @@ class PrometheusHistory:
         if instances is not None and not instances:
             return WindowTotals([], np.zeros((0, N_COLUMNS)), np.zeros((0, len(GAUGES))))
         selector = _selector(pool, instances)
-        range_s = _range_s(start, now)
+        range_s = _since(start, now)
         gauged = self._instant(gauges_query(selector, ("instance",), range_s), now)
         names = _present(gauged)
         position = {name: i for i, name in enumerate(names)}
@@ -303,18 +312,55 @@ class PrometheusHistory:
         return WindowTotals(names, sums, gauges)
 
     def window_quantile(self, *, pool, tier, window_s, start, now, q):
-        # Computed where the buckets are: one value per instance comes back, not its every bucket.
         selector = _selector(pool, None)
-        range_s = _range_s(start, now)
-        names = _present(self._instant(gauges_query(selector, ("instance",), range_s, columns=frozenset((PRESENT,))),
-                                       now))
-        position = {name: i for i, name in enumerate(names)}
-        values = np.full(len(names), np.nan)
-        for labels, [(_, raw)] in self._instant(quantile_query(q, selector, range_s, self.records()), now):
-            i, value = position.get(labels.get("instance")), _count(raw)
-            if i is not None and value is not None:
-                values[i] = value * 1000.0
-        return names, values
+        names = _present(self._instant(gauges_query(selector, ("instance",), _since(start, now),
+                                                    columns=frozenset((PRESENT,))), now))
+        by_instance = self._quantiles(pool, window_s, start, now, q)
+        return names, np.array([by_instance.get(name, np.nan) for name in names])
+
+    def _quantiles(self, pool: str, window_s: int, start: float, now: float, q: float) -> dict[str, float]:
+        """Each instance's latency quantile ``q`` in ms over [start, now], computed where the buckets are: one
+        value per instance comes back, not its every bucket. Over the recorded minutes the answer changes only
+        when a minute is evaluated, so it is kept (per pool, window and ``q``) until the newest one is newer."""
+        selector = _selector(pool, None)
+        recorded = self.records()
+        newest = self._newest_recorded_minute(selector, now) if recorded else None
+        if newest is None:
+            return self._quantiles_at(selector, start, now, q, recorded)
+        held = telemetry_cache.get(("quantiles", self.url, pool, window_s, q), HeldQuantiles)
+        answer = held.answer  # read once: another thread may replace it, never change it
+        if answer is None or answer[0] != (start, newest):
+            answer = held.answer = ((start, newest), self._quantiles_at(selector, start, newest, q, recorded))
+        return answer[1]
+
+    def _quantiles_at(self, selector: str, start: float, at: float, q: float, recorded: bool) -> dict[str, float]:
+        by_instance = {}
+        for labels, [(_, raw)] in self._instant(quantile_query(q, selector, _since(start, at), recorded), at):
+            value = _count(raw)
+            if isinstance(labels.get("instance"), str) and value is not None:
+                by_instance[labels["instance"]] = value * 1000.0
+        return by_instance
+
+    def _newest_recorded_minute(self, selector: str, now: float) -> float | None:
+        """When the newest recorded minute of the pool's latency buckets was evaluated (seconds), or None
+        (none within Prometheus's lookback). Each rule's minute is written at once, so none of its series
+        can be newer."""
+        [(series, split)] = [(series, split) for series, split, column in COUNTED if column == BUCKET_PART]
+        record = counted_record(series, split, INSTANCE)
+        answer = self._instant(f'max(timestamp({record}{{{selector}, le="+Inf"}}))', now)
+        return _count(answer[0][1][0][1]) if answer else None
+
+
+@dataclass
+class HeldQuantiles:
+    """One pool's latency quantile per instance over a window, and the (window start, newest recorded
+    minute) it was computed for."""
+
+    answer: tuple[tuple[float, float], dict[str, float]] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.answer is None else 100 * len(self.answer[1])
 
 
 def _selector(pool: str, instances: list[str] | None) -> str:
@@ -324,8 +370,10 @@ def _selector(pool: str, instances: list[str] | None) -> str:
     return f"pool={_label(pool)}, instance=~{_label('|'.join(instances))}"
 
 
-def _range_s(start: float, now: float) -> int:
-    return max(1, math.ceil(now - start))
+def _since(start: float, now: float) -> str:
+    """The range back from ``now`` to ``start`` as a PromQL duration, to the millisecond: an answer over it
+    depends on the window's start, not on the moment it is asked."""
+    return f"{max(1, round((now - start) * 1000))}ms"
 
 
 def _present(gauged: list[tuple[dict, list]]) -> list[str]:

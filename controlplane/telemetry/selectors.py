@@ -359,12 +359,17 @@ def pool_metrics(*, pool: Pool, window: str, since: float | None = None, top: in
                                        window_s=window_s, start=start, now=now)
         # The list shows the chosen ones worst first by their own values.
         chosen = sorted(_ranked(names, values, known)[:top], key=lambda item: (item[1] is None, -(item[1] or 0)))
-        points = source.instance_points(pool=pool.name, tier=tier, instances=[name for name, _ in chosen],
-                                        window_s=window_s, start=start, step_s=step_s, n_points=n_points, now=now)
+        # Only the points a poll sends are read: from ``first`` for an instance the client holds, all for a newcomer.
+        points: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for held in {first if name in known else 0 for name, _ in chosen}:
+            names_held = [name for name, _ in chosen if (first if name in known else 0) == held]
+            points.update(zip(names_held, source.instance_points(
+                pool=pool.name, tier=tier, instances=names_held, window_s=window_s, start=start + held * step_s,
+                step_s=step_s, n_points=n_points - held, now=now), strict=True))
     worst = []
-    for (name, value), instance_points in zip(chosen, points, strict=True):
+    for name, value in chosen:
         held = first if name in known else 0
-        series = _instance_series(instance_points, held, step_s, TOP_FIGURES, TOP_GAUGES)
+        series = _instance_series(points[name], 0, step_s, TOP_FIGURES, TOP_GAUGES)
         worst.append({"instance": name, "value": value, "from": start + held * step_s, **series})
     answer["top"] = {"by": rank_by, "n": top, "reporting": len(names), "instances": worst}
     return answer

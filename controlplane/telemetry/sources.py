@@ -124,9 +124,12 @@ class RedisHistory:
 @contextmanager
 def history_source(window_s: int) -> Iterator[HistorySource]:
     """The source of a read of a ``window_s`` window: Prometheus for history when there is one, else
-    Redis (under the cache lock, its errors as 503s naming REDIS_URL, the cache trimmed after)."""
+    Redis (under the cache lock, its errors as 503s naming REDIS_URL); the cache trimmed after either."""
     if prometheus_holds_history() and window_s > LIVE_WINDOW_S:
-        yield PrometheusHistory(settings.PROMETHEUS_URL, timeout_s=settings.PROMETHEUS_TIMEOUT_S)
+        try:
+            yield PrometheusHistory(settings.PROMETHEUS_URL, timeout_s=settings.PROMETHEUS_TIMEOUT_S)
+        finally:
+            telemetry_cache.trim()  # what it keeps (its quantiles) counts against the same budget
         return
     with telemetry_cache.lock:
         try:
