@@ -13,8 +13,9 @@ instance, far slower at fleet scale; the answer means the same either way (``rec
 close the two are). The selectors compute every figure from those counts as they do from Redis
 (quantiles from the summed buckets, as ``histogram_quantile`` does). Ranking every instance of a pool by
 one column reads of each only that column's counts (``window_totals`` with ``counters``), or for a latency
-quantile ``histogram_quantile`` itself (``window_quantile``: one value an instance, not its every bucket,
-kept per pool until a newer minute is recorded); whole rows are read only for the instances shown.
+quantile ``histogram_quantile`` itself (``window_quantile``: one value an instance, not its every bucket);
+whole rows are read only for the instances shown. Answers over the recorded minutes are kept per pool and
+window until a newer minute is recorded (``_kept``).
 Prometheus is untrusted input, as Redis is: a value that is not a finite count in range costs its figure
 that point, never the chart; unreachable, or an answer that is not one, is a 503 naming PROMETHEUS_URL.
 """
@@ -28,6 +29,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -177,6 +179,7 @@ class PrometheusHistory:
     def __init__(self, url: str, *, timeout_s: float):
         self.url = url
         self.timeout_s = timeout_s
+        self._newest: dict[tuple[str, float], float | None] = {}  # (pool, now) → its newest recorded minute
 
     def _get(self, path: str, **params: str) -> list[dict]:
         address = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
@@ -292,17 +295,14 @@ class PrometheusHistory:
     def window_totals(self, *, pool, tier, window_s, start, now, instances=None, counters=None):
         if instances is not None and not instances:
             return WindowTotals([], np.zeros((0, N_COLUMNS)), np.zeros((0, len(GAUGES))))
-        selector = _selector(pool, instances)
-        range_s = _since(start, now)
-        gauged = self._instant(gauges_query(selector, ("instance",), range_s), now)
+        gauged = self._instant(gauges_query(_selector(pool, instances), ("instance",), _since(start, now)), now)
         names = _present(gauged)
         position = {name: i for i, name in enumerate(names)}
-        sums = np.zeros((len(names), N_COLUMNS))
         columns = None if counters is None else frozenset(f"counter:{name}" for name in counters)
         if columns is None or columns:
-            # The recorded minutes evaluated since ``start``, as the window's points count them.
-            counts = counts_query(selector, ("instance",), range_s, recorded=self.records(), columns=columns)
-            _fill_counts(sums, _at_instance(self._instant(counts, now), position))
+            sums = self._window_counts(pool, window_s, start, now, names, columns)
+        else:
+            sums = np.zeros((len(names), N_COLUMNS))
         gauges = np.zeros((len(names), len(GAUGES)))
         for labels, values in gauged:
             i, column = position.get(labels.get("instance")), _gauge_column(labels, _GAUGE_COLUMN, None)
@@ -312,55 +312,74 @@ class PrometheusHistory:
         return WindowTotals(names, sums, gauges)
 
     def window_quantile(self, *, pool, tier, window_s, start, now, q):
-        selector = _selector(pool, None)
-        names = _present(self._instant(gauges_query(selector, ("instance",), _since(start, now),
+        names = _present(self._instant(gauges_query(_selector(pool, None), ("instance",), _since(start, now),
                                                     columns=frozenset((PRESENT,))), now))
-        by_instance = self._quantiles(pool, window_s, start, now, q)
+        by_instance = self._kept(("quantiles", pool, window_s, q), start, now,
+                                 lambda at: self._quantiles_at(pool, start, at, q))
         return names, np.array([by_instance.get(name, np.nan) for name in names])
 
-    def _quantiles(self, pool: str, window_s: int, start: float, now: float, q: float) -> dict[str, float]:
-        """Each instance's latency quantile ``q`` in ms over [start, now], computed where the buckets are: one
-        value per instance comes back, not its every bucket. Over the recorded minutes the answer changes only
-        when a minute is evaluated, so it is kept (per pool, window and ``q``) until the newest one is newer."""
-        selector = _selector(pool, None)
-        recorded = self.records()
-        newest = self._newest_recorded_minute(selector, now) if recorded else None
+    def _window_counts(self, pool: str, window_s: int, start: float, now: float, names: list[str],
+                       columns: frozenset[str] | None) -> np.ndarray:
+        """The counts [names, N_COLUMNS] of ``names`` over [start, now] (only ``columns`` where given), those
+        already read for this window and its newest recorded minute kept, the others read."""
+        held = self._kept(("counts", pool, window_s, columns), start, now, lambda at: {})
+        missing = [name for name in names if name not in held]
+        if missing:
+            at = self._newest.get((pool, now)) or now  # the minute a kept answer holds, else now
+            position = {name: i for i, name in enumerate(missing)}
+            rows = np.zeros((len(missing), N_COLUMNS))
+            # The recorded minutes evaluated since ``start``, as the window's points count them.
+            counts = counts_query(_selector(pool, missing), ("instance",), _since(start, at), recorded=self.records(),
+                                  columns=columns)
+            _fill_counts(rows, _at_instance(self._instant(counts, at), position))
+            held.update(zip(missing, rows, strict=True))
+        return np.array([held[name] for name in names]).reshape(len(names), N_COLUMNS)
+
+    def _kept(self, key: tuple, start: float, now: float, read: Callable[[float], dict]) -> dict:
+        """``read(at)``'s answer over [start, at]: kept in this process while the window starts at ``start`` and
+        no newer minute is recorded (``at`` that minute), or read afresh at ``now`` where the server records
+        none. Every minute the server has evaluated is counted either way."""
+        newest = self._newest_recorded_minute(key[1], now) if self.records() else None
         if newest is None:
-            return self._quantiles_at(selector, start, now, q, recorded)
-        held = telemetry_cache.get(("quantiles", self.url, pool, window_s, q), HeldQuantiles)
+            return read(now)
+        held = telemetry_cache.get((self.url, *key), KeptAnswer)
         answer = held.answer  # read once: another thread may replace it, never change it
         if answer is None or answer[0] != (start, newest):
-            answer = held.answer = ((start, newest), self._quantiles_at(selector, start, newest, q, recorded))
+            answer = held.answer = ((start, newest), read(newest))
         return answer[1]
 
-    def _quantiles_at(self, selector: str, start: float, at: float, q: float, recorded: bool) -> dict[str, float]:
+    def _quantiles_at(self, pool: str, start: float, at: float, q: float) -> dict[str, float]:
+        """Each instance's latency quantile ``q`` in ms over [start, at], computed where the buckets are: one
+        value per instance comes back, not its every bucket."""
         by_instance = {}
-        for labels, [(_, raw)] in self._instant(quantile_query(q, selector, _since(start, at), recorded), at):
+        query = quantile_query(q, _selector(pool, None), _since(start, at), self.records())
+        for labels, [(_, raw)] in self._instant(query, at):
             value = _count(raw)
             if isinstance(labels.get("instance"), str) and value is not None:
                 by_instance[labels["instance"]] = value * 1000.0
         return by_instance
 
-    def _newest_recorded_minute(self, selector: str, now: float) -> float | None:
-        """When the newest recorded minute of the pool's latency buckets was evaluated (seconds), or None
-        (none within Prometheus's lookback). Each rule's minute is written at once, so none of its series
-        can be newer."""
-        [(series, split)] = [(series, split) for series, split, column in COUNTED if column == BUCKET_PART]
-        record = counted_record(series, split, INSTANCE)
-        answer = self._instant(f'max(timestamp({record}{{{selector}, le="+Inf"}}))', now)
-        return _count(answer[0][1][0][1]) if answer else None
+    def _newest_recorded_minute(self, pool: str, now: float) -> float | None:
+        """When the newest minute of the pool's instance-level counts was recorded (seconds), or None (none
+        within Prometheus's lookback), asked once per read. The rules run in order, each one's minute written
+        at once: the last one's minute is one every count holds."""
+        if (pool, now) not in self._newest:
+            record = counted_record(COUNTED[-1][0], COUNTED[-1][1], INSTANCE)
+            answer = self._instant(f"max(timestamp({record}{{{_selector(pool, None)}}}))", now)
+            self._newest[pool, now] = _count(answer[0][1][0][1]) if answer else None
+        return self._newest[pool, now]
 
 
 @dataclass
-class HeldQuantiles:
-    """One pool's latency quantile per instance over a window, and the (window start, newest recorded
-    minute) it was computed for."""
+class KeptAnswer:
+    """An answer over a window's recorded minutes (by instance), and the (window start, newest recorded
+    minute) it holds."""
 
-    answer: tuple[tuple[float, float], dict[str, float]] | None = None
+    answer: tuple[tuple[float, float], dict] | None = None
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.answer is None else 100 * len(self.answer[1])
+        return 0 if self.answer is None else (N_COLUMNS * 8 + 100) * len(self.answer[1])
 
 
 def _selector(pool: str, instances: list[str] | None) -> str:

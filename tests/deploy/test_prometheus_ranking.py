@@ -20,6 +20,7 @@ from controlplane.policies.models import Pool
 from controlplane.telemetry import bench_prometheus, promql, selectors
 from controlplane.telemetry.bench import Writer
 from controlplane.telemetry.cache import telemetry_cache
+from controlplane.telemetry.history import N_COLUMNS
 from controlplane.telemetry.merge import latency_counts, quantiles
 from relay_engine.core.lifetime import free_port
 from relay_engine.core.wire import instance_name
@@ -95,6 +96,7 @@ def test_every_sort_of_the_table_pages_as_the_whole_rows_do(history):
         for sort in (column, f"-{column}"):
             expected = _ordered(rows, sort)
             for offset in (0, 3):
+                telemetry_cache.clear()  # a page read afresh, not the whole rows kept from above
                 with override_settings(PROMETHEUS_URL=url):
                     page = selectors.instance_table(pool=pool, window="1h", sort=sort, limit=3, offset=offset,
                                                     now=now)
@@ -140,7 +142,7 @@ def test_the_live_view_lists_the_worst_instances_of_the_whole_rows_and_counts_ev
 
 
 
-def test_quantiles_kept_between_polls_are_those_asked_afresh(history):
+def test_answers_kept_between_polls_are_those_asked_afresh(history):
     """Kept until a newer minute is recorded, so a later poll of the same window must get what a fresh read
     gives: the window's answer may not depend on the moment it is asked."""
     url, end_of_data = history
@@ -150,14 +152,21 @@ def test_quantiles_kept_between_polls_are_those_asked_afresh(history):
     asked = end_of_data - 45
     with override_settings(PROMETHEUS_URL=url):
         tier, step_s, start, n_points = selectors.window_grid("1h", asked)
-    newest = source._newest_recorded_minute(f'pool="{POOL}"', asked)
+    newest = source._newest_recorded_minute(POOL, asked)
     assert newest is not None and asked - 60 < newest <= asked
     later = asked + min(start + n_points * step_s - asked, newest + 60 - asked) / 2
     window = {"pool": POOL, "tier": tier, "window_s": 3600, "start": start}
+    page = [instance_name(POOL, i) for i in (1, 3, 5)]
     names, first = source.window_quantile(**window, now=asked, q=0.99)
+    first_rows = source.window_totals(**window, now=asked, instances=page).sums
     _, kept = source.window_quantile(**window, now=later, q=0.99)
+    kept_rows = source.window_totals(**window, now=later, instances=page).sums
     telemetry_cache.clear()
     _, fresh = source.window_quantile(**window, now=later, q=0.99)
+    fresh_rows = promql.PrometheusHistory(url, timeout_s=10).window_totals(**window, now=later, instances=page).sums
     assert len(names) == INSTANCES and np.isfinite(first).sum() == INSTANCES - 1
+    assert first_rows.shape == (3, N_COLUMNS) and first_rows.sum() > 0
     np.testing.assert_array_equal(kept, first)
     np.testing.assert_array_equal(fresh, first)
+    np.testing.assert_array_equal(kept_rows, first_rows)
+    np.testing.assert_array_equal(fresh_rows, first_rows)
