@@ -125,6 +125,18 @@ TABLE_COLUMNS = ("instance", "rank_requests", "rank_per_s", "p50_ms", "p99_ms", 
 TABLE_DEFAULT_SORT = "-p99_ms"
 TABLE_COUNT_COLUMNS = frozenset(("rank_requests", "preinfer_admitted", "hbm_bytes", "hbm_budget_bytes",
                                  "applied_generation"))  # whole numbers; the others are figures or null
+# What ranking every instance by one column reads of each: a latency quantile (computed where the buckets
+# are), or the counters the column is a figure of (the gauges come with any read; ``instance`` needs none).
+_QUANTILE_COLUMNS = {"p50_ms": 0.50, "p99_ms": 0.99}
+_COLUMN_COUNTERS: dict[str, tuple[str, ...]] = {
+    "rank_requests": ("rank_requests",),
+    "rank_per_s": ("rank_requests",),
+    "slo_compliance_ratio": ("rank_within_slo", "rank_requests"),
+    "hbm_hit_ratio": tuple(OUTCOME_COUNTERS.values()),
+    "miss_ratio": tuple(OUTCOME_COUNTERS.values()),
+    "preinfer_admitted": ("preinfer_admitted",),
+}
+_RANKING_COLUMN = {"p99": "p99_ms", "hbm": "hbm_pressure"}  # each of ``RANKINGS`` as a table column
 # Figures by a word of the core, sent nested (``{"preinfer_refused_per_s": {reason: […]}}``).
 _REFUSED = "preinfer_refused_per_s."
 _MISSED = "misses_per_s."  # misses by reason (``MISS_REASONS``)
@@ -284,18 +296,38 @@ def first_point(since: float | None, start: float, step_s: int, n_points: int) -
     return min(n_points - 1, int((since - start) // step_s))
 
 
-def _ranked(totals, rank_by: str, known: tuple[str, ...] = ()) -> list[tuple[str, float | None]]:
+def _table_columns(totals, elapsed_s: float) -> dict[str, np.ndarray]:
+    """Every number column of the table, per instance of ``totals``."""
+    figures = _window_figures(totals.sums)
+    return {
+        **figures,
+        "rank_per_s": figures["rank_requests"] / elapsed_s,
+        **{name: totals.gauges[:, GAUGE_COLUMN[name]] for name in ("hbm_bytes", "hbm_budget_bytes",
+                                                                   "applied_generation")},
+        "hbm_pressure": _ratio(totals.gauges[:, GAUGE_COLUMN["hbm_bytes"]],
+                               totals.gauges[:, GAUGE_COLUMN["hbm_budget_bytes"]]),
+    }
+
+
+def _column_values(source, column: str, *, pool: str, tier: str, window_s: int, start: float,
+                   now: float) -> tuple[list[str], np.ndarray]:
+    """Every instance that reported in the window (by name) and its value of one number column of the table,
+    reading of each only what that column needs."""
+    window = {"pool": pool, "tier": tier, "window_s": window_s, "start": start, "now": now}
+    if column in _QUANTILE_COLUMNS:
+        return source.window_quantile(**window, q=_QUANTILE_COLUMNS[column])
+    totals = source.window_totals(**window, counters=_COLUMN_COUNTERS.get(column, ()))
+    return totals.names, _table_columns(totals, max(1.0, now - start))[column]
+
+
+def _ranked(names: list[str], values: np.ndarray, known: tuple[str, ...] = ()) -> list[tuple[str, float | None]]:
     """(instance, ranking value), worst first; instances without a value last, by name. An instance
     the client already shows (``known``) is ranked as if ``STICKINESS`` worse: a newcomer displaces it
     only by being clearly worse, so near-equal instances do not take turns in the list every poll."""
-    if rank_by == "p99":
-        values = quantiles(latency_counts(totals.sums), (0.99,))[0]
-    else:
-        values = _ratio(totals.gauges[:, GAUGE_COLUMN["hbm_bytes"]], totals.gauges[:, GAUGE_COLUMN["hbm_budget_bytes"]])
     shown = set(known)
-    ranked = np.nan_to_num(values) * np.array([1 + STICKINESS if name in shown else 1.0 for name in totals.names])
-    order = sorted(range(len(totals.names)), key=lambda i: (math.isnan(values[i]), -ranked[i], totals.names[i]))
-    return [(totals.names[i], _number(values[i], 6)) for i in order]
+    ranked = np.nan_to_num(values) * np.array([1 + STICKINESS if name in shown else 1.0 for name in names])
+    order = sorted(range(len(names)), key=lambda i: (math.isnan(values[i]), -ranked[i], names[i]))
+    return [(names[i], _number(values[i], 6)) for i in order]
 
 
 def _instance_series(points: tuple[np.ndarray, np.ndarray], first: int, step_s: int,
@@ -323,17 +355,23 @@ def pool_metrics(*, pool: Pool, window: str, since: float | None = None, top: in
                   "timestamps": [start + i * step_s for i in range(first, n_points)], "fleet": fleet}
         if top <= 0:
             return answer
-        totals = source.window_totals(pool=pool.name, tier=tier, window_s=window_s, start=start, now=now)
+        names, values = _column_values(source, _RANKING_COLUMN[rank_by], pool=pool.name, tier=tier,
+                                       window_s=window_s, start=start, now=now)
         # The list shows the chosen ones worst first by their own values.
-        chosen = sorted(_ranked(totals, rank_by, known)[:top], key=lambda item: (item[1] is None, -(item[1] or 0)))
-        points = source.instance_points(pool=pool.name, tier=tier, instances=[name for name, _ in chosen],
-                                        window_s=window_s, start=start, step_s=step_s, n_points=n_points, now=now)
+        chosen = sorted(_ranked(names, values, known)[:top], key=lambda item: (item[1] is None, -(item[1] or 0)))
+        # Only the points a poll sends are read: from ``first`` for an instance the client holds, all for a newcomer.
+        points: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for held in {first if name in known else 0 for name, _ in chosen}:
+            names_held = [name for name, _ in chosen if (first if name in known else 0) == held]
+            points.update(zip(names_held, source.instance_points(
+                pool=pool.name, tier=tier, instances=names_held, window_s=window_s, start=start + held * step_s,
+                step_s=step_s, n_points=n_points - held, now=now), strict=True))
     worst = []
-    for (name, value), instance_points in zip(chosen, points, strict=True):
+    for name, value in chosen:
         held = first if name in known else 0
-        series = _instance_series(instance_points, held, step_s, TOP_FIGURES, TOP_GAUGES)
+        series = _instance_series(points[name], 0, step_s, TOP_FIGURES, TOP_GAUGES)
         worst.append({"instance": name, "value": value, "from": start + held * step_s, **series})
-    answer["top"] = {"by": rank_by, "n": top, "reporting": len(totals.names), "instances": worst}
+    answer["top"] = {"by": rank_by, "n": top, "reporting": len(names), "instances": worst}
     return answer
 
 
@@ -344,29 +382,36 @@ def instance_table(*, pool: Pool, window: str, sort: str = TABLE_DEFAULT_SORT, l
     now = time.time() if now is None else now
     tier, _, start, _ = window_grid(window, now)
     window_s = WINDOWS[window][0]
-    with history_source(window_s) as source:
-        totals = source.window_totals(pool=pool.name, tier=tier, window_s=window_s, start=start, now=now)
-    figures = _window_figures(totals.sums)
     elapsed_s = max(1.0, now - start)
-    columns: dict[str, np.ndarray] = {
-        **figures,
-        "rank_per_s": figures["rank_requests"] / elapsed_s,
-        **{name: totals.gauges[:, GAUGE_COLUMN[name]] for name in ("hbm_bytes", "hbm_budget_bytes",
-                                                                   "applied_generation")},
-        "hbm_pressure": _ratio(totals.gauges[:, GAUGE_COLUMN["hbm_bytes"]],
-                               totals.gauges[:, GAUGE_COLUMN["hbm_budget_bytes"]]),
-    }
-    rows = [{"instance": name, **{column: _number(columns[column][i], 4 if column.endswith("_ms") else 6,
-                                                  column in TABLE_COUNT_COLUMNS)
-                                  for column in TABLE_COLUMNS[1:]}}
-            for i, name in enumerate(totals.names)]
     key = sort.lstrip("-")
-    rows.sort(key=lambda row: row["instance"])
-    with_value = [row for row in rows if row[key] is not None]
-    with_value.sort(key=lambda row: row[key], reverse=sort.startswith("-"))
-    ordered = with_value + [row for row in rows if row[key] is None]
+    # Every instance is ordered by the sort column alone; only the page's rows are read whole.
+    with history_source(window_s) as source:
+        if key == "instance":
+            names = source.window_totals(pool=pool.name, tier=tier, window_s=window_s, start=start, now=now,
+                                         counters=()).names
+            values = list(names)
+        else:
+            names, raw = _column_values(source, key, pool=pool.name, tier=tier, window_s=window_s, start=start,
+                                        now=now)
+            values = [_table_number(key, value) for value in raw]
+        keyed = sorted(zip(names, values, strict=True))
+        with_value = [item for item in keyed if item[1] is not None]
+        with_value.sort(key=lambda item: item[1], reverse=sort.startswith("-"))
+        ordered = [name for name, _ in with_value + [item for item in keyed if item[1] is None]]
+        page = ordered[offset:offset + limit]
+        totals = source.window_totals(pool=pool.name, tier=tier, window_s=window_s, start=start, now=now,
+                                      instances=page)
+    columns = _table_columns(totals, elapsed_s)
+    rows = {name: {"instance": name, **{column: _table_number(column, columns[column][i])
+                                        for column in TABLE_COLUMNS[1:]}}
+            for i, name in enumerate(totals.names)}
     return {"pool": pool.name, "window": window, "start": start, "sort": sort, "count": len(ordered),
-            "limit": limit, "offset": offset, "results": ordered[offset:offset + limit]}
+            "limit": limit, "offset": offset, "results": [rows[name] for name in page if name in rows]}
+
+
+def _table_number(column: str, value: float) -> float | int | None:
+    """One cell of the table as it is sent (and sorted): rounded, or a whole number, or null."""
+    return _number(value, 4 if column.endswith("_ms") else 6, column in TABLE_COUNT_COLUMNS)
 
 
 def instance_metrics(*, pool: Pool, instance: str, window: str, since: float | None = None,

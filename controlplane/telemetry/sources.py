@@ -26,7 +26,7 @@ from relay_engine.core.wire import HISTORY_TIERS, LIVE_TIER, TELEMETRY_TIERS
 
 from .cache import telemetry_cache
 from .history import N_COLUMNS, stream_histories
-from .merge import bucketed
+from .merge import bucketed, latency_counts, quantiles
 from .promql import PrometheusHistory
 from .recording import RECORDED_STEP_S
 from .rollups import POOL_GAUGE_COLUMN, read_rollup
@@ -65,8 +65,16 @@ class HistorySource(Protocol):
         """Per instance (in order): counts [n_points, N_COLUMNS] and gauges [n_points, GAUGES] (NaN where
         none)."""
 
-    def window_totals(self, *, pool: str, tier: str, window_s: int, start: float, now: float) -> WindowTotals:
-        """Every instance that reported since ``start``: its counts over [start, now], its newest gauges."""
+    def window_totals(self, *, pool: str, tier: str, window_s: int, start: float, now: float,
+                      instances: list[str] | None = None, counters: tuple[str, ...] | None = None) -> WindowTotals:
+        """Every instance that reported since ``start`` (or those of ``instances`` that did): its counts over
+        [start, now], its newest gauges. With ``counters``, only those counters' columns need be counted
+        (the rest may read 0): what a ranking by one figure needs of every instance."""
+
+    def window_quantile(self, *, pool: str, tier: str, window_s: int, start: float, now: float,
+                        q: float) -> tuple[list[str], np.ndarray]:
+        """Every instance that reported since ``start`` (by name) and its latency quantile ``q`` in ms over
+        [start, now], from its merged buckets (NaN where it counted none)."""
 
 
 def _per_point_gauges(gauges: np.ndarray, per_point: int, filled: np.ndarray) -> np.ndarray:
@@ -85,6 +93,7 @@ class RedisHistory:
 
     def __init__(self, client: redis.Redis):
         self.client = client
+        self._totals: dict[tuple, WindowTotals] = {}  # this read's, by window: a ranking and its rows share them
 
     def pool_points(self, *, pool, tier, start, step_s, n_points, now):
         per_point = step_s // TELEMETRY_TIERS[tier][0]
@@ -99,16 +108,28 @@ class RedisHistory:
                                      now=now, point_s=step_s)
         return [bucketed(history, start, step_s, n_points) for history in histories]
 
-    def window_totals(self, *, pool, tier, window_s, start, now):
-        return window_totals(self.client, pool=pool, tier=tier, window_s=window_s, start=start, now=now)
+    def window_totals(self, *, pool, tier, window_s, start, now, instances=None, counters=None):
+        key = (pool, tier, window_s, start, now)
+        if key not in self._totals:
+            self._totals[key] = window_totals(self.client, pool=pool, tier=tier, window_s=window_s, start=start,
+                                              now=now)
+        totals = self._totals[key]
+        return totals if instances is None else totals.of(instances)
+
+    def window_quantile(self, *, pool, tier, window_s, start, now, q):
+        totals = self.window_totals(pool=pool, tier=tier, window_s=window_s, start=start, now=now)
+        return totals.names, quantiles(latency_counts(totals.sums), (q,))[0]
 
 
 @contextmanager
 def history_source(window_s: int) -> Iterator[HistorySource]:
     """The source of a read of a ``window_s`` window: Prometheus for history when there is one, else
-    Redis (under the cache lock, its errors as 503s naming REDIS_URL, the cache trimmed after)."""
+    Redis (under the cache lock, its errors as 503s naming REDIS_URL); the cache trimmed after either."""
     if prometheus_holds_history() and window_s > LIVE_WINDOW_S:
-        yield PrometheusHistory(settings.PROMETHEUS_URL, timeout_s=settings.PROMETHEUS_TIMEOUT_S)
+        try:
+            yield PrometheusHistory(settings.PROMETHEUS_URL, timeout_s=settings.PROMETHEUS_TIMEOUT_S)
+        finally:
+            telemetry_cache.trim()  # what it keeps (its quantiles) counts against the same budget
         return
     with telemetry_cache.lock:
         try:

@@ -75,6 +75,12 @@ class WindowTotals:
     sums: np.ndarray  # [instances, N_COLUMNS]
     gauges: np.ndarray  # [instances, GAUGES]
 
+    def of(self, instances: list[str]) -> WindowTotals:
+        """Only those of ``instances`` held here, still by name."""
+        wanted = set(instances)
+        kept = [i for i, name in enumerate(self.names) if name in wanted]
+        return WindowTotals([self.names[i] for i in kept], self.sums[kept], self.gauges[kept])
+
 
 def _latest(client: redis.Redis, keys: PoolKeys, tier: str, names: list[str]) -> dict[str, Sample]:
     held = telemetry_cache.get(("latest", settings.REDIS_URL, keys.base, tier), Samples)

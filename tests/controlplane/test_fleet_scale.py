@@ -269,18 +269,14 @@ def test_a_history_of_differences_matches_its_snapshots():
 
 
 def test_a_listed_instance_keeps_its_place_against_a_barely_worse_one():
-    from controlplane.telemetry.history import GAUGE_COLUMN, GAUGES, N_COLUMNS
     from controlplane.telemetry.selectors import _ranked
-    from controlplane.telemetry.summaries import WindowTotals
 
-    gauges = np.zeros((3, len(GAUGES)))
-    gauges[:, GAUGE_COLUMN["hbm_budget_bytes"]] = 100
-    gauges[:, GAUGE_COLUMN["hbm_bytes"]] = [50, 51, 60]  # p.2 clearly worst, p.1 a hair above p.0
-    totals = WindowTotals(["p.0", "p.1", "p.2"], np.zeros((3, N_COLUMNS)), gauges)
-    assert [name for name, _ in _ranked(totals, "hbm")[:2]] == ["p.2", "p.1"]
-    assert [name for name, _ in _ranked(totals, "hbm", known=("p.0", "p.2"))[:2]] == ["p.2", "p.0"]
-    gauges[0, GAUGE_COLUMN["hbm_bytes"]] = 40  # now clearly better: displaced
-    assert [name for name, _ in _ranked(totals, "hbm", known=("p.0", "p.2"))[:2]] == ["p.2", "p.1"]
+    names = ["p.0", "p.1", "p.2"]
+    pressure = np.array([0.50, 0.51, 0.60])  # p.2 clearly worst, p.1 a hair above p.0
+    assert [name for name, _ in _ranked(names, pressure)[:2]] == ["p.2", "p.1"]
+    assert [name for name, _ in _ranked(names, pressure, known=("p.0", "p.2"))[:2]] == ["p.2", "p.0"]
+    pressure[0] = 0.40  # now clearly better: displaced
+    assert [name for name, _ in _ranked(names, pressure, known=("p.0", "p.2"))[:2]] == ["p.2", "p.1"]
 
 
 @settings(max_examples=40, deadline=None)
