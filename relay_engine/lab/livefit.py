@@ -143,3 +143,76 @@ def window_words(meta: dict) -> str:
 
 
 __all__ = ["COMPARE_LENGTHS", "LiveFit", "OpFit", "fit_live", "read_pool_forwards", "window_words"]
+
+
+@dataclass(frozen=True)
+class Interleaving:
+    """What taking turns on a core did to a point's ranking forwards: ``sharing``, their wall time ÷ their
+    CPU time (about how many forwards ran interleaved on the core, on average, while one did), and
+    ``inflation``, their CPU time ÷ the same forwards' time alone (the offline profile)."""
+
+    sharing: float
+    inflation: float
+
+    def to_dict(self) -> dict:
+        return {"sharing": round(self.sharing, 3), "inflation": round(self.inflation, 4)}
+
+
+def interleaving(times: ForwardTimes, alone: CostModel, ops: tuple[str, ...] = ("rank", "rank_full")) -> Interleaving:
+    """``Interleaving`` of the ``ops`` forwards in ``times`` (a CPU instance's: CPU and wall time both),
+    against ``alone``'s time for each bucket's mean shape (1, 1 where there are none)."""
+    cpu = wall = expected = 0.0
+    for m in times.means():
+        if m.op in ops and m.mean_ms > 0:
+            cpu += m.mean_ms * m.count
+            wall += m.mean_wall_ms * m.count
+            expected += alone.op_ms(m.op, max(1, round(m.n)), round(m.s), round(m.c)) * m.count
+    if cpu <= 0 or expected <= 0:
+        return Interleaving(1.0, 1.0)
+    return Interleaving(max(1.0, wall / cpu), cpu / expected)
+
+
+MAX_THRASH = 2.0
+THRASH_GRID = tuple(i / 1000 for i in range(0, int(MAX_THRASH * 1000) + 1, 5))
+
+
+@dataclass(frozen=True)
+class Thrash:
+    """What each further forward interleaved on a core adds to a forward's CPU time, fitted over points at
+    different loads: inflation = level × (1 + thrash × (sharing − 1)) — ``level`` the in-service cost at
+    no interleaving (÷ the profile's), the same at every load; ``error`` the largest relative miss."""
+
+    thrash: float
+    level: float
+    error: float
+    points: tuple[Interleaving, ...]
+
+    def to_dict(self) -> dict:
+        return {"thrash": self.thrash, "level": round(self.level, 4), "error": round(self.error, 4),
+                "points": [p.to_dict() for p in self.points]}
+
+
+MIN_SHARING_SPREAD = 0.25  # the least spread of the points' sharing that can tell thrash from level
+
+
+def fit_thrash(points: list[Interleaving]) -> Thrash:
+    """``Thrash`` by least squares in log space over a grid of 0–``MAX_THRASH``. Points whose sharing
+    spans less than ``MIN_SHARING_SPREAD`` (all lightly loaded, or all alike) cannot tell the two
+    apart: thrash 0, the level their mean inflation."""
+    usable = [p for p in points if p.inflation > 0]
+    if not usable or max(p.sharing for p in usable) - min(p.sharing for p in usable) < MIN_SHARING_SPREAD:
+        level = math.exp(sum(math.log(p.inflation) for p in usable) / len(usable)) if usable else 1.0
+        return Thrash(0.0, level, _miss(usable, 0.0, level), tuple(points))
+    best = None
+    for thrash in THRASH_GRID:
+        logs = [math.log(p.inflation) - math.log(1 + thrash * (p.sharing - 1)) for p in usable]
+        level = sum(logs) / len(logs)
+        loss = sum((x - level) ** 2 for x in logs)
+        if best is None or loss < best[0] - 1e-12:
+            best = (loss, thrash, math.exp(level))
+    _, thrash, level = best
+    return Thrash(thrash, level, _miss(usable, thrash, level), tuple(points))
+
+
+def _miss(points: list[Interleaving], thrash: float, level: float) -> float:
+    return max((abs(level * (1 + thrash * (p.sharing - 1)) / p.inflation - 1) for p in points), default=0.0)

@@ -118,4 +118,7 @@ def test_validation_reports_the_simulators_error_at_every_point(trace, tmp_path)
     assert result["p99_target"] == 0.15 and "within_target" in result
     assert isinstance(result["max_abs_p99_error_profile"], float)
     assert isinstance(result["max_abs_p99_error_forwards_only"], float)
+    thrash = result["thrash"]  # what interleaving costs, fitted over the points, each point's figures in it
+    assert 0 <= thrash["thrash"] <= 2 and thrash["level"] > 0 and len(thrash["points"]) == len(result["points"])
+    assert all(p["interleaving"]["sharing"] >= 1 for p in result["points"])
     assert "Where the time went" in proc.stdout and "Where the real instances' CPU went" in proc.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from relay_engine.core.forward_times import ForwardTimes
 from relay_engine.core.trace import write_trace
 from relay_engine.lab.costmodel import CostModel
-from relay_engine.lab.livefit import COMPARE_LENGTHS, fit_live
+from relay_engine.lab.livefit import COMPARE_LENGTHS, Interleaving, fit_live, fit_thrash, interleaving
 from relay_engine.lab.sim import cli
 from relay_engine.lab.traffic import TraceSpec, generate_trace
 from tests.lab.test_costmodel import true_model
@@ -111,3 +112,28 @@ def test_the_preview_replays_with_the_pools_own_times_and_says_so(tmp_path):
     assert runs["profile"]["profile"]["live_fit"] is None
     # Three times slower forwards: the same traffic waits longer.
     assert runs["own"]["live"]["p50_ms"] > 2 * runs["profile"]["live"]["p50_ms"]
+
+
+def test_interleaving_is_the_ranking_forwards_wall_over_cpu_and_cpu_over_their_time_alone():
+    # Ranks that cost 1.3× their time alone in CPU and 2.5× that in wall time; prefills do not count.
+    base = true_model()
+    times = ForwardTimes()
+    for n in (300, 600, 1200, 2400):
+        for _ in range(10):
+            cpu = base.op_ms("rank", n, 32, 128) * 1.3
+            times.record("rank", n, 32, 128, cpu, cpu * 2.5)
+        times.record("prefill", n, 0, 0, base.op_ms("prefill", n, 0, 0) * 5, 1000.0)
+    turns = interleaving(times, base)
+    assert turns.sharing == pytest.approx(2.5) and turns.inflation == pytest.approx(1.3, rel=0.01)
+    assert interleaving(ForwardTimes(), base) == Interleaving(1.0, 1.0)
+
+
+def test_the_thrash_is_fitted_across_loads_apart_from_the_level_every_load_has():
+    # In service a forward costs 1.2× its time alone at any load, and each further interleaved one adds 0.15.
+    points = [Interleaving(s, 1.2 * (1 + 0.15 * (s - 1))) for s in (1.1, 1.6, 2.3, 3.0)]
+    fitted = fit_thrash(points)
+    assert fitted.thrash == pytest.approx(0.15, abs=0.005) and fitted.level == pytest.approx(1.2, rel=0.01)
+    assert fitted.error < 0.01 and fitted.points == tuple(points)
+    # One load cannot tell the two apart: no thrash, the level its inflation.
+    single = fit_thrash([Interleaving(2.0, 1.4), Interleaving(2.1, 1.5)])
+    assert single.thrash == 0.0 and single.level == pytest.approx(math.sqrt(1.4 * 1.5))

@@ -103,6 +103,36 @@ def test_shared_compute_splits_by_weight_and_gives_all_to_a_job_alone():
     assert done["prefill"] == pytest.approx(1.5)
 
 
+def test_interleaved_jobs_each_cost_more_the_more_share_the_core():
+    # Two 1 s jobs on one core with thrash 0.5: both run at ½ ÷ 1.5 until the first ends at 3 s; alone then,
+    # none of it is lost. A job alone is never slowed.
+    sim = Simulation()
+    compute = SharedCompute(sim, thrash=0.5)
+    done = {}
+
+    def job(name, work_s):
+        compute.run(work_s)
+        done[name] = sim.now
+
+    sim.spawn(job, "a", 1.0)
+    sim.spawn(job, "b", 2.0)
+    sim.run()
+    assert done["a"] == pytest.approx(3.0) and done["b"] == pytest.approx(4.0)
+    # On a host of two cores two jobs do not interleave; a third makes each 1 + 0.5 × (3/2 − 1) slower.
+    sim = Simulation()
+    host = SharedCompute(sim, capacity=2.0, job_cap=1.0, thrash=0.5)
+    for name in ("x", "y"):
+        sim.spawn(lambda name=name: (host.run(1.0), done.__setitem__(name, sim.now)))
+    sim.run()
+    assert done["x"] == done["y"] == pytest.approx(1.0)
+    sim = Simulation()
+    host = SharedCompute(sim, capacity=2.0, job_cap=1.0, thrash=0.5)
+    for name in ("x", "y", "z"):
+        sim.spawn(lambda name=name: (host.run(1.0), done.__setitem__(name, sim.now)))
+    sim.run()
+    assert done["z"] == pytest.approx(1.5 * 1.25)  # 2/3 of a core each, 1.25× slower
+
+
 def test_a_host_of_two_cores_runs_two_single_threaded_jobs_at_full_speed_and_shares_by_weight_past_that():
     sim = Simulation()
     host = SharedCompute(sim, capacity=2.0, job_cap=1.0)

@@ -93,17 +93,18 @@ class SimMeasure:
     """``sweeps.Measure`` on the simulator, with the same windows, regime and instances."""
 
     def __init__(self, settings: BenchSettings, cost: CostModel, queries: Sequence[TraceQuery], windows: list[Window],
-                 regime: Regime, rank_overhead_ms: float = 0.0, background_share: float = 0.0):
+                 regime: Regime, rank_overhead_ms: float = 0.0, background_share: float = 0.0, thrash: float = 0.0):
         self.s, self.cost, self.queries, self.windows, self.regime = settings, cost, queries, windows, regime
         self.model = HSTUModel(settings.model)
         self.rate = trace_qps(queries)
-        self.rank_overhead_ms, self.background_share = rank_overhead_ms, background_share
+        self.rank_overhead_ms, self.background_share, self.thrash = rank_overhead_ms, background_share, thrash
 
     def __call__(self, mode: Mode, cap: int, qps: float) -> PointResult:
         point = simulate_point(self.queries, self.windows, model=self.model, cost=self.cost, mode=mode,
                                regime=self.regime, cap=cap, qps=qps, instances=self.s.instances,
                                rank_threads=self.s.rank_threads, seed=self.s.seed, trace_rate=self.rate,
-                               rank_overhead_ms=self.rank_overhead_ms, background_share=self.background_share)
+                               rank_overhead_ms=self.rank_overhead_ms, background_share=self.background_share,
+                               thrash=self.thrash)
         point.bootstrap(self.s.bootstrap_replicates // 4, np.random.default_rng(self.s.seed))
         return point
 

@@ -107,12 +107,19 @@ class SharedCompute:
     (``engine.RankingGate``): under a per-job cap, while another job of its group (its instance's
     ranking) runs on this compute, it gets at most p of one job's cap, as the real gate pauses it
     between layers even when a core is free. Alone with no ranking of its own, it runs at full speed.
+
+    ``thrash``: what interleaving costs. With n jobs on c cores (c: ``capacity / job_cap``, or one
+    compute without a per-job cap) and n > c, every job runs ``1 + thrash × (n / c − 1)`` times slower
+    than its share alone would give: forwards that take turns on a core evict each other's working set,
+    so a forward costs more CPU the more of them interleave (measured on a CPU instance: 1.1–1.9× its
+    standalone time in service, more at higher load and longer prefixes).
     """
 
-    def __init__(self, sim: Simulation, capacity: float = 1.0, job_cap: float | None = None):
+    def __init__(self, sim: Simulation, capacity: float = 1.0, job_cap: float | None = None, thrash: float = 0.0):
         self.sim = sim
         self.capacity = capacity
         self.job_cap = job_cap
+        self.thrash = thrash
         self._jobs: dict[int, list] = {}  # id → [remaining standalone seconds, weight, process]
         self._rates: dict[int, float] = {}
         self._ids = itertools.count()
@@ -132,7 +139,15 @@ class SharedCompute:
         self.sim.block()
 
     def _shares(self) -> dict[int, float]:
-        """Each job's speed: by weight, water-filled under the per-job cap."""
+        """Each job's speed: by weight, water-filled under the per-job cap, slowed by interleaving."""
+        rates = self._fair_shares()
+        cores = self.capacity / self.job_cap if self.job_cap else 1.0
+        if self.thrash > 0 and len(self._jobs) > cores:
+            slower = 1.0 + self.thrash * (len(self._jobs) / cores - 1.0)
+            rates = {i: rate / slower for i, rate in rates.items()}
+        return rates
+
+    def _fair_shares(self) -> dict[int, float]:
         if self.job_cap is None:
             total = sum(job[1] for job in self._jobs.values())
             return {i: self.capacity * job[1] / total for i, job in self._jobs.items()}

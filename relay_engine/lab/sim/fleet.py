@@ -67,6 +67,8 @@ class FleetSpec:
     rank_overhead_ms: float = 0.0
     # The share of each instance's compute other processes take (``stats.cpu_parts``'s ``others_share``).
     background_share: float = 0.0
+    # What interleaving forwards on a core costs (``des.SharedCompute``'s ``thrash``; 0: nothing).
+    thrash: float = 0.0
 
     @classmethod
     def of_mode(cls, mode: Mode, regime: Regime, instances: int, rank_threads: int = 4,
@@ -171,9 +173,10 @@ def instance_names(n: int) -> list[str]:
 def computes(sim: Simulation, spec: FleetSpec) -> list[SharedCompute]:
     """Each instance's compute: its own, or its host's (``instances_per_host`` to a host)."""
     if spec.instances_per_host <= 1 and spec.host_cores == 1.0:
-        return [SharedCompute(sim, capacity=1.0 - spec.background_share) for _ in range(spec.instances)]
+        return [SharedCompute(sim, capacity=1.0 - spec.background_share, thrash=spec.thrash)
+                for _ in range(spec.instances)]
     per_host = max(1, spec.instances_per_host)
-    hosts = [SharedCompute(sim, capacity=spec.host_cores, job_cap=1.0)
+    hosts = [SharedCompute(sim, capacity=spec.host_cores, job_cap=1.0, thrash=spec.thrash)
              for _ in range(-(-spec.instances // per_host))]
     return [hosts[i // per_host] for i in range(spec.instances)]
 
@@ -206,12 +209,13 @@ def simulate_point(queries: Sequence[TraceQuery], windows: Sequence[Window], *, 
                    mode: Mode, regime: Regime, cap: int, qps: float, instances: int, device_type: str = "cpu",
                    seed: int = 0, rank_threads: int = 4, trace_rate: float | None = None,
                    progress: Callable[[float], None] | None = None, rank_overhead_ms: float = 0.0,
-                   background_share: float = 0.0) -> PointResult:
+                   background_share: float = 0.0, thrash: float = 0.0) -> PointResult:
     """One point (mode, cap, offered qps) over the paired windows, as the benchmark measures it."""
     started = time.monotonic()
     rate = trace_rate or trace_qps(queries)
     spec = replace(FleetSpec.of_mode(mode, regime, instances, rank_threads, device_type),
-                   rank_overhead_ms=rank_overhead_ms, background_share=min(0.9, max(0.0, background_share)))
+                   rank_overhead_ms=rank_overhead_ms, background_share=min(0.9, max(0.0, background_share)),
+                   thrash=max(0.0, thrash))
     tokens = Tokens()
     reports = []
     for window in windows:

@@ -7,7 +7,10 @@ Each point is simulated three times. ``sim`` (its errors are the point's ``p99_e
 the cost model fitted from the real instances' own forwards at that point (``livefit``: what a preview
 does with a pool's forwards; a forward costs more CPU in service than alone) and the CPU their
 processes spent outside the forwards, per ranking request (``stats.cpu_parts``: the dispatcher, handing
-requests to rank threads, the interpreter lock changing hands; ``in_service_overhead``);
+requests to rank threads, the interpreter lock changing hands; ``in_service_overhead``), with the cost
+of interleaving forwards on a core made explicit (``livefit.fit_thrash`` over every point's
+``livefit.interleaving``: each point's fitted costs taken at no interleaving, each forward costing more
+the more run with it — ``thrash``, per point ``interleaving``);
 ``sim_forwards_only`` (``p99_error_forwards_only`` …) with the fitted forwards alone; ``sim_profile``
 (``p99_error_profile`` …) with the cost model measured inside instance 0 alone before the run. Both
 sides say where their time went (``time_parts_ms``: queued before a rank thread, the forwards' own
@@ -32,7 +35,7 @@ from relay_engine.lab.bench.report import write_json
 from relay_engine.lab.bench.run import RealMeasure, SimMeasure, calibrate
 from relay_engine.lab.bench.settings import BenchSettings
 from relay_engine.lab.costmodel import CostModel
-from relay_engine.lab.livefit import fit_live
+from relay_engine.lab.livefit import fit_live, fit_thrash, interleaving
 
 P99_TARGET = 0.15
 # (mode, cap, load × the reference load): both sides of the relay/baseline comparison, light and loaded.
@@ -67,24 +70,34 @@ def validate(settings: BenchSettings, queries: Sequence[TraceQuery], out: Path,
         cal = calibrate(settings, queries, fleet, cost)
         real = RealMeasure(settings, fleet, queries, cal.windows, cal.regime, progress)
         sim = SimMeasure(settings, cal.cost, queries, cal.windows, cal.regime)
+        measured_points = []
         for mode_name, cap, load in points:
             mode = MODES_BY_NAME[mode_name]
             qps = settings.ref_qps / cal.time_scale * load
             cap = min(cap, max(settings.caps))
-            point = real(mode, cap, qps)
+            measured_points.append((mode, cap, qps, real(mode, cap, qps)))
+        # What interleaving costs, from every point's ranking forwards at once: a point's own averages
+        # cannot tell its load's part of the in-service cost from the part that is there at any load.
+        fitted = fit_thrash([interleaving(p.forward_times or ForwardTimes(), cal.cost) for *_, p in measured_points])
+        progress.set_description("simulating the points")
+        for (mode, cap, qps, point), turns in zip(measured_points, fitted.points, strict=True):
             measured = point.summary()
             fit = fit_live(point.forward_times or ForwardTimes(), cal.cost)
             cpu = point.cpu_parts
             overhead_ms, background = cpu.get("outside_per_rank", 0.0), cpu.get("others_share", 0.0)
-            simulated = SimMeasure(settings, fit.cost, queries, cal.windows, cal.regime, overhead_ms,
-                                   background)(mode, cap, qps).summary()
+            # The fitted forwards cost what they did at this point's average interleaving; the simulator
+            # takes them at none and makes each cost more the more forwards interleave with it.
+            at_none = fit.cost.scaled(1 / (1 + fitted.thrash * (turns.sharing - 1)))
+            simulated = SimMeasure(settings, at_none, queries, cal.windows, cal.regime, overhead_ms, background,
+                                   fitted.thrash)(mode, cap, qps).summary()
             forwards_only = SimMeasure(settings, fit.cost, queries, cal.windows, cal.regime)(mode, cap, qps).summary()
             alone = sim(mode, cap, qps).summary()
-            rows.append({"mode": mode_name, "cap": measured["cap"], "qps": measured["qps"], "n": measured["n"],
+            rows.append({"mode": mode.name, "cap": measured["cap"], "qps": measured["qps"], "n": measured["n"],
                          "real": measured, "sim": simulated, "sim_forwards_only": forwards_only, "sim_profile": alone,
                          "in_service_fit": fit.to_dict(),
                          "in_service_overhead": {"rank_overhead_ms": round(overhead_ms, 3),
                                                  "background_share": round(background, 4)},
+                         "interleaving": turns.to_dict(),
                          **compare(measured, simulated),
                          **{f"{k}_forwards_only": v for k, v in compare(measured, forwards_only).items()},
                          **{f"{k}_profile": v for k, v in compare(measured, alone).items()}})
@@ -98,6 +111,7 @@ def validate(settings: BenchSettings, queries: Sequence[TraceQuery], out: Path,
         "points": rows,
         "max_abs_p99_error": max(p99_errors, default=None),
         "max_abs_p99_error_forwards_only": max(forwards_errors, default=None),
+        "thrash": fitted.to_dict(),
         "max_abs_p99_error_profile": max(profile_errors, default=None),
         "p99_target": P99_TARGET,
         "within_target": bool(p99_errors) and max(p99_errors) <= P99_TARGET,
@@ -128,17 +142,26 @@ def table(result: dict) -> str:
                      f"{alone.get('p99_ms', '–')} ({pct(r.get('p99_error_profile'))}) |")
     lines += ["", "Where the real instances' CPU went (ms per ranking request; shares of the window): the ranks' own "
               "threads, the lane's prefills, the rest of the process (charged to each request in the simulator), "
-              "other processes on the pinned cores:",
-              "| mode | cap | ranks | prefills | rest of the process | others' share |", "|---|---:|---:|---:|---:|---:|"]
+              "other processes on the pinned cores; and the ranking forwards' interleaving (wall ÷ CPU time) and "
+              "their CPU time ÷ the profile's alone:",
+              "| mode | cap | ranks | prefills | rest of the process | others' share | interleaving | inflation |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["points"]:
         cpu = r["real"].get("cpu_ms") or {}
         n = cpu.get("rank_requests") or 0
+        turns = r.get("interleaving") or {}
+        shared = f"{turns['sharing']:.2f} | {turns['inflation']:.2f}" if turns else "– | –"
         if not n:
-            lines.append(f"| {r['mode']} | {r['cap']} | – | – | – | – |")
+            lines.append(f"| {r['mode']} | {r['cap']} | – | – | – | – | {shared} |")
             continue
         others = cpu.get("others_share")
         lines.append(f"| {r['mode']} | {r['cap']} | {cpu['ranks'] / n:.2f} | {cpu['prefill'] / n:.2f} | "
-                     f"{cpu['outside_per_rank']:.2f} | {'–' if others is None else f'{100 * others:.1f} %'} |")
+                     f"{cpu['outside_per_rank']:.2f} | {'–' if others is None else f'{100 * others:.1f} %'} | "
+                     f"{shared} |")
+    thrash = result.get("thrash")
+    if thrash:
+        lines.append(f"\nInterleaving: each further forward on a core adds {thrash['thrash']:g} of a forward's CPU time "
+                     f"(level at none {thrash['level']:.2f}× the profile, largest miss {100 * thrash['error']:.1f} %).")
     lines += ["", "Where the time went (means, ms: queued — of it, on the real side, dispatched late — / forwards "
               "alone / the rest), all requests and the tail (≥ P99):", "| mode | cap | real, all | sim, all | real, tail | sim, tail |", "|---|---:|---|---|---|---|"]
 
