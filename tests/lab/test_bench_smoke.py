@@ -121,4 +121,8 @@ def test_validation_reports_the_simulators_error_at_every_point(trace, tmp_path)
     thrash = result["thrash"]  # what interleaving costs, fitted over the points, each point's figures in it
     assert 0 <= thrash["thrash"] <= 2 and thrash["level"] > 0 and len(thrash["points"]) == len(result["points"])
     assert all(p["interleaving"]["sharing"] >= 1 for p in result["points"])
+    for p in result["points"]:  # the point's replay is the median of its replays, the real interval beside it
+        replays = p["sim"]["p99_replays_ms"]
+        assert len(replays) == 5 and p["sim"]["p99_ms"] == sorted(replays)[2]
+        assert isinstance(p["p99_within_real_interval"], bool)
     assert "Where the time went" in proc.stdout and "Where the real instances' CPU went" in proc.stdout

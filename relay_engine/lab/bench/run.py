@@ -99,12 +99,12 @@ class SimMeasure:
         self.rate = trace_qps(queries)
         self.rank_overhead_ms, self.background_share, self.thrash = rank_overhead_ms, background_share, thrash
 
-    def __call__(self, mode: Mode, cap: int, qps: float) -> PointResult:
+    def __call__(self, mode: Mode, cap: int, qps: float, forward_seed: int | None = None) -> PointResult:
         point = simulate_point(self.queries, self.windows, model=self.model, cost=self.cost, mode=mode,
                                regime=self.regime, cap=cap, qps=qps, instances=self.s.instances,
                                rank_threads=self.s.rank_threads, seed=self.s.seed, trace_rate=self.rate,
                                rank_overhead_ms=self.rank_overhead_ms, background_share=self.background_share,
-                               thrash=self.thrash)
+                               thrash=self.thrash, forward_seed=forward_seed)
         point.bootstrap(self.s.bootstrap_replicates // 4, np.random.default_rng(self.s.seed))
         return point
 

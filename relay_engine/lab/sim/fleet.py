@@ -209,8 +209,9 @@ def simulate_point(queries: Sequence[TraceQuery], windows: Sequence[Window], *, 
                    mode: Mode, regime: Regime, cap: int, qps: float, instances: int, device_type: str = "cpu",
                    seed: int = 0, rank_threads: int = 4, trace_rate: float | None = None,
                    progress: Callable[[float], None] | None = None, rank_overhead_ms: float = 0.0,
-                   background_share: float = 0.0, thrash: float = 0.0) -> PointResult:
-    """One point (mode, cap, offered qps) over the paired windows, as the benchmark measures it."""
+                   background_share: float = 0.0, thrash: float = 0.0, forward_seed: int | None = None) -> PointResult:
+    """One point (mode, cap, offered qps) over the paired windows, as the benchmark measures it. ``seed``
+    routes as the benchmark's fleet does; ``forward_seed`` (default ``seed``) draws the forward times."""
     started = time.monotonic()
     rate = trace_rate or trace_qps(queries)
     spec = replace(FleetSpec.of_mode(mode, regime, instances, rank_threads, device_type),
@@ -223,5 +224,5 @@ def simulate_point(queries: Sequence[TraceQuery], windows: Sequence[Window], *, 
                           with_preinfer=mode.preinfer)
         reports.append(replay_window(queries, window, events, cap=cap, spec=spec, model=model, cost=cost,
                                      rng=window_rng(seed, window), tokens=tokens, progress=progress,
-                                     forward_seed=seed))
+                                     forward_seed=seed if forward_seed is None else forward_seed))
     return point_result(mode.name, cap, qps, regime.time_scale, regime.slo_ms, reports, time.monotonic() - started)

@@ -3,7 +3,8 @@ and the same regime; the relative error of the simulator at every point, as frac
 measured) ÷ measured, for P99, P50, within-SLO share, hit ratio and the HBM peak. The target is |P99
 error| ≤ 15 % at every point.
 
-Each point is simulated three times. ``sim`` (its errors are the point's ``p99_error`` …) replays with
+Each point is simulated three ways. ``sim`` (its errors are the point's ``p99_error`` …; the median-P99
+replay of ``REPLAYS``, the real P99's interval beside it: ``p99_within_real_interval``) replays with
 the cost model fitted from the real instances' own forwards at that point (``livefit``: what a preview
 does with a pool's forwards; a forward costs more CPU in service than alone) and the CPU their
 processes spent outside the forwards, per ranking request (``stats.cpu_parts``: the dispatcher, handing
@@ -38,6 +39,7 @@ from relay_engine.lab.costmodel import CostModel
 from relay_engine.lab.livefit import fit_live, fit_thrash, interleaving
 
 P99_TARGET = 0.15
+REPLAYS = 5  # replays of each point with the full model, forward times drawn anew in each
 # (mode, cap, load × the reference load): both sides of the relay/baseline comparison, light and loaded.
 DEFAULT_POINTS = (("baseline", 1024, 1.0), ("baseline", 2048, 0.5), ("relay", 2048, 1.0), ("relay", 4096, 0.5),
                   ("relay_cache_only", 2048, 1.0))
@@ -88,8 +90,14 @@ def validate(settings: BenchSettings, queries: Sequence[TraceQuery], out: Path,
             # The fitted forwards cost what they did at this point's average interleaving; the simulator
             # takes them at none and makes each cost more the more forwards interleave with it.
             at_none = fit.cost.scaled(1 / (1 + fitted.thrash * (turns.sharing - 1)))
-            simulated = SimMeasure(settings, at_none, queries, cal.windows, cal.regime, overhead_ms, background,
-                                   fitted.thrash)(mode, cap, qps).summary()
+            # The forward times are drawn (their measured dispersion): the replay with the median P99 of
+            # ``REPLAYS``, each with draws of its own, is the point's; the others' P99s are kept beside it.
+            replays = SimMeasure(settings, at_none, queries, cal.windows, cal.regime, overhead_ms, background,
+                                 fitted.thrash)
+            summaries = sorted((replays(mode, cap, qps, forward_seed=settings.seed + k).summary()
+                                for k in range(REPLAYS)), key=lambda r: (r["p99_ms"] is None, r["p99_ms"] or 0))
+            simulated = {**summaries[len(summaries) // 2], "p99_replays_ms": [r["p99_ms"] for r in summaries]}
+            lo, hi = measured["p99_ci_ms"] or (None, None)
             forwards_only = SimMeasure(settings, fit.cost, queries, cal.windows, cal.regime)(mode, cap, qps).summary()
             alone = sim(mode, cap, qps).summary()
             rows.append({"mode": mode.name, "cap": measured["cap"], "qps": measured["qps"], "n": measured["n"],
@@ -98,6 +106,8 @@ def validate(settings: BenchSettings, queries: Sequence[TraceQuery], out: Path,
                          "in_service_overhead": {"rank_overhead_ms": round(overhead_ms, 3),
                                                  "background_share": round(background, 4)},
                          "interleaving": turns.to_dict(),
+                         "p99_within_real_interval": (None if lo is None or simulated["p99_ms"] is None
+                                                      else lo <= simulated["p99_ms"] <= hi),
                          **compare(measured, simulated),
                          **{f"{k}_forwards_only": v for k, v in compare(measured, forwards_only).items()},
                          **{f"{k}_profile": v for k, v in compare(measured, alone).items()}})
@@ -126,7 +136,7 @@ def validate(settings: BenchSettings, queries: Sequence[TraceQuery], out: Path,
 
 
 def table(result: dict) -> str:
-    lines = ["| mode | cap | QPS | n | P99 real (ms) | P99 sim (ms) | P99 error | P50 error | within-SLO error | "
+    lines = ["| mode | cap | QPS | n | P99 real (ms) [95 %] | P99 sim (ms) (replays) | P99 error | P50 error | within-SLO error | "
              "hit-ratio error | HBM-peak error | P99 sim, forwards only (error) | P99 sim, profile alone (error) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
@@ -135,8 +145,11 @@ def table(result: dict) -> str:
 
     for r in result["points"]:
         alone, forwards_only = r.get("sim_profile") or {}, r.get("sim_forwards_only") or {}
-        lines.append(f"| {r['mode']} | {r['cap']} | {r['qps']:g} | {r['n']} | {r['real']['p99_ms']} | "
-                     f"{r['sim']['p99_ms']} | {pct(r['p99_error'])} | {pct(r.get('p50_error'))} | "
+        ci, replays = r["real"].get("p99_ci_ms"), r["sim"].get("p99_replays_ms") or []
+        real_p99 = f"{r['real']['p99_ms']}" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else "")
+        sim_p99 = f"{r['sim']['p99_ms']}" + (f" ({min(replays):.0f}–{max(replays):.0f})" if len(replays) > 1 else "")
+        lines.append(f"| {r['mode']} | {r['cap']} | {r['qps']:g} | {r['n']} | {real_p99} | "
+                     f"{sim_p99} | {pct(r['p99_error'])} | {pct(r.get('p50_error'))} | "
                      f"{pct(r['within_slo_error'])} | {pct(r['hit_ratio_error'])} | {pct(r['hbm_peak_error'])} | "
                      f"{forwards_only.get('p99_ms', '–')} ({pct(r.get('p99_error_forwards_only'))}) | "
                      f"{alone.get('p99_ms', '–')} ({pct(r.get('p99_error_profile'))}) |")
