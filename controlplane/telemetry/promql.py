@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -61,7 +62,13 @@ _GAUGE_COLUMN = {name: i for i, name in enumerate(GAUGES)}
 BUCKET_PART = "bucket"  # the ``column`` tag of the latency buckets in ``counts_query`` (``recording.COUNTED``)
 # How long an answer to "does this server run the recording rules?" is trusted, per PROMETHEUS_URL.
 RECORDED_RECHECK_S = 300.0
-_recorded: dict[str, tuple[bool, float]] = {}  # url → (the rules' series are there, when asked: monotonic s)
+_recorded: dict[str, tuple[bool, float]] = {}
+# A point is final (kept, never read again) once the server has recorded a minute this long after its end.
+FINAL_AFTER_S = RECORDED_STEP_S
+# A kept answer over a window's recorded minutes is given while a thread reads its successor for a poll at
+# most this far past it (its window's start and its minute): the minute or two a page polls across.
+STALE_FOR_S = 2 * RECORDED_STEP_S
+MAX_KEPT_POINTS = 1500  # per series and point width: a day of minutes, and a margin  # url → (the rules' series are there, when asked: monotonic s)
 
 
 def forget_recorded() -> None:
@@ -243,8 +250,24 @@ class PrometheusHistory:
         return present
 
     def pool_points(self, *, pool, tier, start, step_s, n_points, now):
-        selector = f"pool={_label(pool)}"
         recorded = self.reads_recorded(step_s)
+        if recorded:  # the recorded minutes tile the window: its totals are its points' sums
+            rows, gauges = self._kept_points(("pool", pool), pool, start, step_s, n_points, now,
+                                             lambda first, n: self._pool_read(pool, first, step_s, n, True))
+            return rows, gauges, rows.sum(axis=0)
+        rows, gauges = self._pool_read(pool, start, step_s, n_points, False)
+        # The window's totals from one increase() over all of it: per-point increases each lose a little at
+        # their edges (Prometheus extrapolates within a range, never across two).
+        window = np.zeros((1, N_COLUMNS))
+        _fill_counts(window, self._instant(counts_query(f"pool={_label(pool)}", ("pool",), n_points * step_s),
+                                           start + n_points * step_s))
+        return rows, gauges, window[0]
+
+    def _pool_read(self, pool: str, start: float, step_s: int, n_points: int,
+                   recorded: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The pool's counts [n_points, N_COLUMNS] and gauges [n_points, POOL_GAUGES] (NaN where no instance
+        reported) over the points from ``start``."""
+        selector = f"pool={_label(pool)}"
         rows = np.zeros((n_points, N_COLUMNS))
         _fill_counts(rows, self._range(counts_query(selector, ("pool",), step_s, recorded), start, step_s, n_points))
         gauges = np.zeros((n_points, len(POOL_GAUGES)))
@@ -258,23 +281,37 @@ class PrometheusHistory:
                     gauges[index, column] = value
                     present[index] |= column == POOL_GAUGE_COLUMN["instances"] and value > 0
         gauges[~present] = np.nan
-        if recorded:  # the recorded minutes tile the window: its totals are its points' sums
-            return rows, gauges, rows.sum(axis=0)
-        # The window's totals from one increase() over all of it: per-point increases each lose a little at
-        # their edges (Prometheus extrapolates within a range, never across two).
-        window = np.zeros((1, N_COLUMNS))
-        _fill_counts(window, self._instant(counts_query(selector, ("pool",), n_points * step_s),
-                                           start + n_points * step_s))
-        return rows, gauges, window[0]
+        return rows, gauges
 
     def instance_points(self, *, pool, tier, instances, window_s, start, step_s, n_points, now):
         if not instances:
             return []
+        recorded = self.reads_recorded(step_s)
+        if not recorded:
+            return self._instances_read(pool, instances, start, step_s, n_points, False)
+        # Each instance's final points are kept on their own; those missing the same points are read together
+        # (after a poll or two, all of them: the newest minute's).
+        kept = [self._held_points(("instance", pool, name), pool, start, step_s, n_points, now) for name in instances]
+        by_first: dict[int, list[int]] = {}
+        for i, (_, _, first) in enumerate(kept):
+            by_first.setdefault(first, []).append(i)
+        out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(instances)
+        for first, members in by_first.items():
+            fresh = self._instances_read(pool, [instances[i] for i in members], start + first * step_s, step_s,
+                                         n_points - first, True) if first < n_points else [None] * len(members)
+            for i, parts in zip(members, fresh, strict=True):
+                out[i] = self._merge_points(kept[i], parts, start, step_s, n_points)
+        return out
+
+    def _instances_read(self, pool: str, instances: list[str], start: float, step_s: int, n_points: int,
+                        recorded: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per instance (in order): counts [n_points, N_COLUMNS] and gauges [n_points, GAUGES] (NaN where none)
+        over the points from ``start``."""
         selector = _selector(pool, instances)
         position = {name: i for i, name in enumerate(instances)}
         rows = np.zeros((len(instances), n_points, N_COLUMNS))
-        counted = _by_instance(self._range(counts_query(selector, ("instance",), step_s,
-                                                        self.reads_recorded(step_s)), start, step_s, n_points))
+        counted = _by_instance(self._range(counts_query(selector, ("instance",), step_s, recorded), start, step_s,
+                                           n_points))
         for name, i in position.items():
             _fill_counts(rows[i], counted.get(name, []))
         gauges = np.zeros((len(instances), n_points, len(GAUGES)))
@@ -291,6 +328,39 @@ class PrometheusHistory:
                     gauges[i, index, column] = value
         gauges[~present] = np.nan
         return list(zip(rows, gauges, strict=True))
+
+    def _kept_points(self, key: tuple, pool: str, start: float, step_s: int, n_points: int, now: float,
+                     read: Callable[[float, int], tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+        """``read(start, n_points)``'s arrays (each [n_points, ...]), the final points kept and only the others
+        read (``_held_points``)."""
+        held = self._held_points(key, pool, start, step_s, n_points, now)
+        first = held[2]
+        return self._merge_points(held, read(start + first * step_s, n_points - first) if first < n_points else None,
+                                  start, step_s, n_points)
+
+    def _held_points(self, key: tuple, pool: str, start: float, step_s: int, n_points: int,
+                     now: float) -> tuple[KeptPoints | None, float, int]:
+        """(the kept points of ``key``, the newest point end that is final, the index of the first point of the
+        window not kept: every one from there on is read). A point is final once the server has recorded a
+        minute ``FINAL_AFTER_S`` past its end: its recorded minutes are written once and never change, and the
+        raw gauges it reads were scraped by then. Where the server records nothing, nothing is kept."""
+        newest = self._newest_recorded_minute(pool, now) if self.records() else None
+        if newest is None:
+            return None, -math.inf, 0
+        kept = telemetry_cache.get((self.url, "points", step_s, *key), KeptPoints)
+        first = kept.first_missing(start, step_s, n_points)
+        return kept, newest - FINAL_AFTER_S, first
+
+    @staticmethod
+    def _merge_points(held: tuple[KeptPoints | None, float, int], fresh: tuple[np.ndarray, ...] | None,
+                      start: float, step_s: int, n_points: int) -> tuple[np.ndarray, ...]:
+        """The window's points: the kept ones before ``first``, then ``fresh`` (those read), whose final ones are
+        kept from now on."""
+        kept, final_end, first = held
+        if kept is None:
+            assert fresh is not None
+            return fresh
+        return kept.merged(start, step_s, first, fresh, final_end)
 
     def window_totals(self, *, pool, tier, window_s, start, now, instances=None, counters=None):
         if instances is not None and not instances:
@@ -314,39 +384,56 @@ class PrometheusHistory:
     def window_quantile(self, *, pool, tier, window_s, start, now, q):
         names = _present(self._instant(gauges_query(_selector(pool, None), ("instance",), _since(start, now),
                                                     columns=frozenset((PRESENT,))), now))
-        by_instance = self._kept(("quantiles", pool, window_s, q), start, now,
-                                 lambda at: self._quantiles_at(pool, start, at, q))
+        by_instance, _ = self._kept(("quantiles", pool, window_s, q), start, now,
+                                    lambda first, at, _: self._quantiles_at(pool, first, at, q))
         return names, np.array([by_instance.get(name, np.nan) for name in names])
 
     def _window_counts(self, pool: str, window_s: int, start: float, now: float, names: list[str],
                        columns: frozenset[str] | None) -> np.ndarray:
-        """The counts [names, N_COLUMNS] of ``names`` over [start, now] (only ``columns`` where given), those
-        already read for this window and its newest recorded minute kept, the others read."""
-        held = self._kept(("counts", pool, window_s, columns), start, now, lambda at: {})
+        """The counts [names, N_COLUMNS] of ``names`` over the window (only ``columns`` where given): those already
+        read for the window's recorded minutes kept (``_kept``), the others read over the same minutes."""
+        held, (first, at) = self._kept(("counts", pool, window_s, columns), start, now,
+                                       lambda first, at, previous: self._counts_at(pool, first, at, list(previous),
+                                                                                   columns))
         missing = [name for name in names if name not in held]
         if missing:
-            at = self._newest.get((pool, now)) or now  # the minute a kept answer holds, else now
-            position = {name: i for i, name in enumerate(missing)}
-            rows = np.zeros((len(missing), N_COLUMNS))
-            # The recorded minutes evaluated since ``start``, as the window's points count them.
-            counts = counts_query(_selector(pool, missing), ("instance",), _since(start, at), recorded=self.records(),
-                                  columns=columns)
-            _fill_counts(rows, _at_instance(self._instant(counts, at), position))
-            held.update(zip(missing, rows, strict=True))
+            held.update(self._counts_at(pool, first, at, missing, columns))
         return np.array([held[name] for name in names]).reshape(len(names), N_COLUMNS)
 
-    def _kept(self, key: tuple, start: float, now: float, read: Callable[[float], dict]) -> dict:
-        """``read(at)``'s answer over [start, at]: kept in this process while the window starts at ``start`` and
-        no newer minute is recorded (``at`` that minute), or read afresh at ``now`` where the server records
-        none. Every minute the server has evaluated is counted either way."""
+    def _counts_at(self, pool: str, start: float, at: float, names: list[str],
+                   columns: frozenset[str] | None) -> dict[str, np.ndarray]:
+        """The counts of ``names`` over [start, at] (the recorded minutes evaluated in it, as the window's points
+        count them), by name."""
+        if not names:
+            return {}
+        position = {name: i for i, name in enumerate(names)}
+        rows = np.zeros((len(names), N_COLUMNS))
+        counts = counts_query(_selector(pool, names), ("instance",), _since(start, at), recorded=self.records(),
+                              columns=columns)
+        _fill_counts(rows, _at_instance(self._instant(counts, at), position))
+        return dict(zip(names, rows, strict=True))
+
+    def _kept(self, key: tuple, start: float, now: float,
+              read: Callable[[float, float, dict], dict]) -> tuple[dict, tuple[float, float]]:
+        """``read(start, at, previous)``'s answer over [start, at] and that span: kept in this process for its
+        window start and recorded minute (``at``), or read afresh at ``now`` where the server records none.
+
+        When the server has recorded a newer minute (or the window moved on) since the kept answer, it is
+        still given, up to ``STALE_FOR_S`` behind, while a thread reads the new one (``previous``, the kept
+        answer, says what to read again): the poll just after a minute costs no more than any other, and the
+        next one gets the new minute. Further behind, or with nothing kept, the read is made now."""
         newest = self._newest_recorded_minute(key[1], now) if self.records() else None
         if newest is None:
-            return read(now)
+            return read(start, now, {}), (start, now)
         held = telemetry_cache.get((self.url, *key), KeptAnswer)
         answer = held.answer  # read once: another thread may replace it, never change it
-        if answer is None or answer[0] != (start, newest):
-            answer = held.answer = ((start, newest), read(newest))
-        return answer[1]
+        if answer is not None and answer[0] == (start, newest):
+            return answer[1], answer[0]
+        if answer is not None and 0 <= start - answer[0][0] <= STALE_FOR_S and 0 < newest - answer[0][1] <= STALE_FOR_S:
+            held.refresh(lambda: ((start, newest), read(start, newest, answer[1])))
+            return answer[1], answer[0]
+        answer = held.answer = ((start, newest), read(start, newest, {}))
+        return answer[1], answer[0]
 
     def _quantiles_at(self, pool: str, start: float, at: float, q: float) -> dict[str, float]:
         """Each instance's latency quantile ``q`` in ms over [start, at], computed where the buckets are: one
@@ -370,12 +457,65 @@ class PrometheusHistory:
         return self._newest[pool, now]
 
 
+class KeptPoints:
+    """One series' final points (a pool's, an instance's), by the time their point ends (seconds) and width: a
+    point's arrays (its counts, its gauges) never change once final, so a poll reads only the points after
+    the kept ones. At most ``MAX_KEPT_POINTS`` are kept, the oldest dropped first."""
+
+    def __init__(self):
+        self._points: dict[float, tuple[np.ndarray, ...]] = {}
+        self._lock = threading.Lock()
+
+    def first_missing(self, start: float, step_s: int, n_points: int) -> int:
+        with self._lock:
+            for i in range(n_points):
+                if start + (i + 1) * step_s not in self._points:
+                    return i
+        return n_points
+
+    def merged(self, start: float, step_s: int, first: int, fresh: tuple[np.ndarray, ...] | None,
+               final_end: float) -> tuple[np.ndarray, ...]:
+        with self._lock:
+            held = [self._points[start + (i + 1) * step_s] for i in range(first)]
+            if fresh is not None:
+                for i in range(len(fresh[0])):
+                    end = start + (first + i + 1) * step_s
+                    if end <= final_end:
+                        self._points[end] = tuple(part[i].copy() for part in fresh)
+                while len(self._points) > MAX_KEPT_POINTS:
+                    del self._points[min(self._points)]
+        if not held:
+            assert fresh is not None
+            return fresh
+        parts = tuple(np.stack(column) for column in zip(*held, strict=True))
+        return parts if fresh is None else tuple(np.concatenate(pair) for pair in zip(parts, fresh, strict=True))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for point in list(self._points.values()) for part in point) + 100 * len(self._points)
+
+
 @dataclass
 class KeptAnswer:
     """An answer over a window's recorded minutes (by instance), and the (window start, newest recorded
-    minute) it holds."""
+    minute) it holds; ``refreshing``, the thread reading its successor (at most one at a time)."""
 
     answer: tuple[tuple[float, float], dict] | None = None
+    refreshing: threading.Thread | None = None
+
+    def refresh(self, read: Callable[[], tuple[tuple[float, float], dict]]) -> None:
+        """Replace the answer by ``read()``'s, in a thread, unless one is at it already."""
+        if self.refreshing is not None and self.refreshing.is_alive():
+            return
+
+        def run():
+            try:
+                self.answer = read()
+            except Unavailable as exc:  # the kept answer stays; the next poll past it reads again
+                logger.warning("A history answer could not be brought up to date: %s", exc)
+
+        self.refreshing = threading.Thread(target=run, name="relaygr-history-refresh", daemon=True)
+        self.refreshing.start()
 
     @property
     def nbytes(self) -> int:

@@ -29,3 +29,35 @@ def test_history_from_an_unreachable_prometheus_is_a_503_naming_it(viewer, pool,
 def test_the_live_window_reads_redis_even_with_prometheus_set(viewer, pool, redis_on, settings):
     settings.PROMETHEUS_URL = f"http://127.0.0.1:{free_port()}"
     assert viewer.get(f"/api/v1/pools/{pool.name}/metrics/?window=5m").status_code == 200
+
+
+def test_kept_points_give_back_what_was_read_and_keep_only_final_ones():
+    import numpy as np
+
+    from controlplane.telemetry.promql import MAX_KEPT_POINTS, KeptPoints
+
+    kept = KeptPoints()
+    step = 60
+    counts = np.arange(10 * 3, dtype=float).reshape(10, 3)
+    gauges = -np.arange(10 * 2, dtype=float).reshape(10, 2)
+    assert kept.first_missing(0, step, 10) == 0
+    # The first read: every point; those ending at or before 420 s are final and kept.
+    out = kept.merged(0, step, 0, (counts, gauges), final_end=420)
+    assert all((a == b).all() for a, b in zip(out, (counts, gauges), strict=True))
+    assert kept.first_missing(0, step, 10) == 7
+    # A later read of the same window: the kept points, then the fresh ones after them, in order.
+    fresh = (counts[7:] + 100, gauges[7:] - 100)
+    out = kept.merged(0, step, 7, fresh, final_end=540)
+    assert (out[0] == np.concatenate([counts[:7], counts[7:] + 100])).all()
+    assert (out[1] == np.concatenate([gauges[:7], gauges[7:] - 100])).all()
+    assert kept.first_missing(0, step, 10) == 9
+    # The window slid two points on: its first points are the kept ones it still spans.
+    assert kept.first_missing(2 * step, step, 10) == 7
+    # A kept point is a copy: changing what a caller got back leaves it alone.
+    out[0][0, 0] = -1
+    assert kept.merged(0, step, 9, (counts[9:], gauges[9:]), final_end=0)[0][0, 0] == 0
+    # Bounded: the oldest go first.
+    many = np.zeros((MAX_KEPT_POINTS + 5, 1))
+    kept.merged(0, step, 0, (many,), final_end=float("inf"))
+    assert kept.first_missing(0, step, 5) == 0
+    assert kept.first_missing(5 * step, step, MAX_KEPT_POINTS) == MAX_KEPT_POINTS

@@ -1,6 +1,7 @@
 """The Prometheus history benchmark end to end at a tiny size (2 instances, 1 h): the backfill through
 promtool, the real prometheus on it, every history view read through the control plane. What it checks
-is that each answer carried data, so the benchmark cannot quietly time empty reads; never its timings."""
+is that each answer carried data, so the benchmark cannot quietly time empty reads, and that the server,
+scraping the benchmark's live exporter, recorded a new minute for the pages' turn poll; never its timings."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def test_every_history_view_of_the_prometheus_benchmark_answers_with_data(tmp_pa
     env = {key: value for key, value in os.environ.items() if not key.startswith(("DJANGO_", "RELAYGR_"))}
     result = subprocess.run(
         [sys.executable, "-m", "controlplane.telemetry.bench_prometheus", "--instances", str(INSTANCES),
-         "--hours", "1", "--requests", "2", "--json", str(report)],
-        cwd=ROOT, env={**env, "REDIS_URL": redis_url}, capture_output=True, text=True, timeout=120, check=False)
+         "--hours", "1", "--requests", "2", "--turns", "1", "--json", str(report)],
+        cwd=ROOT, env={**env, "REDIS_URL": redis_url}, capture_output=True, text=True, timeout=240, check=False)
     # 1 is a missed timing target (this machine's business, not the test's); anything else is a failure.
     assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -42,3 +43,5 @@ def test_every_history_view_of_the_prometheus_benchmark_answers_with_data(tmp_pa
     empty = [f"{r['window']} {r['view']}" for r in readings if r["values"] <= 0]
     assert empty == []
     assert all(r["values"] == INSTANCES for r in readings if r["view"] == "table")
+    # Prometheus scraped the live exporter and recorded a new minute, at which every page polled once.
+    assert all(len(r["turn_ms"]) == 1 for r in readings), result.stdout[-3000:]

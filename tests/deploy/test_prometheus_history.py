@@ -26,6 +26,7 @@ from django.test import override_settings
 
 from controlplane.policies import services as policy_services
 from controlplane.telemetry import promql, selectors
+from controlplane.telemetry.cache import telemetry_cache
 from controlplane.telemetry.recording import RULES_PATH
 from relay_engine.core.telemetry import LATENCY_BUCKETS_MS, MISS_REASONS, REFUSAL_REASONS
 from relay_engine.core.wire import TELEMETRY_TIERS
@@ -203,3 +204,17 @@ def test_the_pool_history_from_prometheus_matches_redis_figure_by_figure_raw_and
                      if rate]
     assert raw_busy and recorded_busy
     assert all(min(abs(t - u) for u in raw_busy) <= MINUTE_S for t in recorded_busy)
+
+    # Polled again: the final points come from those kept by the reads above, only the newest are read, and
+    # every answer is the one a fresh read gives.
+    with override_settings(PROMETHEUS_URL=prometheus.url):
+        kept = [entry for entry in telemetry_cache._entries.values() if isinstance(entry, promql.KeptPoints)]
+        assert kept and all(entry.nbytes > 0 for entry in kept)
+        name = recorded_answer["top"]["instances"][0]["instance"]
+        warm = (selectors.pool_metrics(pool=fleet.pool, window=WINDOW, top=INSTANCES, now=later),
+                selectors.instance_metrics(pool=fleet.pool, instance=name, window=WINDOW, now=later))
+        telemetry_cache.clear()
+        fresh = (selectors.pool_metrics(pool=fleet.pool, window=WINDOW, top=INSTANCES, now=later),
+                 selectors.instance_metrics(pool=fleet.pool, instance=name, window=WINDOW, now=later))
+    assert warm == fresh
+    assert warm[0] == recorded_answer

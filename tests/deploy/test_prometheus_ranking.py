@@ -170,3 +170,50 @@ def test_answers_kept_between_polls_are_those_asked_afresh(history):
     np.testing.assert_array_equal(fresh, first)
     np.testing.assert_array_equal(kept_rows, first_rows)
     np.testing.assert_array_equal(fresh_rows, first_rows)
+
+
+def test_a_poll_past_a_new_minute_gets_the_kept_answer_at_once_and_the_next_one_the_new_minute(history):
+    """The poll just after a newer minute is recorded is given the kept answer (one minute behind) while a
+    thread reads the new minute's; once it has, polls get exactly what a fresh read gives."""
+    url, end_of_data = history
+    source = promql.PrometheusHistory(url, timeout_s=10)
+    asked = end_of_data - 330
+    later = asked + 60
+    with override_settings(PROMETHEUS_URL=url):
+        tier, _, start, _ = selectors.window_grid("1h", asked)
+        _, _, later_start, _ = selectors.window_grid("1h", later)
+    assert source._newest_recorded_minute(POOL, later) - source._newest_recorded_minute(POOL, asked) == 60
+    page = [instance_name(POOL, i) for i in (0, 2, 4)]
+    window = {"pool": POOL, "tier": tier, "window_s": 3600}
+    _, first = source.window_quantile(**window, start=start, now=asked, q=0.99)
+    first_rows = source.window_totals(**window, start=start, now=asked, instances=page).sums
+
+    _, stale = source.window_quantile(**window, start=later_start, now=later, q=0.99)
+    stale_rows = source.window_totals(**window, start=later_start, now=later, instances=page).sums
+    np.testing.assert_array_equal(stale, first)
+    np.testing.assert_array_equal(stale_rows, first_rows)
+    refreshing = [entry.refreshing for entry in telemetry_cache._entries.values()
+                  if isinstance(entry, promql.KeptAnswer) and entry.refreshing is not None]
+    assert len(refreshing) == 2  # the quantiles, and the page's rows
+    for thread in refreshing:
+        thread.join(timeout=30)
+    _, updated = source.window_quantile(**window, start=later_start, now=later, q=0.99)
+    updated_rows = source.window_totals(**window, start=later_start, now=later, instances=page).sums
+
+    telemetry_cache.clear()
+    fresh_source = promql.PrometheusHistory(url, timeout_s=10)
+    _, fresh = fresh_source.window_quantile(**window, start=later_start, now=later, q=0.99)
+    fresh_rows = fresh_source.window_totals(**window, start=later_start, now=later, instances=page).sums
+    np.testing.assert_array_equal(updated, fresh)
+    np.testing.assert_array_equal(updated_rows, fresh_rows)
+    assert not np.array_equal(fresh_rows, first_rows)  # a minute's more requests: the refresh did read anew
+
+    # Further behind than STALE_FOR_S: read at once, never the kept answer.
+    much_later = later + promql.STALE_FOR_S + 60
+    with override_settings(PROMETHEUS_URL=url):
+        _, _, much_later_start, _ = selectors.window_grid("1h", much_later)
+    assert much_later < end_of_data
+    behind = source.window_totals(**window, start=much_later_start, now=much_later, instances=page).sums
+    telemetry_cache.clear()
+    np.testing.assert_array_equal(behind, promql.PrometheusHistory(url, timeout_s=10).window_totals(
+        **window, start=much_later_start, now=much_later, instances=page).sums)
