@@ -70,11 +70,13 @@ from .bench import (
     _snapshot,
     throwaway_stack,
 )
-from .recording import RULES_PATH
+from .recording import RECORDED_STEP_S, RULES_PATH
 
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
 RULES = PROMETHEUS_DIR / "relaygr-rules.yml"
 HISTORY_RULES = RULES_PATH
+# How often each page polls (frontend/static/frontend: live.js, overview.js, fleet.js's table, instance.js).
+PAGE_POLL_S = {"live": 1.0, "overview": 2.0, "table": 1.0, "instance": 1.0}
 BLOCK_S = 2 * 3600  # promtool's block: each file one aligned block, so each is parsed once
 READY_TIMEOUT_S = 120.0
 MERGE_TIMEOUT_S = 1800.0
@@ -335,15 +337,33 @@ class Reading:
     values: int  # non-null numbers in the cold answer's series (0: the answer carried no data)
     error: str = ""  # a read that did not answer 200 (a Prometheus slower than PROMETHEUS_TIMEOUT_S: a 503)
     turn_ms: list[float] = field(default_factory=list)  # the first poll after each new recorded minute
+    walls: list[float] = field(default_factory=list, repr=False)  # the warm polls, ms
 
     @property
     def turn_max_ms(self) -> float:
         return max(self.turn_ms) if self.turn_ms else float("nan")
 
     @property
+    def page_p95_ms(self) -> float:
+        """The P95 of a page's polls over a minute at its own interval (``PAGE_POLL_S``): one poll in
+        60 / interval is the first after a new minute (``turn_ms``), the others are as ``walls``. Without
+        turn polls, the warm P95."""
+        if not self.turn_ms or not self.walls:
+            return self.p95_ms if not self.turn_ms else self.turn_max_ms
+        turn_share = PAGE_POLL_S[self.view] / RECORDED_STEP_S
+        weighted = sorted([(ms, (1 - turn_share) / len(self.walls)) for ms in self.walls] +
+                          [(ms, turn_share / len(self.turn_ms)) for ms in self.turn_ms])
+        seen = 0.0
+        for ms, weight in weighted:
+            seen += weight
+            if seen >= 0.95 - 1e-12:
+                return ms
+        return weighted[-1][0]
+
+    @property
     def passed(self) -> bool:
-        return (not self.error and self.p95_ms < TARGET_WARM_P95_MS and self.cold_ms < TARGET_COLD_MS
-                and self.values > 0 and all(ms < TARGET_WARM_P95_MS for ms in self.turn_ms))
+        return (not self.error and self.p95_ms < TARGET_WARM_P95_MS and self.page_p95_ms < TARGET_WARM_P95_MS
+                and self.cold_ms < TARGET_COLD_MS and self.values > 0)
 
 
 class ReadFailed(Exception):
@@ -441,7 +461,7 @@ def measure_reads(pool: str, names: list[str], client, requests: int, hours: flo
                 continue
             readings.append(Reading(window, view, cold_ms, cold_bytes, statistics.median(walls) if walls else 0.0,
                                     _percentile(walls, 95), _percentile(cpus, 95), _percentile(sizes, 95),
-                                    _data_of(view, body)))
+                                    _data_of(view, body), walls=walls))
             _row(readings[-1])
     for (window, view), runs in profiles.items():
         assert profile_dir is not None
@@ -478,12 +498,17 @@ def measure_turns(pool: str, names: list[str], client, readings: list[Reading], 
         for key, url in pages.items():
             wall, _, bodies[key], _ = _get(client, _poll_url(key[1], url, bodies[key]))
             by_key[key].turn_ms.append(wall)
-    print(f"\nthe first poll of every page after each of {turns} new recorded minutes (ms; target < "
+    from controlplane.telemetry.promql import _refresher
+
+    _refresher.submit(lambda: None).result()  # the refreshes the last minute set off, done while the server is up
+    print(f"\nthe first poll of every page after each of {turns} new recorded minutes, and the P95 of a page's "
+          f"polls over a minute at its own interval (one in 60 / interval after a new minute; ms, target < "
           f"{TARGET_WARM_P95_MS:g}):")
     for r in readings:
         if r.turn_ms:
             print(f"{r.window:>6} {r.view:>9} {' '.join(f'{ms:6.1f}' for ms in r.turn_ms)}  max {r.turn_max_ms:6.1f}  "
-                  f"{'PASS' if r.passed else 'FAIL'}", flush=True)
+                  f"every {PAGE_POLL_S[r.view]:g} s: P95 {r.page_p95_ms:6.1f}  {'PASS' if r.passed else 'FAIL'}",
+                  flush=True)
 
 
 def _header() -> None:
@@ -565,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
         for count in args.instances:
             readings = bench_history_reads(count, args.hours, args.requests, redis_client, tmp, args.profile,
                                            args.turns)
-            results[str(count)] = [{**asdict(r), "turn_max_ms": r.turn_max_ms, "passed": r.passed} for r in readings]
+            results[str(count)] = [{**asdict(r), "turn_max_ms": r.turn_max_ms, "page_p95_ms": r.page_p95_ms,
+                                    "passed": r.passed} for r in readings]
             ok &= bool(readings) and all(r.passed for r in readings)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -31,6 +31,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +69,10 @@ FINAL_AFTER_S = RECORDED_STEP_S
 # A kept answer over a window's recorded minutes is given while a thread reads its successor for a poll at
 # most this far past it (its window's start and its minute): the minute or two a page polls across.
 STALE_FOR_S = 2 * RECORDED_STEP_S
+# One thread a process reads the successors of kept answers, one at a time: the reads a new minute sets off
+# (each window's quantiles, its rows) queue there instead of all landing on the server at once, beside the
+# polls.
+_refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relaygr-history-refresh")
 MAX_KEPT_POINTS = 1500  # per series and point width: a day of minutes, and a margin  # url → (the rules' series are there, when asked: monotonic s)
 
 
@@ -501,11 +506,11 @@ class KeptAnswer:
     minute) it holds; ``refreshing``, the thread reading its successor (at most one at a time)."""
 
     answer: tuple[tuple[float, float], dict] | None = None
-    refreshing: threading.Thread | None = None
+    refreshing: Future | None = None
 
     def refresh(self, read: Callable[[], tuple[tuple[float, float], dict]]) -> None:
-        """Replace the answer by ``read()``'s, in a thread, unless one is at it already."""
-        if self.refreshing is not None and self.refreshing.is_alive():
+        """Replace the answer by ``read()``'s on the refresh thread, unless it is queued or at it already."""
+        if self.refreshing is not None and not self.refreshing.done():
             return
 
         def run():
@@ -514,8 +519,7 @@ class KeptAnswer:
             except Unavailable as exc:  # the kept answer stays; the next poll past it reads again
                 logger.warning("A history answer could not be brought up to date: %s", exc)
 
-        self.refreshing = threading.Thread(target=run, name="relaygr-history-refresh", daemon=True)
-        self.refreshing.start()
+        self.refreshing = _refresher.submit(run)
 
     @property
     def nbytes(self) -> int:

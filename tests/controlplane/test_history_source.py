@@ -61,3 +61,17 @@ def test_kept_points_give_back_what_was_read_and_keep_only_final_ones():
     kept.merged(0, step, 0, (many,), final_end=float("inf"))
     assert kept.first_missing(0, step, 5) == 0
     assert kept.first_missing(5 * step, step, MAX_KEPT_POINTS) == MAX_KEPT_POINTS
+
+
+def test_a_pages_p95_weighs_the_poll_after_a_new_minute_by_how_often_the_page_meets_one():
+    from controlplane.telemetry.bench_prometheus import Reading
+
+    def reading(view, walls, turns):
+        return Reading("1h", view, 10.0, 1, 0.0, max(walls), 0.0, 0.0, 1, turn_ms=turns, walls=walls)
+
+    walls = [float(ms) for ms in range(1, 101)]  # 1 … 100 ms
+    # Polling every second, one poll in 60 follows a new minute: three slow ones barely move the P95.
+    assert reading("live", walls, [500.0, 500.0, 500.0]).page_p95_ms == 97.0
+    # Every 2 s (the overview), one in 30: the slowest 3.3 % are after a minute, the P95 is a warm poll still.
+    assert reading("overview", walls, [500.0]).page_p95_ms == 99.0
+    assert reading("live", walls, []).page_p95_ms == 100.0  # no turns: the warm P95 as given

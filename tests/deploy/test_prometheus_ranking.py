@@ -195,8 +195,8 @@ def test_a_poll_past_a_new_minute_gets_the_kept_answer_at_once_and_the_next_one_
     refreshing = [entry.refreshing for entry in telemetry_cache._entries.values()
                   if isinstance(entry, promql.KeptAnswer) and entry.refreshing is not None]
     assert len(refreshing) == 2  # the quantiles, and the page's rows
-    for thread in refreshing:
-        thread.join(timeout=30)
+    for future in refreshing:
+        future.result(timeout=30)
     _, updated = source.window_quantile(**window, start=later_start, now=later, q=0.99)
     updated_rows = source.window_totals(**window, start=later_start, now=later, instances=page).sums
 
