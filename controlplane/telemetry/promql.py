@@ -67,7 +67,7 @@ _recorded: dict[str, tuple[bool, float]] = {}
 # A point is final (kept, never read again) once the server has recorded a minute this long after its end.
 FINAL_AFTER_S = RECORDED_STEP_S
 # A kept answer over a window's recorded minutes is given while a thread reads its successor for a poll at
-# most this far past it (its window's start and its minute): the minute or two a page polls across.
+# most this far past its minute: the minute or two a page polls across.
 STALE_FOR_S = 2 * RECORDED_STEP_S
 # One thread a process reads the successors of kept answers, one at a time: the reads a new minute sets off
 # (each window's quantiles, its rows) queue there instead of all landing on the server at once, beside the
@@ -423,10 +423,11 @@ class PrometheusHistory:
         """``read(start, at, previous)``'s answer over [start, at] and that span: kept in this process for its
         window start and recorded minute (``at``), or read afresh at ``now`` where the server records none.
 
-        When the server has recorded a newer minute (or the window moved on) since the kept answer, it is
-        still given, up to ``STALE_FOR_S`` behind, while a thread reads the new one (``previous``, the kept
-        answer, says what to read again): the poll just after a minute costs no more than any other, and the
-        next one gets the new minute. Further behind, or with nothing kept, the read is made now."""
+        When the server has recorded a newer minute since the kept answer (the window may have moved on a
+        point with it), the kept one is still given, its minute up to ``STALE_FOR_S`` behind, while a thread
+        reads the new one (``previous``, the kept answer, says what to read again): the poll just after a
+        minute costs no more than any other, and a later one gets the new minute. Further behind, or with
+        nothing kept, the read is made now."""
         newest = self._newest_recorded_minute(key[1], now) if self.records() else None
         if newest is None:
             return read(start, now, {}), (start, now)
@@ -434,7 +435,7 @@ class PrometheusHistory:
         answer = held.answer  # read once: another thread may replace it, never change it
         if answer is not None and answer[0] == (start, newest):
             return answer[1], answer[0]
-        if answer is not None and 0 <= start - answer[0][0] <= STALE_FOR_S and 0 < newest - answer[0][1] <= STALE_FOR_S:
+        if answer is not None and answer[0][0] <= start and 0 < newest - answer[0][1] <= STALE_FOR_S:
             held.refresh(lambda: ((start, newest), read(start, newest, answer[1])))
             return answer[1], answer[0]
         answer = held.answer = ((start, newest), read(start, newest, {}))
