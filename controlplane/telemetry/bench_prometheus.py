@@ -442,7 +442,12 @@ def measure_reads(pool: str, names: list[str], client, requests: int, hours: flo
             telemetry_cache.clear()
             walls, cpus, sizes = [], [], []
             try:
-                cold_ms, _, body, cold_bytes = _get(client, url)
+                if profile_dir is None:
+                    cold_ms, _, body, cold_bytes = _get(client, url)
+                else:
+                    with cProfile.Profile() as prof:
+                        cold_ms, _, body, cold_bytes = _get(client, url)
+                    prof.dump_stats(profile_dir / f"{pool}-{window}-{view}-cold.prof")
                 for _ in range(requests):
                     poll = _poll_url(view, url, body)
                     if profile_dir is None:
@@ -576,8 +581,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="new recorded minutes at which every page's first poll is timed (0: none)")
     parser.add_argument("--json", type=Path, help="write every reading here (a list per instance count)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="profile the control plane's side of the warm polls (cProfile; slows them: not for the "
-                             "figures) and write one stats file per window and view into DIR")
+                        help="profile the control plane's side of the cold read and of the warm polls (cProfile; slows "
+                             "them: not for the figures) and write stats files per window and view into DIR")
     args = parser.parse_args(argv)
     if not 0 < args.hours <= 24 * 30:
         parser.error(f"--hours must be in (0, 720], got {args.hours:g}")

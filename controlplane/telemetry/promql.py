@@ -33,6 +33,7 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -148,6 +149,33 @@ def _count(raw) -> float | None:
     return value if 0 <= value <= MAX_COUNT else None  # NaN is not
 
 
+class Samples(NamedTuple):
+    """One series' values: each one's row (a point's index, an instance's position) and the value, NaN where
+    Prometheus sent something that is not a finite count in [0, ``MAX_COUNT``] (it costs that value only)."""
+
+    index: np.ndarray
+    value: np.ndarray
+
+    @property
+    def valid(self) -> tuple[np.ndarray, np.ndarray]:
+        ok = ~np.isnan(self.value)
+        return self.index[ok], self.value[ok]
+
+
+def _counts_of(raws: list) -> np.ndarray:
+    """Prometheus's sample values (decimal strings, "NaN", "+Inf") as counts, NaN where one is not a count:
+    all at once, or one by one where the answer holds something else."""
+    try:
+        values = np.array(raws, dtype=float)
+        if values.ndim != 1:
+            raise ValueError("not one value per sample")
+    except (TypeError, ValueError, OverflowError):
+        values = np.array([np.nan if (value := _count(raw)) is None else value for raw in raws], dtype=float)
+    with np.errstate(invalid="ignore"):
+        values[~((values >= 0) & (values <= MAX_COUNT))] = np.nan
+    return values
+
+
 def _cell_of_counts(labels: dict) -> int | None:
     """The column of ``history``'s layout one series of ``counts_query`` fills (a bucket's is its
     cumulative count's, differenced after), or None for one this code does not know."""
@@ -169,17 +197,20 @@ def _cell_of_counts(labels: dict) -> int | None:
     return None
 
 
-def _fill_counts(rows: np.ndarray, series: list[tuple[dict, list[tuple[int, object]]]]) -> None:
-    """Counts of ``counts_query`` into rows [rows, N_COLUMNS] (each value at its row index): the latency sum
-    in ms, the buckets from cumulative to each one's own (``history``'s layout)."""
-    for labels, values in series:
+def _fill_counts(rows: np.ndarray, series: list[tuple[dict, Samples]], add: bool = False) -> None:
+    """Counts of ``counts_query`` (or with ``add``, of recorded minutes: each row the sum of those at its index)
+    into rows [rows, N_COLUMNS]: the latency sum in ms, the buckets from cumulative to each one's own
+    (``history``'s layout)."""
+    for labels, samples in series:
         column = _cell_of_counts(labels)
         if column is None:
             continue
-        for index, raw in values:
-            value = _count(raw)
-            if value is not None:
-                rows[index, column] = value * 1000.0 if column == SUM_COLUMN else value
+        index, value = samples.valid
+        value = value * 1000.0 if column == SUM_COLUMN else value
+        if add:
+            np.add.at(rows[:, column], index, value)
+        else:
+            rows[index, column] = value
     buckets = rows[..., BUCKET_OFFSET:SUM_COLUMN]
     # Cumulative counts from increase() are each extrapolated on their own: a bucket never counts below 0.
     buckets[..., 1:] = np.maximum(np.diff(buckets, axis=-1), 0.0)
@@ -209,27 +240,53 @@ class PrometheusHistory:
             raise Unavailable(f"Prometheus at PROMETHEUS_URL did not answer a history read: {str(error)[:200]}")
         return [item for item in result if isinstance(item, dict) and isinstance(item.get("metric"), dict)]
 
-    def _range(self, expr: str, start: float, step_s: int, n_points: int) -> list[tuple[dict, list]]:
-        """Series of ``expr`` evaluated at each point's end: (labels, [(point index, raw value)])."""
+    def _range(self, expr: str, start: float, step_s: int, n_points: int) -> list[tuple[dict, Samples]]:
+        """Series of ``expr`` evaluated at each point's end: (labels, the points' indices and values)."""
         first_end = start + step_s
         result = self._get("/api/v1/query_range", query=expr, start=repr(first_end),
                            end=repr(start + n_points * step_s), step=str(step_s))
         series = []
         for item in result:
-            points = []
-            for pair in item.get("values") or ():
-                try:
-                    index = round((float(pair[0]) - first_end) / step_s)
-                except (TypeError, ValueError, IndexError):
-                    continue
-                if 0 <= index < n_points:
-                    points.append((index, pair[1]))
-            series.append((item["metric"], points))
+            pairs = [pair for pair in (item.get("values") or ()) if isinstance(pair, list | tuple) and len(pair) == 2]
+            stamps = _counts_of([pair[0] for pair in pairs])  # seconds: finite, positive, in range as counts are
+            index = np.rint((stamps - first_end) / step_s)
+            ok = ~np.isnan(index) & (index >= 0) & (index < n_points)
+            values = _counts_of([pair[1] for pair, keep in zip(pairs, ok.tolist(), strict=True) if keep])
+            series.append((item["metric"], Samples(index[ok].astype(int), values)))
         return series
 
-    def _instant(self, expr: str, at: float) -> list[tuple[dict, list]]:
+    def _recorded_minutes(self, selector: str, level: tuple[str, ...], start: float, step_s: int, n_points: int,
+                          columns: frozenset[str] | None = None) -> list[tuple[dict, Samples]]:
+        """The recorded minutes of ``level`` (``POOL`` or ``INSTANCE``) in the points from ``start``, as they were
+        written (one instant query of a range: the server only reads them out, where a ``query_range`` of
+        ``counts_query`` evaluates every part at every point, ~10x the server's time at fleet scale): each
+        series tagged as ``counts_query`` tags it, each minute at the index of the point it falls in, (end - step,
+        end] as ``sum_over_time`` over the point counts it; ``_fill_counts(..., add=True)`` sums them."""
+        records = {counted_record(series, split, level): column for series, split, column in COUNTED
+                   if columns is None or column in columns}
+        names = "|".join(sorted(records))
+        end = start + n_points * step_s
+        result = self._get("/api/v1/query", query=f"{{__name__=~{_label(names)}, {selector}}}[{n_points * step_s}s]",
+                           time=repr(end))
+        series = []
+        for item in result:
+            column = records.get(item["metric"].get("__name__"))
+            if column is None:
+                continue
+            pairs = [pair for pair in (item.get("values") or ()) if isinstance(pair, list | tuple) and len(pair) == 2]
+            stamps = _counts_of([pair[0] for pair in pairs])
+            index = np.ceil((stamps - start) / step_s) - 1
+            ok = ~np.isnan(index) & (index >= 0) & (index < n_points)
+            values = _counts_of([pair[1] for pair, keep in zip(pairs, ok.tolist(), strict=True) if keep])
+            series.append(({**item["metric"], "column": column}, Samples(index[ok].astype(int), values)))
+        return series
+
+    def _instant(self, expr: str, at: float) -> list[tuple[dict, Samples]]:
         result = self._get("/api/v1/query", query=expr, time=repr(at))
-        return [(item["metric"], [(0, (item.get("value") or [None, None])[1])]) for item in result]
+        values = [(item.get("value") or [None, None]) for item in result]
+        raws = [value[1] if isinstance(value, list | tuple) and len(value) == 2 else None for value in values]
+        counts = _counts_of(raws)
+        return [(item["metric"], Samples(np.zeros(1, dtype=int), counts[i:i + 1])) for i, item in enumerate(result)]
 
     def reads_recorded(self, step_s: int) -> bool:
         """Whether points ``step_s`` wide are read from the recording rules' series: a whole number of
@@ -274,63 +331,71 @@ class PrometheusHistory:
         reported) over the points from ``start``."""
         selector = f"pool={_label(pool)}"
         rows = np.zeros((n_points, N_COLUMNS))
-        _fill_counts(rows, self._range(counts_query(selector, ("pool",), step_s, recorded), start, step_s, n_points))
+        if recorded:
+            _fill_counts(rows, self._recorded_minutes(selector, POOL, start, step_s, n_points), add=True)
+        else:
+            _fill_counts(rows, self._range(counts_query(selector, ("pool",), step_s), start, step_s, n_points))
         gauges = np.zeros((n_points, len(POOL_GAUGES)))
         present = np.zeros(n_points, dtype=bool)
-        for labels, values in self._range(gauges_query(selector, ("pool",), step_s, recorded), start, step_s,
-                                          n_points):
+        for labels, samples in self._range(gauges_query(selector, ("pool",), step_s, recorded), start, step_s,
+                                           n_points):
             column = _gauge_column(labels, POOL_GAUGE_COLUMN, "instances")
-            for index, raw in values:
-                value = _count(raw)
-                if column is not None and value is not None:
-                    gauges[index, column] = value
-                    present[index] |= column == POOL_GAUGE_COLUMN["instances"] and value > 0
+            if column is None:
+                continue
+            index, value = samples.valid
+            gauges[index, column] = value
+            if column == POOL_GAUGE_COLUMN["instances"]:
+                present[index[value > 0]] = True
         gauges[~present] = np.nan
         return rows, gauges
 
-    def instance_points(self, *, pool, tier, instances, window_s, start, step_s, n_points, now):
+    def instance_points(self, *, pool, tier, instances, window_s, start, step_s, n_points, now, parts=None):
         if not instances:
             return []
         recorded = self.reads_recorded(step_s)
         if not recorded:
-            return self._instances_read(pool, instances, start, step_s, n_points, False)
+            return self._instances_read(pool, instances, start, step_s, n_points, False, parts)
         # Each instance's final points are kept on their own; those missing the same points are read together
         # (after a poll or two, all of them: the newest minute's).
-        kept = [self._held_points(("instance", pool, name), pool, start, step_s, n_points, now) for name in instances]
+        kept = [self._held_points(("instance", pool, name, parts), pool, start, step_s, n_points, now)
+                for name in instances]
         by_first: dict[int, list[int]] = {}
         for i, (_, _, first) in enumerate(kept):
             by_first.setdefault(first, []).append(i)
         out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(instances)
         for first, members in by_first.items():
             fresh = self._instances_read(pool, [instances[i] for i in members], start + first * step_s, step_s,
-                                         n_points - first, True) if first < n_points else [None] * len(members)
-            for i, parts in zip(members, fresh, strict=True):
-                out[i] = self._merge_points(kept[i], parts, start, step_s, n_points)
+                                         n_points - first, True, parts) if first < n_points else [None] * len(members)
+            for i, read in zip(members, fresh, strict=True):
+                out[i] = self._merge_points(kept[i], read, start, step_s, n_points)
         return out
 
     def _instances_read(self, pool: str, instances: list[str], start: float, step_s: int, n_points: int,
-                        recorded: bool) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per instance (in order): counts [n_points, N_COLUMNS] and gauges [n_points, GAUGES] (NaN where none)
-        over the points from ``start``."""
+                        recorded: bool, columns: frozenset[str] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per instance (in order): counts [n_points, N_COLUMNS] (only the parts whose ``column`` tag is in
+        ``columns`` where given, the rest 0) and gauges [n_points, GAUGES] (NaN where none) over the points from
+        ``start``."""
         selector = _selector(pool, instances)
         position = {name: i for i, name in enumerate(instances)}
         rows = np.zeros((len(instances), n_points, N_COLUMNS))
-        counted = _by_instance(self._range(counts_query(selector, ("instance",), step_s, recorded), start, step_s,
-                                           n_points))
+        if recorded:
+            counted = _by_instance(self._recorded_minutes(selector, INSTANCE, start, step_s, n_points, columns))
+        else:
+            counted = _by_instance(self._range(counts_query(selector, ("instance",), step_s, columns=columns), start,
+                                               step_s, n_points))
         for name, i in position.items():
-            _fill_counts(rows[i], counted.get(name, []))
+            _fill_counts(rows[i], counted.get(name, []), add=recorded)
         gauges = np.zeros((len(instances), n_points, len(GAUGES)))
         present = np.zeros((len(instances), n_points), dtype=bool)
-        for labels, values in self._range(gauges_query(selector, ("instance",), step_s), start, step_s, n_points):
+        for labels, samples in self._range(gauges_query(selector, ("instance",), step_s), start, step_s, n_points):
             i, column = position.get(labels.get("instance")), _gauge_column(labels, _GAUGE_COLUMN, None)
-            for index, raw in values:
-                value = _count(raw)
-                if i is None or value is None:
-                    continue
-                if labels.get("column") == PRESENT:
-                    present[i, index] = value > 0
-                elif column is not None:
-                    gauges[i, index, column] = value
+            if i is None:
+                continue
+            index, value = samples.valid
+            if labels.get("column") == PRESENT:
+                present[i, index] = value > 0
+            elif column is not None:
+                gauges[i, index, column] = value
         gauges[~present] = np.nan
         return list(zip(rows, gauges, strict=True))
 
@@ -379,10 +444,10 @@ class PrometheusHistory:
         else:
             sums = np.zeros((len(names), N_COLUMNS))
         gauges = np.zeros((len(names), len(GAUGES)))
-        for labels, values in gauged:
+        for labels, samples in gauged:
             i, column = position.get(labels.get("instance")), _gauge_column(labels, _GAUGE_COLUMN, None)
-            value = _count(values[0][1])
-            if i is not None and column is not None and value is not None:
+            value = float(samples.value[0])
+            if i is not None and column is not None and not math.isnan(value):
                 gauges[i, column] = value
         return WindowTotals(names, sums, gauges)
 
@@ -446,9 +511,9 @@ class PrometheusHistory:
         value per instance comes back, not its every bucket."""
         by_instance = {}
         query = quantile_query(q, _selector(pool, None), _since(start, at), self.records())
-        for labels, [(_, raw)] in self._instant(query, at):
-            value = _count(raw)
-            if isinstance(labels.get("instance"), str) and value is not None:
+        for labels, samples in self._instant(query, at):
+            value = float(samples.value[0])
+            if isinstance(labels.get("instance"), str) and not math.isnan(value):
                 by_instance[labels["instance"]] = value * 1000.0
         return by_instance
 
@@ -459,7 +524,8 @@ class PrometheusHistory:
         if (pool, now) not in self._newest:
             record = counted_record(COUNTED[-1][0], COUNTED[-1][1], INSTANCE)
             answer = self._instant(f"max(timestamp({record}{{{_selector(pool, None)}}}))", now)
-            self._newest[pool, now] = _count(answer[0][1][0][1]) if answer else None
+            newest = float(answer[0][1].value[0]) if answer else math.nan
+            self._newest[pool, now] = None if math.isnan(newest) else newest
         return self._newest[pool, now]
 
 
@@ -540,20 +606,21 @@ def _since(start: float, now: float) -> str:
     return f"{max(1, round((now - start) * 1000))}ms"
 
 
-def _present(gauged: list[tuple[dict, list]]) -> list[str]:
+def _present(gauged: list[tuple[dict, Samples]]) -> list[str]:
     """The instances with a sample in a ``gauges_query`` answer, by name."""
     return sorted({labels["instance"] for labels, _ in gauged
                    if labels.get("column") == PRESENT and isinstance(labels.get("instance"), str)})
 
 
-def _at_instance(series: list[tuple[dict, list]], position: dict[str, int]) -> list[tuple[dict, list]]:
+def _at_instance(series: list[tuple[dict, Samples]], position: dict[str, int]) -> list[tuple[dict, Samples]]:
     """An instant answer's series, each value at its instance's row (those of other instances left out)."""
-    return [(labels, [(position[labels["instance"]], raw) for _, raw in values]) for labels, values in series
+    return [(labels, Samples(np.full(len(samples.index), position[labels["instance"]]), samples.value))
+            for labels, samples in series
             if labels.get("instance") in position]
 
 
-def _by_instance(series: list[tuple[dict, list]]) -> dict[str, list[tuple[dict, list]]]:
-    grouped: dict[str, list[tuple[dict, list]]] = {}
+def _by_instance(series: list[tuple[dict, Samples]]) -> dict[str, list[tuple[dict, Samples]]]:
+    grouped: dict[str, list[tuple[dict, Samples]]] = {}
     for labels, values in series:
         grouped.setdefault(labels.get("instance"), []).append((labels, values))
     return grouped

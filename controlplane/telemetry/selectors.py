@@ -35,6 +35,7 @@ from .history import (
     SUM_COLUMN,
 )
 from .merge import latency_counts, quantiles
+from .promql import BUCKET_PART
 from .rollups import POOL_GAUGE_COLUMN, POOL_GAUGES
 from .sources import history_point_s, history_source, redis_tiers
 
@@ -118,6 +119,8 @@ STICKINESS = 0.05  # the head start of an instance already listed (``_ranked``)
 # What a top instance's series carry (the drill-down has every figure).
 TOP_FIGURES = ("p50_ms", "p99_ms", "rank_per_s", "slo_compliance_ratio")
 TOP_GAUGES = ("hbm_bytes", "hbm_budget_bytes")
+# The counts those figures are made of (``promql.counts_query``'s tags): only these are read of the instances.
+TOP_PARTS = frozenset((BUCKET_PART, "counter:rank_requests", "counter:rank_within_slo"))
 # The per-instance table: its columns, each one a sort key (``-`` first: descending).
 TABLE_COLUMNS = ("instance", "rank_requests", "rank_per_s", "p50_ms", "p99_ms", "slo_compliance_ratio",
                  "hbm_hit_ratio", "miss_ratio", "preinfer_admitted", "hbm_bytes", "hbm_budget_bytes",
@@ -365,7 +368,7 @@ def pool_metrics(*, pool: Pool, window: str, since: float | None = None, top: in
             names_held = [name for name, _ in chosen if (first if name in known else 0) == held]
             points.update(zip(names_held, source.instance_points(
                 pool=pool.name, tier=tier, instances=names_held, window_s=window_s, start=start + held * step_s,
-                step_s=step_s, n_points=n_points - held, now=now), strict=True))
+                step_s=step_s, n_points=n_points - held, now=now, parts=TOP_PARTS), strict=True))
     worst = []
     for name, value in chosen:
         held = first if name in known else 0

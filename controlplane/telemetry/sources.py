@@ -61,9 +61,11 @@ class HistorySource(Protocol):
         whole window [N_COLUMNS]."""
 
     def instance_points(self, *, pool: str, tier: str, instances: list[str], window_s: int, start: float,
-                        step_s: int, n_points: int, now: float) -> list[tuple[np.ndarray, np.ndarray]]:
+                        step_s: int, n_points: int, now: float,
+                        parts: frozenset[str] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per instance (in order): counts [n_points, N_COLUMNS] and gauges [n_points, GAUGES] (NaN where
-        none)."""
+        none). With ``parts`` (``promql.counts_query``'s ``column`` tags), only those counts need be read (the
+        rest may read 0): what a figure shown needs."""
 
     def window_totals(self, *, pool: str, tier: str, window_s: int, start: float, now: float,
                       instances: list[str] | None = None, counters: tuple[str, ...] | None = None) -> WindowTotals:
@@ -103,7 +105,7 @@ class RedisHistory:
         sums = rows.reshape(n_points, per_point, N_COLUMNS).sum(axis=1)
         return sums, _per_point_gauges(gauges, per_point, reported), sums.sum(axis=0)
 
-    def instance_points(self, *, pool, tier, instances, window_s, start, step_s, n_points, now):
+    def instance_points(self, *, pool, tier, instances, window_s, start, step_s, n_points, now, parts=None):
         histories = stream_histories(self.client, pool=pool, tier=tier, instances=instances, window_s=window_s,
                                      now=now, point_s=step_s)
         return [bucketed(history, start, step_s, n_points) for history in histories]

@@ -75,3 +75,34 @@ def test_a_pages_p95_weighs_the_poll_after_a_new_minute_by_how_often_the_page_me
     # Every 2 s (the overview), one in 30: the slowest 3.3 % are after a minute, the P95 is a warm poll still.
     assert reading("overview", walls, [500.0]).page_p95_ms == 99.0
     assert reading("live", walls, []).page_p95_ms == 100.0  # no turns: the warm P95 as given
+
+
+def test_prometheus_answers_are_decoded_as_counts_and_a_bad_value_costs_only_itself():
+    import numpy as np
+
+    from controlplane.telemetry.promql import PrometheusHistory
+
+    class Answering(PrometheusHistory):
+        def __init__(self, result):
+            super().__init__("http://prometheus.invalid", timeout_s=1)
+            self.result = result
+
+        def _get(self, path, **params):
+            return self.result
+
+    start, step = 1_000.0, 60
+    values = [[1060, "5"], [1120.4, "NaN"], [1180, "-1"], [1240, "1e400"], [1300, "abc"], [1360, {"x": 1}],
+              [1420], "junk", [99999, "7"], [1000, "8"], [1480, "+Inf"], [1540, "2.5"]]
+    [(labels, samples)] = Answering([{"metric": {"column": "sum"}, "values": values}])._range("q", start, step, 10)
+    assert labels == {"column": "sum"}
+    assert dict(zip(*(part.tolist() for part in samples.valid), strict=True)) == {0: 5.0, 8: 2.5}
+    # Every string value well formed: decoded at once, the same way.
+    good = [[start + step * (i + 1), str(i * 1.5)] for i in range(10)]
+    [(_, samples)] = Answering([{"metric": {}, "values": good}])._range("q", start, step, 10)
+    np.testing.assert_array_equal(samples.value, np.arange(10) * 1.5)
+    np.testing.assert_array_equal(samples.index, np.arange(10))
+    # An instant answer: one value a series, NaN where it is not a count.
+    answers = Answering([{"metric": {"instance": "a"}, "value": [1, "3"]}, {"metric": {"instance": "b"}, "value": "x"},
+                         {"metric": {"instance": "c"}, "value": [1, "-2"]}])._instant("q", 1.0)
+    assert [float(samples.value[0]) for _, samples in answers][0] == 3.0
+    assert all(np.isnan(samples.value[0]) for _, samples in answers[1:])

@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.django_db(t
 POOL = "rank"
 INSTANCES = 7
 HOURS = 0.75
-IDLE = instance_name(POOL, 3)
+IDLE_INDEX = 3
+IDLE = instance_name(POOL, IDLE_INDEX)
 
 
 @pytest.fixture
@@ -217,3 +218,29 @@ def test_a_poll_past_a_new_minute_gets_the_kept_answer_at_once_and_the_next_one_
     telemetry_cache.clear()
     np.testing.assert_array_equal(behind, promql.PrometheusHistory(url, timeout_s=10).window_totals(
         **window, start=much_later_start, now=much_later, instances=page).sums)
+
+
+@pytest.mark.parametrize("window", ["1h", "24h"])  # a minute a point; four
+def test_recorded_minutes_read_as_written_are_the_points_sum_over_time_gives(history, window):
+    """The history's points are read from the recorded minutes as written (one instant query of a range), not
+    evaluated point by point: the same counts, for the pool and for instances."""
+    from controlplane.telemetry.recording import INSTANCE, POOL as POOL_LEVEL
+
+    url, now = history
+    source = promql.PrometheusHistory(url, timeout_s=10)
+    with override_settings(PROMETHEUS_URL=url):
+        _, step_s, start, n_points = selectors.window_grid(window, now)
+    names = [instance_name(POOL, i) for i in (0, 1, IDLE_INDEX)]
+    for level, by, selector in ((POOL_LEVEL, ("pool",), f'pool="{POOL}"'),
+                                (INSTANCE, ("instance",), promql._selector(POOL, names))):
+        written = source._recorded_minutes(selector, level, start, step_s, n_points)
+        evaluated = source._range(promql.counts_query(selector, by, step_s, recorded=True), start, step_s, n_points)
+        groups = ([(POOL, written, evaluated)] if level == POOL_LEVEL else
+                  [(name, promql._by_instance(written).get(name, []), promql._by_instance(evaluated).get(name, []))
+                   for name in names])
+        for name, a_series, b_series in groups:
+            a, b = np.zeros((n_points, N_COLUMNS)), np.zeros((n_points, N_COLUMNS))
+            promql._fill_counts(a, a_series, add=True)
+            promql._fill_counts(b, b_series)
+            assert (a.sum() > 0) == (name != IDLE), name
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9, err_msg=name)
