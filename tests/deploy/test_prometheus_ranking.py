@@ -224,7 +224,8 @@ def test_a_poll_past_a_new_minute_gets_the_kept_answer_at_once_and_the_next_one_
 def test_recorded_minutes_read_as_written_are_the_points_sum_over_time_gives(history, window):
     """The history's points are read from the recorded minutes as written (one instant query of a range), not
     evaluated point by point: the same counts, for the pool and for instances."""
-    from controlplane.telemetry.recording import INSTANCE, POOL as POOL_LEVEL
+    from controlplane.telemetry.recording import INSTANCE
+    from controlplane.telemetry.recording import POOL as POOL_LEVEL
 
     url, now = history
     source = promql.PrometheusHistory(url, timeout_s=10)
