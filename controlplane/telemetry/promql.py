@@ -537,6 +537,7 @@ class KeptPoints:
     def __init__(self):
         self._points: dict[float, tuple[np.ndarray, ...]] = {}
         self._lock = threading.Lock()
+        self._nbytes = 0  # kept as points come and go: the cache sums every entry's on every read
 
     def first_missing(self, start: float, step_s: int, n_points: int) -> int:
         with self._lock:
@@ -552,10 +553,11 @@ class KeptPoints:
             if fresh is not None:
                 for i in range(len(fresh[0])):
                     end = start + (first + i + 1) * step_s
-                    if end <= final_end:
-                        self._points[end] = tuple(part[i].copy() for part in fresh)
+                    if end <= final_end and end not in self._points:
+                        point = self._points[end] = tuple(part[i].copy() for part in fresh)
+                        self._nbytes += _point_nbytes(point)
                 while len(self._points) > MAX_KEPT_POINTS:
-                    del self._points[min(self._points)]
+                    self._nbytes -= _point_nbytes(self._points.pop(min(self._points)))
         if not held:
             assert fresh is not None
             return fresh
@@ -564,7 +566,11 @@ class KeptPoints:
 
     @property
     def nbytes(self) -> int:
-        return sum(part.nbytes for point in list(self._points.values()) for part in point) + 100 * len(self._points)
+        return self._nbytes
+
+
+def _point_nbytes(point: tuple[np.ndarray, ...]) -> int:
+    return sum(part.nbytes for part in point) + 100
 
 
 @dataclass
