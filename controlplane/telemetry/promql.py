@@ -197,6 +197,16 @@ def _cell_of_counts(labels: dict) -> int | None:
     return None
 
 
+def _samples(item: dict, index_of: Callable[[np.ndarray], np.ndarray], n_points: int) -> Samples:
+    """A matrix answer's series: its [time, value] pairs, each at ``index_of``'s point for its time (seconds:
+    finite, positive, in range as counts are), those outside [0, ``n_points``) left out."""
+    pairs = [pair for pair in (item.get("values") or ()) if isinstance(pair, list | tuple) and len(pair) == 2]
+    index = index_of(_counts_of([pair[0] for pair in pairs]))
+    ok = ~np.isnan(index) & (index >= 0) & (index < n_points)
+    values = _counts_of([pair[1] for pair, keep in zip(pairs, ok.tolist(), strict=True) if keep])
+    return Samples(index[ok].astype(int), values)
+
+
 def _fill_counts(rows: np.ndarray, series: list[tuple[dict, Samples]], add: bool = False) -> None:
     """Counts of ``counts_query`` (or with ``add``, of recorded minutes: each row the sum of those at its index)
     into rows [rows, N_COLUMNS]: the latency sum in ms, the buckets from cumulative to each one's own
@@ -247,12 +257,8 @@ class PrometheusHistory:
                            end=repr(start + n_points * step_s), step=str(step_s))
         series = []
         for item in result:
-            pairs = [pair for pair in (item.get("values") or ()) if isinstance(pair, list | tuple) and len(pair) == 2]
-            stamps = _counts_of([pair[0] for pair in pairs])  # seconds: finite, positive, in range as counts are
-            index = np.rint((stamps - first_end) / step_s)
-            ok = ~np.isnan(index) & (index >= 0) & (index < n_points)
-            values = _counts_of([pair[1] for pair, keep in zip(pairs, ok.tolist(), strict=True) if keep])
-            series.append((item["metric"], Samples(index[ok].astype(int), values)))
+            series.append((item["metric"], _samples(item, lambda stamps: np.rint((stamps - first_end) / step_s),
+                                                    n_points)))
         return series
 
     def _recorded_minutes(self, selector: str, level: tuple[str, ...], start: float, step_s: int, n_points: int,
@@ -273,12 +279,8 @@ class PrometheusHistory:
             column = records.get(item["metric"].get("__name__"))
             if column is None:
                 continue
-            pairs = [pair for pair in (item.get("values") or ()) if isinstance(pair, list | tuple) and len(pair) == 2]
-            stamps = _counts_of([pair[0] for pair in pairs])
-            index = np.ceil((stamps - start) / step_s) - 1
-            ok = ~np.isnan(index) & (index >= 0) & (index < n_points)
-            values = _counts_of([pair[1] for pair, keep in zip(pairs, ok.tolist(), strict=True) if keep])
-            series.append(({**item["metric"], "column": column}, Samples(index[ok].astype(int), values)))
+            samples = _samples(item, lambda stamps: np.ceil((stamps - start) / step_s) - 1, n_points)
+            series.append(({**item["metric"], "column": column}, samples))
         return series
 
     def _instant(self, expr: str, at: float) -> list[tuple[dict, Samples]]:
