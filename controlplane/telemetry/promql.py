@@ -14,8 +14,11 @@ close the two are). The selectors compute every figure from those counts as they
 (quantiles from the summed buckets, as ``histogram_quantile`` does). Ranking every instance of a pool by
 one column reads of each only that column's counts (``window_totals`` with ``counters``), or for a latency
 quantile ``histogram_quantile`` itself (``window_quantile``: one value an instance, not its every bucket);
-whole rows are read only for the instances shown. Answers over the recorded minutes are kept per pool and
-window until a newer minute is recorded (``_kept``).
+whole rows are read only for the instances shown. A window total over every instance (those counts and
+quantiles, each instance's newest gauges and whether it reported) reads the recorded ten-minute blocks and
+only the minutes (or raw samples) at the window's two edges (``Span``): a day is ~160 samples a series
+instead of 1,440 minutes or 5,760 scrapes, the same answer. Answers over the recorded minutes are kept per
+pool and window until a newer minute is recorded (``_kept``).
 Prometheus is untrusted input, as Redis is: a value that is not a finite count in range costs its figure
 that point, never the chart; unreachable, or an answer that is not one, is a 503 naming PROMETHEUS_URL.
 """
@@ -43,6 +46,9 @@ from relay_engine.core.telemetry import GAUGES, LATENCY_BUCKETS_MS, MAX_COUNT
 from .cache import telemetry_cache
 from .history import BUCKET_OFFSET, COUNTER_COLUMN, MISS_COLUMN, N_COLUMNS, REFUSAL_COLUMN, SUM_COLUMN
 from .recording import (
+    BLOCK_LAG_S,
+    BLOCK_PROBE_RECORD,
+    BLOCK_S,
     COUNTED,
     GAUGED,
     INSTANCE,
@@ -50,8 +56,10 @@ from .recording import (
     PRESENT,
     PROBE_RECORD,
     RECORDED_STEP_S,
+    block_record,
     counted_record,
     gauged_record,
+    last_block_record,
 )
 from .rollups import POOL_GAUGE_COLUMN, POOL_GAUGES
 from .summaries import WindowTotals
@@ -65,6 +73,8 @@ BUCKET_PART = "bucket"  # the ``column`` tag of the latency buckets in ``counts_
 # How long an answer to "does this server run the recording rules?" is trusted, per PROMETHEUS_URL.
 RECORDED_RECHECK_S = 300.0
 _recorded: dict[str, tuple[bool, float]] = {}
+# (url, pool) → (when its recorded blocks were stamped, the time they were read back to, when to ask again).
+_block_stamps: dict[tuple[str, str], tuple[np.ndarray, float, float]] = {}
 # A point is final (kept, never read again) once the server has recorded a minute this long after its end.
 FINAL_AFTER_S = RECORDED_STEP_S
 # A kept answer over a window's recorded minutes is given while a thread reads its successor for a poll at
@@ -74,12 +84,13 @@ STALE_FOR_S = 2 * RECORDED_STEP_S
 # (each window's quantiles, its rows) queue there instead of all landing on the server at once, beside the
 # polls.
 _refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relaygr-history-refresh")
-MAX_KEPT_POINTS = 1500  # per series and point width: a day of minutes, and a margin  # url → (the rules' series are there, when asked: monotonic s)
+MAX_KEPT_POINTS = 1500  # per series and point width: a day of minutes, and a margin
 
 
 def forget_recorded() -> None:
     """Ask every server again on its next read (after its rules or data changed under it)."""
     _recorded.clear()
+    _block_stamps.clear()
 
 
 def _label(value: str) -> str:
@@ -94,11 +105,71 @@ def _labels(by: tuple[str, ...], split: str | None) -> str:
     return ", ".join((*by, *((split,) if split else ())))
 
 
+class Span(NamedTuple):
+    """A window (``start``, ``end``] read as the recorded ten-minute blocks stamped ``first`` to ``last`` (every
+    one between recorded) and, at its edges, the minutes (or raw samples) the blocks leave: (``start``, ``first``'s
+    first minute] and (``last``'s last minute, ``end``]. A block stamped t holds what was recorded in
+    (t - BLOCK_LAG_S - BLOCK_S, t - BLOCK_LAG_S] (``recording.py``)."""
+
+    start: float
+    end: float
+    first: float
+    last: float
+
+    def parts(self) -> list[tuple[str, str]]:
+        """("edge" or "blocks", the range and ``@`` that selects it): the newest first, the empty edges left out.
+        Ranges are in milliseconds, each a millisecond short where a sample on its far edge belongs to its
+        neighbour, so the three tile the window whether the server's ranges are closed (2.x) or left-open."""
+        head_end = self.first - BLOCK_LAG_S - BLOCK_S
+        tail_start = self.last - BLOCK_LAG_S
+        parts = []
+        if (tail := _ms(self.end - tail_start) - 1) > 0:
+            parts.append(("edge", f"[{tail}ms] @ {self.end:.3f}"))
+        parts.append(("blocks", f"[{_ms(self.last - self.first) + BLOCK_S * 500}ms] @ {self.last:.3f}"))
+        if (head := _ms(head_end - self.start)) > 0:
+            parts.append(("edge", f"[{head}ms] @ {head_end:.3f}"))
+        return parts
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def blocks_of(stamps: np.ndarray, start: float, end: float) -> tuple[float, float] | None:
+    """The first and last stamps of the newest run of consecutive blocks (``stamps``, seconds) that lies whole
+    in (``start``, ``end``], or None."""
+    stamps = np.sort(stamps[(stamps - BLOCK_LAG_S - BLOCK_S >= start - 1e-3) & (stamps - BLOCK_LAG_S <= end + 1e-3)])
+    if not len(stamps):
+        return None
+    gaps = np.flatnonzero(np.abs(np.diff(stamps) - BLOCK_S) > 1.0)
+    first = stamps[gaps[-1] + 1] if len(gaps) else stamps[0]
+    return float(first), float(stamps[-1])
+
+
+def _summed_over(span: Span, minute: str, block: str, selector: str) -> str:
+    """The sum of the recorded ``minute`` series over the span: its blocks (``block``) and its edges' minutes,
+    each part tagged apart so that ``or`` keeps all three for the sum around it."""
+    return " or ".join(
+        f'label_replace(sum_over_time({block if kind == "blocks" else minute}{{{selector}}}{selected}), '
+        f'"part", "{i}", "", "")' for i, (kind, selected) in enumerate(span.parts()))
+
+
+def _newest_over(span: Span, raw: str, block: str, selector: str) -> str:
+    """The newest value of the raw series ``raw`` over the span: the newest edge's, else its blocks' (``block``,
+    every label of ``raw`` kept), else the oldest edge's (``or`` keeps its left side's series)."""
+    return " or ".join(f"last_over_time({block if kind == 'blocks' else raw}{{{selector}}}{selected})"
+                       for kind, selected in span.parts())
+
+
 def _counted(series: str, split: str | None, selector: str, by: tuple[str, ...], range_s: int | str,
-             recorded: bool) -> str:
+             recorded: bool, span: Span | None = None) -> str:
     """One part of ``counts_query``: ``series`` summed by ``by`` (and its ``split`` label) over ``range_s``
-    (seconds, or a PromQL duration)."""
+    (seconds, or a PromQL duration), or with ``span`` over it (recorded only)."""
     duration = f"{range_s}s" if isinstance(range_s, int) else range_s
+    if span is not None:
+        level = POOL if by == ("pool",) else INSTANCE
+        summed = _summed_over(span, counted_record(series, split, level), block_record(series, split, level), selector)
+        return f"sum by ({_labels(by, split)}) ({summed})"
     if recorded:
         level = POOL if by == ("pool",) else INSTANCE
         counted = f"sum_over_time({counted_record(series, split, level)}{{{selector}}}[{duration}])"
@@ -108,30 +179,35 @@ def _counted(series: str, split: str | None, selector: str, by: tuple[str, ...],
 
 
 def counts_query(selector: str, by: tuple[str, ...], range_s: int | str, recorded: bool = False,
-                 columns: frozenset[str] | None = None) -> str:
+                 columns: frozenset[str] | None = None, span: Span | None = None) -> str:
     """Every count of ``history``'s layout (or only the parts whose ``column`` tag is in ``columns``) over the
     ``range_s`` before each evaluation, summed by ``by`` (``("pool",)`` or ``("instance",)``): ``increase()``
     of the raw series, or with ``recorded`` the sum of the recorded minutes of the same level (``range_s`` a
-    multiple of ``RECORDED_STEP_S``)."""
-    return " or ".join(_tagged(_counted(series, split, selector, by, range_s, recorded), column)
+    multiple of ``RECORDED_STEP_S``), or with ``span`` (an instant read) of its blocks and edge minutes."""
+    return " or ".join(_tagged(_counted(series, split, selector, by, range_s, recorded, span), column)
                        for series, split, column in COUNTED if columns is None or column in columns)
 
 
-def quantile_query(q: float, selector: str, range_s: int | str, recorded: bool = False) -> str:
-    """Each instance's latency quantile ``q`` (seconds) over the ``range_s`` before the evaluation, from its
-    buckets summed over the range as ``counts_query`` counts them."""
+def quantile_query(q: float, selector: str, range_s: int | str, recorded: bool = False,
+                   span: Span | None = None) -> str:
+    """Each instance's latency quantile ``q`` (seconds) over the ``range_s`` before the evaluation (or the
+    ``span``), from its buckets summed over the range as ``counts_query`` counts them."""
     [(series, split)] = [(series, split) for series, split, column in COUNTED if column == BUCKET_PART]
-    return f"histogram_quantile({q!r}, {_counted(series, split, selector, ('instance',), range_s, recorded)})"
+    counted = _counted(series, split, selector, ("instance",), range_s, recorded, span)
+    return f"histogram_quantile({q!r}, {counted})"
 
 
 def gauges_query(selector: str, by: tuple[str, ...], range_s: int | str, recorded: bool = False,
-                 columns: frozenset[str] | None = None) -> str:
+                 columns: frozenset[str] | None = None, span: Span | None = None) -> str:
     """Each tier level's newest value within ``range_s`` (summed by ``by``), the applied generation, and how
     many instances had a sample (``present``), or only the parts whose ``column`` tag is in ``columns``; with
-    ``recorded`` (``by`` the pool only) the last recorded minute's."""
+    ``recorded`` (``by`` the pool only) the last recorded minute's; with ``span`` (``by`` the instance, an
+    instant read) the newest raw sample in it, read from its blocks' records between its edges."""
     duration = f"{range_s}s" if isinstance(range_s, int) else range_s
 
     def gauged(series: str, combine: str, split: str | None) -> str:
+        if span is not None:
+            return f"{combine} by ({_labels(by, split)}) ({_newest_over(span, series, last_block_record(series), selector)})"
         if recorded:
             return (f"{'max' if combine == 'max' else 'sum'} by ({_labels(by, split)}) "
                     f"(last_over_time({gauged_record(series, combine, split)}{{{selector}}}[{duration}]))")
@@ -437,7 +513,7 @@ class PrometheusHistory:
     def window_totals(self, *, pool, tier, window_s, start, now, instances=None, counters=None):
         if instances is not None and not instances:
             return WindowTotals([], np.zeros((0, N_COLUMNS)), np.zeros((0, len(GAUGES))))
-        gauged = self._instant(gauges_query(_selector(pool, instances), ("instance",), _since(start, now)), now)
+        gauged = self._gauges_over(_selector(pool, instances), pool, start, now)
         names = _present(gauged)
         position = {name: i for i, name in enumerate(names)}
         columns = None if counters is None else frozenset(f"counter:{name}" for name in counters)
@@ -454,8 +530,7 @@ class PrometheusHistory:
         return WindowTotals(names, sums, gauges)
 
     def window_quantile(self, *, pool, tier, window_s, start, now, q):
-        names = _present(self._instant(gauges_query(_selector(pool, None), ("instance",), _since(start, now),
-                                                    columns=frozenset((PRESENT,))), now))
+        names = _present(self._gauges_over(_selector(pool, None), pool, start, now, frozenset((PRESENT,))))
         by_instance, _ = self._kept(("quantiles", pool, window_s, q), start, now,
                                     lambda first, at, _: self._quantiles_at(pool, first, at, q))
         return names, np.array([by_instance.get(name, np.nan) for name in names])
@@ -480,8 +555,9 @@ class PrometheusHistory:
             return {}
         position = {name: i for i, name in enumerate(names)}
         rows = np.zeros((len(names), N_COLUMNS))
-        counts = counts_query(_selector(pool, names), ("instance",), _since(start, at), recorded=self.records(),
-                              columns=columns)
+        recorded = self.records()
+        counts = counts_query(_selector(pool, names), ("instance",), _since(start, at), recorded=recorded,
+                              columns=columns, span=self._span(pool, start, at) if recorded else None)
         _fill_counts(rows, _at_instance(self._instant(counts, at), position))
         return dict(zip(names, rows, strict=True))
 
@@ -512,12 +588,52 @@ class PrometheusHistory:
         """Each instance's latency quantile ``q`` in ms over [start, at], computed where the buckets are: one
         value per instance comes back, not its every bucket."""
         by_instance = {}
-        query = quantile_query(q, _selector(pool, None), _since(start, at), self.records())
+        recorded = self.records()
+        query = quantile_query(q, _selector(pool, None), _since(start, at), recorded,
+                               span=self._span(pool, start, at) if recorded else None)
         for labels, samples in self._instant(query, at):
             value = float(samples.value[0])
             if isinstance(labels.get("instance"), str) and not math.isnan(value):
                 by_instance[labels["instance"]] = value * 1000.0
         return by_instance
+
+    def _gauges_over(self, selector: str, pool: str, start: float, now: float,
+                     columns: frozenset[str] | None = None) -> list[tuple[dict, Samples]]:
+        """Each instance's newest gauges in [start, now] (``gauges_query``'s, by instance): over the recorded
+        blocks and the raw samples at their edges where the server records them, otherwise the raw samples."""
+        span = self._span(pool, start, now) if self.records() else None
+        return self._instant(gauges_query(selector, ("instance",), _since(start, now), columns=columns, span=span), now)
+
+    def _span(self, pool: str, start: float, end: float) -> Span | None:
+        """The window (start, end] as the pool's recorded blocks and the edges they leave, or None where no
+        whole block lies in it (then the minutes or raw samples are read alone)."""
+        if end - start < 2 * BLOCK_S:
+            return None
+        run = blocks_of(self._block_stamps(pool, start), start, end)
+        return None if run is None else Span(start, end, *run)
+
+    def _block_stamps(self, pool: str, start: float) -> np.ndarray:
+        """When the pool's blocks since ``start`` were recorded (seconds): read once, then again only once a
+        newer block may be there (``BLOCK_S`` after the newest) or for a window reaching further back. A
+        block, once recorded, never changes, so any of them known is a block to read."""
+        now = time.time()
+        known = _block_stamps.get((self.url, pool))
+        if known is not None:
+            stamps, since, due = known
+            if since <= start and now < due:
+                return stamps
+        since = min(start, now - 25 * 3600)  # a day's window and a margin: one read serves every window
+        answer = self._get("/api/v1/query", query=f"{BLOCK_PROBE_RECORD}{{pool={_label(pool)}}}[{_ms(now - since)}ms]",
+                           time=f"{now:.3f}")
+        raws = [pair[0] for item in answer for pair in (item.get("values") or ())
+                if isinstance(pair, list | tuple) and len(pair) == 2]
+        stamps = _counts_of(raws)
+        stamps = stamps[~np.isnan(stamps)]
+        # Asked again once the next block is due (its evaluation a little after its stamp), or in a minute
+        # where the pool has none yet.
+        due = float(stamps.max()) + BLOCK_S + 5.0 if len(stamps) else now + RECORDED_STEP_S
+        _block_stamps[self.url, pool] = (stamps, since, max(due, now + 5.0))
+        return stamps
 
     def _newest_recorded_minute(self, pool: str, now: float) -> float | None:
         """When the newest minute of the pool's instance-level counts was recorded (seconds), or None (none

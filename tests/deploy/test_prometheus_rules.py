@@ -97,7 +97,7 @@ def test_the_history_rules_record_every_count_the_history_reads_and_every_minute
     from controlplane.telemetry import recording
     from relay_engine.core.telemetry import COUNTERS
 
-    (group,) = yaml.safe_load(recording.RULES_PATH.read_text())["groups"]
+    group, blocks = yaml.safe_load(recording.RULES_PATH.read_text())["groups"]
     assert group["interval"] == f"{recording.RECORDED_STEP_S}s"
     records = {rule["record"] for rule in group["rules"]}
     for by in (recording.POOL, recording.INSTANCE):
@@ -105,3 +105,13 @@ def test_the_history_rules_record_every_count_the_history_reads_and_every_minute
     # Besides the counters: refusals and misses by reason, buckets by le, the latency sum.
     assert len(recording.COUNTED) == len(COUNTERS) + 4
     assert recording.PROBE_RECORD in records
+    # Every minute record has its ten-minute block, summed from it; every raw gauge its block's last value.
+    assert blocks["name"] == recording.BLOCK_GROUP and blocks["interval"] == f"{recording.BLOCK_S}s"
+    summed = {rule["record"]: rule["expr"] for rule in blocks["rules"] if rule["record"].endswith("increase10m")}
+    assert {record.replace("increase1m", "increase10m") for record in records if record.endswith("increase1m")} \
+        == set(summed)
+    assert all(expr.startswith(f"sum_over_time({record.replace('increase10m', 'increase1m')}[")
+               for record, expr in summed.items())
+    assert recording.BLOCK_PROBE_RECORD in summed
+    assert {recording.last_block_record(series) for series, _, _, _ in recording.GAUGED} == \
+        {rule["record"] for rule in blocks["rules"]} - set(summed)

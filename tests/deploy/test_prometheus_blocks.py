@@ -1,0 +1,160 @@
+"""Window reads over the recorded ten-minute blocks are the reads over the minutes (and the raw samples),
+on a real Prometheus: a few instances' scrapes (every counted and gauged series the history reads, growing
+and moving at random) backfilled through ``promtool``, the history rules backfilled over them in the two
+passes the rules file documents (the minutes, then the blocks summed from them), and then for windows whose
+edges fall anywhere in a minute: each instance's counts and latency quantile summed over blocks and edge
+minutes equal those summed over every minute, and its newest gauges read over blocks and raw edges equal
+``last_over_time`` over the raw samples. A window too short for a whole block, or a pool without blocks,
+reads the minutes alone."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from controlplane.telemetry import promql
+from controlplane.telemetry.bench_prometheus import backfill_recorded, prometheus_server
+from controlplane.telemetry.promql import PrometheusHistory, counts_query, gauges_query, quantile_query
+from controlplane.telemetry.recording import BLOCK_LAG_S, BLOCK_S, COUNTED, GAUGED
+from relay_engine.core.lifetime import free_port
+from relay_engine.core.telemetry import LATENCY_BUCKETS_MS, MISS_REASONS, REFUSAL_REASONS, TIER_LEVEL_GAUGES
+from tests.promtool import prometheus_binary
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+POOL = "blocks"
+INSTANCES = 3
+HOURS = 2.2
+SCRAPE_S = 15
+LES = [*(f"{ms / 1000:g}" for ms in LATENCY_BUCKETS_MS), "+Inf"]
+TIERS = sorted({tier for tier, _ in TIER_LEVEL_GAUGES.values()})
+
+
+def _scrapes(first: float, last: float) -> str:
+    """OpenMetrics for every counted and gauged series the history reads, of ``INSTANCES`` instances scraped
+    every ``SCRAPE_S`` from ``first`` to ``last``: counters growing by random steps (one instance restarting
+    halfway), gauges moving at random, latency buckets cumulative."""
+    rng = random.Random(11)
+    reasons = {"relaygr_preinfer_refusals_total": REFUSAL_REASONS, "relaygr_rank_misses_total": MISS_REASONS}
+    names = [f"{POOL}-{i}" for i in range(INSTANCES)]
+    counters = [series for series, split, _ in COUNTED if split is None and series.endswith("_total")]
+    gauges = [(series, split) for series, _, split, _ in GAUGED if not series.endswith("_total")]
+    totals: dict[tuple, float] = {}
+    out = []
+
+    def grow(key: tuple, step: float) -> float:
+        totals[key] = totals.get(key, 0.0) + step
+        return totals[key]
+
+    for k in range(int((last - first) // SCRAPE_S) + 1):
+        ts = first + k * SCRAPE_S
+        lines: dict[str, list[str]] = {}  # a scrape: each family's header, then its samples
+        for i, name in enumerate(names):
+            if i == 1 and k == int((last - first) // SCRAPE_S) // 2:  # a restart: every counter from 0
+                totals = {key: value for key, value in totals.items() if key[1] != name}
+            labels = f'pool="{POOL}",instance="{name}"'
+            for series in counters:
+                family = series.removesuffix("_total")
+                lines.setdefault(f"# TYPE {family} counter", []).append(
+                    f"{series}{{{labels}}} {grow((series, name), rng.randint(0, 9))} {ts:.3f}")
+            for series, values in reasons.items():
+                family = series.removesuffix("_total")
+                for reason in values:
+                    lines.setdefault(f"# TYPE {family} counter", []).append(
+                        f'{series}{{{labels},reason="{reason}"}} {grow((series, name, reason), rng.randint(0, 2))} '
+                        f"{ts:.3f}")
+            cumulative = 0.0
+            family = "relaygr_rank_latency_seconds"
+            for le in LES:
+                cumulative += rng.randint(0, 3) if le != "+Inf" else 0
+                count = grow((family, name, le), cumulative)
+                lines.setdefault(f"# TYPE {family} histogram", []).append(
+                    f'{family}_bucket{{{labels},le="{le}"}} {count} {ts:.3f}')
+            lines[f"# TYPE {family} histogram"].append(f"{family}_count{{{labels}}} {count} {ts:.3f}")
+            lines[f"# TYPE {family} histogram"].append(
+                f"{family}_sum{{{labels}}} {grow((family, name, 'sum'), rng.random() * 5)} {ts:.3f}")
+            for series, split in gauges:
+                for tier in (TIERS if split == "tier" else [None]):
+                    tagged = labels + (f',tier="{tier}"' if tier else "")
+                    lines.setdefault(f"# TYPE {series} gauge", []).append(
+                        f"{series}{{{tagged}}} {rng.randint(0, 1000)} {ts:.3f}")
+        out.extend(header + "\n" + "\n".join(samples) + "\n" for header, samples in lines.items())
+    return "".join(out) + "# EOF\n"
+
+
+def _by_labels(answer) -> dict[tuple, float]:
+    return {tuple(sorted(labels.items())): float(samples.value[0]) for labels, samples in answer}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    prometheus_binary("prometheus")
+    promtool = prometheus_binary("promtool")
+    work = tmp_path_factory.mktemp("blocks")
+    data_dir = work / "data"
+    data_dir.mkdir()
+    now = float(int(time.time()) - 120)
+    first = now - HOURS * 3600
+    raw = work / "raw.om"
+    raw.write_text(_scrapes(first, now))
+    result = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(raw), str(data_dir)],
+                            capture_output=True, text=True, check=False, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    port = free_port()
+    backfill_recorded(data_dir, first, now, port, work)
+    with prometheus_server(data_dir, port, work / "prometheus.log") as url:
+        promql.forget_recorded()
+        yield PrometheusHistory(url, timeout_s=30), now
+
+
+def test_counts_and_quantiles_over_blocks_equal_those_over_the_minutes(server):
+    history, now = server
+    at = history._newest_recorded_minute(POOL, now)
+    assert at is not None and history.records()
+    selector = promql._selector(POOL, None)
+    for start in (at - 2 * 3600 + 17.5, at - 3600 + 60, at - 1800 - 0.25):
+        span = history._span(POOL, start, at)
+        assert span is not None, start
+        whole_blocks = round((span.last - span.first) / BLOCK_S) + 1
+        assert whole_blocks >= (at - start) // BLOCK_S - 2
+        assert span.first - BLOCK_LAG_S - BLOCK_S >= start and span.last - BLOCK_LAG_S <= at
+        since = promql._since(start, at)
+        minutes = _by_labels(history._instant(counts_query(selector, ("instance",), since, recorded=True), at))
+        blocks = _by_labels(history._instant(counts_query(selector, ("instance",), since, recorded=True, span=span),
+                                             at))
+        assert minutes and blocks.keys() == minutes.keys()
+        assert sum(minutes.values()) > 1000
+        assert np.allclose([blocks[key] for key in minutes], list(minutes.values()), rtol=1e-9, atol=1e-6)
+        quantiles = [_by_labels(history._instant(quantile_query(0.99, selector, since, True, span=part), at))
+                     for part in (None, span)]
+        assert len(quantiles[0]) == INSTANCES and quantiles[1] == pytest.approx(quantiles[0], rel=1e-9)
+
+
+def test_newest_gauges_over_blocks_equal_the_raw_samples_newest(server):
+    history, now = server
+    selector = promql._selector(POOL, [f"{POOL}-0", f"{POOL}-2"])
+    for start in (now - 2 * 3600 + 3, now - 5400 + 0.5):
+        span = history._span(POOL, start, now)
+        assert span is not None
+        since = promql._since(start, now)
+        raw = _by_labels(history._instant(gauges_query(selector, ("instance",), since), now))
+        spanned = _by_labels(history._instant(gauges_query(selector, ("instance",), since, span=span), now))
+        assert len({dict(key)["instance"] for key in raw}) == 2
+        assert spanned == raw
+    # Further back the blocks end before the window's: their raw head and tail alone, the newest still right.
+    earlier = now - 3000
+    span = history._span(POOL, earlier - 3600, earlier)
+    since = promql._since(earlier - 3600, earlier)
+    assert _by_labels(history._instant(gauges_query(selector, ("instance",), since, span=span), earlier)) == \
+        _by_labels(history._instant(gauges_query(selector, ("instance",), since), earlier))
+
+
+def test_a_window_without_whole_blocks_reads_the_minutes_alone(server):
+    history, now = server
+    at = history._newest_recorded_minute(POOL, now)
+    assert history._span(POOL, at - 1100, at) is None
+    assert history._span("no-such-pool", at - 7200, at) is None
