@@ -41,11 +41,13 @@ def test_telemetry_streams_are_trimmed_to_their_tier_and_expire(fleet):
     name = fleet.names[0]
     key = fleet.keys.telemetry("1s", name)
     kept = TELEMETRY_TIERS["1s"][1]
-    pipe = fleet.redis.pipeline(transaction=False)
-    for i in range(kept + 200):  # a run longer than the tier keeps
+    # A run longer than the tier keeps, and its length, in one transaction: the instance's own next snapshot
+    # (which trims) cannot land between the two.
+    pipe = fleet.redis.pipeline(transaction=True)
+    for i in range(kept + 200):
         pipe.xadd(key, {"d": json.dumps({"instance": name, "ts": i})})
-    pipe.execute()
-    assert fleet.redis.xlen(key) > kept
+    pipe.xlen(key)
+    assert pipe.execute()[-1] > kept
     last_id = fleet.redis.xrevrange(key, count=1)[0][0]
     wait_for(lambda: fleet.redis.xrevrange(key, count=1)[0][0] != last_id, 2.5, what="the next snapshot")
     assert fleet.redis.xlen(key) == kept
