@@ -280,13 +280,14 @@ def prometheus_server(data_dir: Path, port: int, log_path: Path, scrape: str | N
             process.wait()
 
 
-def backfill_recorded(data_dir: Path, first: float, now: float, port: int, work_dir: Path) -> None:
+def backfill_recorded(data_dir: Path, first: float, now: float, port: int, work_dir: Path,
+                      groups: tuple[str, ...] = (GROUP, BLOCK_GROUP)) -> None:
     """The history rules over the raw blocks of ``data_dir`` from ``first`` to ``now``, as blocks beside them
     (promtool asks a server on the blocks there), then merged with them by the server's vertical compaction:
-    two passes, the minutes and then the ten-minute blocks summed from them (``recording.py``)."""
+    a pass per group, the minutes and then the ten-minute blocks summed from them (``recording.py``)."""
     started = time.perf_counter()
     written = 0
-    for group in (GROUP, BLOCK_GROUP):
+    for group in groups:
         rules_file = work_dir / f"{group}.yml"
         rules_file.write_text(yaml.safe_dump(group_rules(group), sort_keys=False))
         out = work_dir / f"recorded-{group}"
@@ -303,7 +304,7 @@ def backfill_recorded(data_dir: Path, first: float, now: float, port: int, work_
         shutil.rmtree(out, ignore_errors=True)
         rules_file.unlink()
         written += len(blocks)
-    print(f"backfilled the history rules (minutes, then ten-minute blocks) in {written} blocks: "
+    print(f"backfilled the history rules ({', '.join(groups)}) in {written} blocks: "
           f"{time.perf_counter() - started:.0f} s", flush=True)
 
 
@@ -537,7 +538,7 @@ def _row(r: Reading) -> None:
 
 
 def bench_history_reads(instances: int, hours: float, requests: int, redis_client, work_dir: Path,
-                        profile_dir: Path | None = None, turns: int = 0) -> list[Reading]:
+                        profile_dir: Path | None = None, turns: int = 0, merge_wait: bool = True) -> list[Reading]:
     """One instance count: backfill, Prometheus up, the live tier in Redis, every history view timed."""
     from django.test import Client
 
@@ -569,7 +570,8 @@ def bench_history_reads(instances: int, hours: float, requests: int, redis_clien
     backfill_recorded(data_dir, now - hours * 3600, now, port, work_dir)
     with live_exporter(scrapes) as target, \
             prometheus_server(data_dir, port, work_dir / f"prometheus-{instances}.log", scrape=target):
-        wait_for_merged_blocks(data_dir, MERGE_TIMEOUT_S)
+        if merge_wait:
+            wait_for_merged_blocks(data_dir, MERGE_TIMEOUT_S)
         print(f"prometheus ready {time.perf_counter() - started:.0f} s after the backfill began, scraping the "
               f"fleet's exporter at {target} every {scrape_interval_s()} s", flush=True)
         readings = measure_reads(pool, names, client, requests, hours, profile_dir)
@@ -588,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=3,
                         help="new recorded minutes at which every page's first poll is timed (0: none)")
     parser.add_argument("--json", type=Path, help="write every reading here (a list per instance count)")
+    parser.add_argument("--no-merge-wait", action="store_true",
+                        help="read at once instead of waiting for the server to merge the backfilled blocks (up to "
+                             "a minute): a check that every view answers, whose timings may include the merge")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile the control plane's side of the cold read and of the warm polls (cProfile; slows "
                              "them: not for the figures) and write stats files per window and view into DIR")
@@ -602,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     with throwaway_stack("relaygr-bench-prometheus-") as (redis_client, _, _, tmp):
         for count in args.instances:
             readings = bench_history_reads(count, args.hours, args.requests, redis_client, tmp, args.profile,
-                                           args.turns)
+                                           args.turns, merge_wait=not args.no_merge_wait)
             results[str(count)] = [{**asdict(r), "turn_max_ms": r.turn_max_ms, "page_p95_ms": r.page_p95_ms,
                                     "passed": r.passed} for r in readings]
             ok &= bool(readings) and all(r.passed for r in readings)

@@ -106,28 +106,28 @@ def _labels(by: tuple[str, ...], split: str | None) -> str:
 
 
 class Span(NamedTuple):
-    """A window (``start``, ``end``] read as the recorded ten-minute blocks stamped ``first`` to ``last`` (every
-    one between recorded) and, at its edges, the minutes (or raw samples) the blocks leave: (``start``, ``first``'s
-    first minute] and (``last``'s last minute, ``end``]. A block stamped t holds what was recorded in
-    (t - BLOCK_LAG_S - BLOCK_S, t - BLOCK_LAG_S] (``recording.py``)."""
+    """A window (``start``, ``end``] read as runs of recorded ten-minute blocks (each run's first and last
+    stamps, oldest run first, every block of a run recorded and none other stamped within it) and the minutes
+    (or raw samples) the runs leave: before the first, between two, after the last. A block stamped t holds
+    what was recorded in (t - BLOCK_LAG_S - BLOCK_S, t - BLOCK_LAG_S] (``recording.py``)."""
 
     start: float
     end: float
-    first: float
-    last: float
+    runs: tuple[tuple[float, float], ...]
 
     def parts(self) -> list[tuple[str, str]]:
         """("edge" or "blocks", the range and ``@`` that selects it): the newest first, the empty edges left out.
         Ranges are in milliseconds, each a millisecond short where a sample on its far edge belongs to its
-        neighbour, so the three tile the window whether the server's ranges are closed (2.x) or left-open."""
-        head_end = self.first - BLOCK_LAG_S - BLOCK_S
-        tail_start = self.last - BLOCK_LAG_S
+        neighbour, so the parts tile the window whether the server's ranges are closed (2.x) or left-open."""
         parts = []
-        if (tail := _ms(self.end - tail_start) - 1) > 0:
-            parts.append(("edge", f"[{tail}ms] @ {self.end:.3f}"))
-        parts.append(("blocks", f"[{_ms(self.last - self.first) + BLOCK_S * 500}ms] @ {self.last:.3f}"))
-        if (head := _ms(head_end - self.start)) > 0:
-            parts.append(("edge", f"[{head}ms] @ {head_end:.3f}"))
+        after = self.end  # the end of what the parts so far leave, inclusive
+        for first, last in reversed(self.runs):
+            if (edge := _ms(after - (last - BLOCK_LAG_S)) - 1) > 0:
+                parts.append(("edge", f"[{edge}ms] @ {after:.3f}"))
+            parts.append(("blocks", f"[{_ms(last - first) + 1}ms] @ {last:.3f}"))
+            after = first - BLOCK_LAG_S - BLOCK_S
+        if (head := _ms(after - self.start)) > 0:
+            parts.append(("edge", f"[{head}ms] @ {after:.3f}"))
         return parts
 
 
@@ -135,15 +135,25 @@ def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-def blocks_of(stamps: np.ndarray, start: float, end: float) -> tuple[float, float] | None:
-    """The first and last stamps of the newest run of consecutive blocks (``stamps``, seconds) that lies whole
-    in (``start``, ``end``], or None."""
-    stamps = np.sort(stamps[(stamps - BLOCK_LAG_S - BLOCK_S >= start - 1e-3) & (stamps - BLOCK_LAG_S <= end + 1e-3)])
-    if not len(stamps):
-        return None
-    gaps = np.flatnonzero(np.abs(np.diff(stamps) - BLOCK_S) > 1.0)
-    first = stamps[gaps[-1] + 1] if len(gaps) else stamps[0]
-    return float(first), float(stamps[-1])
+def block_runs(stamps: np.ndarray, start: float, end: float) -> tuple[tuple[float, float], ...]:
+    """Runs of the blocks stamped ``stamps`` (seconds) that lie whole in (``start``, ``end``] and overlap none
+    kept before them, oldest first: each run's blocks ``BLOCK_S`` apart with no other block stamped among them.
+    Blocks of another phase (a backfill's beside the server's own, a rules group evaluated anew) start a new
+    run, and the one overlapping a kept block is left out: its minutes are read instead."""
+    inside = np.sort(stamps[(stamps - BLOCK_LAG_S - BLOCK_S >= start - 1e-3) & (stamps - BLOCK_LAG_S <= end + 1e-3)])
+    runs: list[list[float]] = []
+    kept: float | None = None
+    broken = True  # the next block kept starts a run
+    for stamp in inside.tolist():
+        if kept is not None and stamp - kept < BLOCK_S - 0.5:
+            broken = True
+            continue
+        if broken or kept is None or stamp - kept > BLOCK_S + 0.5:
+            runs.append([stamp, stamp])
+        else:
+            runs[-1][1] = stamp
+        kept, broken = stamp, False
+    return tuple((first, last) for first, last in runs)
 
 
 def _summed_over(span: Span, minute: str, block: str, selector: str) -> str:
@@ -609,8 +619,8 @@ class PrometheusHistory:
         whole block lies in it (then the minutes or raw samples are read alone)."""
         if end - start < 2 * BLOCK_S:
             return None
-        run = blocks_of(self._block_stamps(pool, start), start, end)
-        return None if run is None else Span(start, end, *run)
+        runs = block_runs(self._block_stamps(pool, start), start, end)
+        return Span(start, end, runs) if runs else None
 
     def _block_stamps(self, pool: str, start: float) -> np.ndarray:
         """When the pool's blocks since ``start`` were recorded (seconds): read once, then again only once a

@@ -18,8 +18,23 @@ import pytest
 
 from controlplane.telemetry import promql
 from controlplane.telemetry.bench_prometheus import backfill_recorded, prometheus_server
-from controlplane.telemetry.promql import PrometheusHistory, counts_query, gauges_query, quantile_query
-from controlplane.telemetry.recording import BLOCK_LAG_S, BLOCK_S, COUNTED, GAUGED
+from controlplane.telemetry.promql import (
+    PrometheusHistory,
+    block_runs,
+    counts_query,
+    gauges_query,
+    quantile_query,
+)
+from controlplane.telemetry.recording import (
+    BLOCK_GROUP,
+    BLOCK_LAG_S,
+    BLOCK_PROBE_RECORD,
+    BLOCK_S,
+    COUNTED,
+    GAUGED,
+    GROUP,
+    group_rules,
+)
 from relay_engine.core.lifetime import free_port
 from relay_engine.core.telemetry import LATENCY_BUCKETS_MS, MISS_REASONS, REFUSAL_REASONS, TIER_LEVEL_GAUGES
 from tests.promtool import prometheus_binary
@@ -93,22 +108,55 @@ def _by_labels(answer) -> dict[tuple, float]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     prometheus_binary("prometheus")
-    promtool = prometheus_binary("promtool")
     work = tmp_path_factory.mktemp("blocks")
     data_dir = work / "data"
     data_dir.mkdir()
     now = float(int(time.time()) - 120)
     first = now - HOURS * 3600
-    raw = work / "raw.om"
-    raw.write_text(_scrapes(first, now))
-    result = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(raw), str(data_dir)],
-                            capture_output=True, text=True, check=False, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    _backfill_openmetrics(_scrapes(first, now), work / "raw.om", data_dir)
     port = free_port()
-    backfill_recorded(data_dir, first, now, port, work)
+    backfill_recorded(data_dir, first, now, port, work, groups=(GROUP,))
+    backfill_recorded(data_dir, first, now - 3600, port, work, groups=(BLOCK_GROUP,))
+    # The last hour's blocks at another phase, 7 minutes after the backfill's (as the server's own go on from a
+    # backfill's: a group's phase depends on its rules file's path), the first overlapping the backfill's last.
+    with prometheus_server(data_dir, port, work / "prometheus-phase.log") as url:
+        stamps = _block_stamps(PrometheusHistory(url, timeout_s=30), now)
+        shifted = np.arange(stamps[-1] + 420, now - BLOCK_LAG_S, BLOCK_S)
+        blocks = _blocks_at(PrometheusHistory(url, timeout_s=30), shifted)
+    _backfill_openmetrics(blocks, work / "shifted.om", data_dir)
     with prometheus_server(data_dir, port, work / "prometheus.log") as url:
         promql.forget_recorded()
         yield PrometheusHistory(url, timeout_s=30), now
+
+
+def _backfill_openmetrics(text: str, path, data_dir) -> None:
+    path.write_text(text)
+    result = subprocess.run([prometheus_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--quiet",
+                             str(path), str(data_dir)], capture_output=True, text=True, check=False, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def _block_stamps(history: PrometheusHistory, now: float) -> np.ndarray:
+    answer = history._get("/api/v1/query", query=f'{BLOCK_PROBE_RECORD}{{pool="{POOL}"}}[{int((HOURS + 1) * 3600)}s]',
+                          time=f"{now:.3f}")
+    return np.array(sorted(float(t) for item in answer for t, _ in item["values"]))
+
+
+def _blocks_at(history: PrometheusHistory, stamps: np.ndarray) -> str:
+    """Every block rule evaluated at ``stamps`` (as the server would at another phase), as OpenMetrics."""
+    samples: dict[str, list[tuple[tuple, float, float]]] = {}
+    for rule in group_rules(BLOCK_GROUP)["groups"][0]["rules"]:
+        for stamp in stamps.tolist():
+            for item in history._get("/api/v1/query", query=rule["expr"], time=f"{stamp:.3f}"):
+                labels = tuple(sorted((k, v) for k, v in item["metric"].items() if k != "__name__"))
+                samples.setdefault(rule["record"], []).append((labels, stamp, float(item["value"][1])))
+    out = []
+    for record, values in samples.items():
+        out.append(f"# TYPE {record} gauge\n")
+        for labels, stamp, value in sorted(values):
+            tags = ",".join(f'{k}="{v}"' for k, v in labels)
+            out.append(f"{record}{{{tags}}} {value!r} {stamp:.3f}\n")
+    return "".join(out) + "# EOF\n"
 
 
 def test_counts_and_quantiles_over_blocks_equal_those_over_the_minutes(server):
@@ -119,9 +167,11 @@ def test_counts_and_quantiles_over_blocks_equal_those_over_the_minutes(server):
     for start in (at - 2 * 3600 + 17.5, at - 3600 + 60, at - 1800 - 0.25):
         span = history._span(POOL, start, at)
         assert span is not None, start
-        whole_blocks = round((span.last - span.first) / BLOCK_S) + 1
+        whole_blocks = sum(round((last - first) / BLOCK_S) + 1 for first, last in span.runs)
         assert whole_blocks >= (at - start) // BLOCK_S - 2
-        assert span.first - BLOCK_LAG_S - BLOCK_S >= start and span.last - BLOCK_LAG_S <= at
+        assert span.runs[0][0] - BLOCK_LAG_S - BLOCK_S >= start and span.runs[-1][1] - BLOCK_LAG_S <= at
+        if start < at - 3600:
+            assert len(span.runs) > 1 and span.runs[1][0] - span.runs[0][1] > BLOCK_S  # minutes between
         since = promql._since(start, at)
         minutes = _by_labels(history._instant(counts_query(selector, ("instance",), since, recorded=True), at))
         blocks = _by_labels(history._instant(counts_query(selector, ("instance",), since, recorded=True, span=span),
@@ -158,3 +208,18 @@ def test_a_window_without_whole_blocks_reads_the_minutes_alone(server):
     at = history._newest_recorded_minute(POOL, now)
     assert history._span(POOL, at - 1100, at) is None
     assert history._span("no-such-pool", at - 7200, at) is None
+
+
+def test_blocks_of_two_phases_are_read_as_runs_that_neither_overlap_nor_leave_a_block_out_of_a_run():
+    phase_a = [1000.0 + BLOCK_S * k for k in range(6)]  # 1000 .. 4000
+    phase_b = [3420.0 + BLOCK_S * k for k in range(4)]  # 3420 .. 5220, 420 s after a's
+    runs = block_runs(np.array(phase_a + phase_b), start=0.0, end=6000.0)
+    # a's first five; b's 3420 overlaps a's 3400 (left out, and a's run ends); a's 4000 alone (b's 4020
+    # overlaps it); b's 4620 is a block after 4000 and more: a run with b's 5220.
+    assert runs == ((1000.0, 3400.0), (4000.0, 4000.0), (4620.0, 5220.0))
+    kept = [stamp for first, last in runs for stamp in np.arange(first, last + 1, BLOCK_S)]
+    assert all(b - a >= BLOCK_S for a, b in zip(kept, kept[1:], strict=False))
+    # Whole in the window only: a block's minutes reach BLOCK_S + BLOCK_LAG_S back of its stamp.
+    assert block_runs(np.array(phase_a), start=1000.0 - BLOCK_S - BLOCK_LAG_S + 1, end=2800.0 - BLOCK_LAG_S) == \
+        ((1600.0, 2800.0),)
+    assert block_runs(np.array([]), 0.0, 1e4) == ()
