@@ -11,8 +11,8 @@ timestamps, one file per 2-hour block, and backfilled with ``promtool tsdb creat
 (a process per block, as many as there are CPUs) into a temporary data directory. The history recording
 rules (deploy/prometheus/relaygr-history-rules.yml) are then backfilled from those raw series as a
 production server would have recorded them: ``promtool tsdb create-blocks-from rules`` against the real
-``prometheus`` serving the raw blocks, its blocks moved beside them, the server restarted (twice: the
-minutes first, then the ten-minute blocks summed from them), and the overlapping blocks merged (the server's own vertical compaction) before any read. The real ``prometheus``
+``prometheus`` serving the raw blocks, its blocks moved beside them, the server restarted, and the
+overlapping blocks merged (the server's own vertical compaction) before any read. The real ``prometheus``
 then serves that directory on a loopback port with every shipped rules file (evaluated as in production:
 the load a real server carries), no other block compaction during the timings. Redis holds only the live tier, as workers with
 ``RELAYGR_HISTORY=prometheus`` write it, and the control plane reads with ``PROMETHEUS_URL`` set.
@@ -282,29 +282,27 @@ def prometheus_server(data_dir: Path, port: int, log_path: Path, scrape: str | N
 
 def backfill_recorded(data_dir: Path, first: float, now: float, port: int, work_dir: Path,
                       groups: tuple[str, ...] = (GROUP, BLOCK_GROUP)) -> None:
-    """The history rules over the raw blocks of ``data_dir`` from ``first`` to ``now``, as blocks beside them
-    (promtool asks a server on the blocks there), then merged with them by the server's vertical compaction:
-    a pass per group, the minutes and then the ten-minute blocks summed from them (``recording.py``)."""
+    """The history rules (those of ``groups``) over the raw blocks of ``data_dir`` from ``first`` to ``now``, as
+    blocks beside them (promtool asks a server on the raw blocks), then merged with them by the server's
+    vertical compaction."""
+    out = work_dir / "recorded-blocks"
+    rules_file = work_dir / "history-rules.yml"
+    rules_file.write_text(yaml.safe_dump({"groups": [group for name in groups
+                                                     for group in group_rules(name)["groups"]]}, sort_keys=False))
     started = time.perf_counter()
-    written = 0
-    for group in groups:
-        rules_file = work_dir / f"{group}.yml"
-        rules_file.write_text(yaml.safe_dump(group_rules(group), sort_keys=False))
-        out = work_dir / f"recorded-{group}"
-        with prometheus_server(data_dir, port, work_dir / f"prometheus-{group}.log") as url:
-            result = subprocess.run([shutil.which("promtool"), "tsdb", "create-blocks-from", "rules", "--quiet",
-                                     f"--start={int(first)}", f"--end={int(now)}", f"--url={url}",
-                                     f"--output-dir={out}", str(rules_file)],
-                                    capture_output=True, text=True, check=False, preexec_fn=die_with_parent())
-        if result.returncode != 0:
-            raise RuntimeError(f"promtool create-blocks-from rules ({group}) failed: {result.stderr[-2000:]}")
-        blocks = [block for block in out.iterdir() if block.is_dir()] if out.exists() else []
-        for block in blocks:
-            block.rename(data_dir / block.name)
-        shutil.rmtree(out, ignore_errors=True)
-        rules_file.unlink()
-        written += len(blocks)
-    print(f"backfilled the history rules ({', '.join(groups)}) in {written} blocks: "
+    with prometheus_server(data_dir, port, work_dir / "prometheus-raw.log") as url:
+        result = subprocess.run([shutil.which("promtool"), "tsdb", "create-blocks-from", "rules", "--quiet",
+                                 f"--start={int(first)}", f"--end={int(now)}", f"--url={url}",
+                                 f"--output-dir={out}", str(rules_file)],
+                                capture_output=True, text=True, check=False, preexec_fn=die_with_parent())
+    rules_file.unlink()
+    if result.returncode != 0:
+        raise RuntimeError(f"promtool create-blocks-from rules failed: {result.stderr[-2000:]}")
+    blocks = [block for block in out.iterdir() if block.is_dir()] if out.exists() else []
+    for block in blocks:
+        block.rename(data_dir / block.name)
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"backfilled the history rules ({', '.join(groups)}) in {len(blocks)} blocks: "
           f"{time.perf_counter() - started:.0f} s", flush=True)
 
 

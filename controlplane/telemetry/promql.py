@@ -14,11 +14,11 @@ close the two are). The selectors compute every figure from those counts as they
 (quantiles from the summed buckets, as ``histogram_quantile`` does). Ranking every instance of a pool by
 one column reads of each only that column's counts (``window_totals`` with ``counters``), or for a latency
 quantile ``histogram_quantile`` itself (``window_quantile``: one value an instance, not its every bucket);
-whole rows are read only for the instances shown. A window total over every instance (those counts and
-quantiles, each instance's newest gauges and whether it reported) reads the recorded ten-minute blocks and
-only the minutes (or raw samples) at the window's two edges (``Span``): a day is ~160 samples a series
-instead of 1,440 minutes or 5,760 scrapes, the same answer. Answers over the recorded minutes are kept per
-pool and window until a newer minute is recorded (``_kept``).
+whole rows are read only for the instances shown. Each instance's newest gauges over a window (and whether
+it reported) are read from the recorded ten-minute blocks of its raw gauges and the raw scrapes at the
+window's two edges (``Span``): a day is ~160 samples a series instead of 5,760, the same answer. Answers
+over the recorded minutes (and those gauges up to the newest minute) are kept per pool and window until a
+newer minute is recorded (``_kept``).
 Prometheus is untrusted input, as Redis is: a value that is not a finite count in range costs its figure
 that point, never the chart; unreachable, or an answer that is not one, is a 503 naming PROMETHEUS_URL.
 """
@@ -56,7 +56,6 @@ from .recording import (
     PRESENT,
     PROBE_RECORD,
     RECORDED_STEP_S,
-    block_record,
     counted_record,
     gauged_record,
     last_block_record,
@@ -156,14 +155,6 @@ def block_runs(stamps: np.ndarray, start: float, end: float) -> tuple[tuple[floa
     return tuple((first, last) for first, last in runs)
 
 
-def _summed_over(span: Span, minute: str, block: str, selector: str) -> str:
-    """The sum of the recorded ``minute`` series over the span: its blocks (``block``) and its edges' minutes,
-    each part tagged apart so that ``or`` keeps all three for the sum around it."""
-    return " or ".join(
-        f'label_replace(sum_over_time({block if kind == "blocks" else minute}{{{selector}}}{selected}), '
-        f'"part", "{i}", "", "")' for i, (kind, selected) in enumerate(span.parts()))
-
-
 def _newest_over(span: Span, raw: str, block: str, selector: str) -> str:
     """The newest value of the raw series ``raw`` over the span: the newest edge's, else its blocks' (``block``,
     every label of ``raw`` kept), else the oldest edge's (``or`` keeps its left side's series)."""
@@ -172,14 +163,10 @@ def _newest_over(span: Span, raw: str, block: str, selector: str) -> str:
 
 
 def _counted(series: str, split: str | None, selector: str, by: tuple[str, ...], range_s: int | str,
-             recorded: bool, span: Span | None = None) -> str:
+             recorded: bool) -> str:
     """One part of ``counts_query``: ``series`` summed by ``by`` (and its ``split`` label) over ``range_s``
-    (seconds, or a PromQL duration), or with ``span`` over it (recorded only)."""
+    (seconds, or a PromQL duration)."""
     duration = f"{range_s}s" if isinstance(range_s, int) else range_s
-    if span is not None:
-        level = POOL if by == ("pool",) else INSTANCE
-        summed = _summed_over(span, counted_record(series, split, level), block_record(series, split, level), selector)
-        return f"sum by ({_labels(by, split)}) ({summed})"
     if recorded:
         level = POOL if by == ("pool",) else INSTANCE
         counted = f"sum_over_time({counted_record(series, split, level)}{{{selector}}}[{duration}])"
@@ -189,22 +176,20 @@ def _counted(series: str, split: str | None, selector: str, by: tuple[str, ...],
 
 
 def counts_query(selector: str, by: tuple[str, ...], range_s: int | str, recorded: bool = False,
-                 columns: frozenset[str] | None = None, span: Span | None = None) -> str:
+                 columns: frozenset[str] | None = None) -> str:
     """Every count of ``history``'s layout (or only the parts whose ``column`` tag is in ``columns``) over the
     ``range_s`` before each evaluation, summed by ``by`` (``("pool",)`` or ``("instance",)``): ``increase()``
     of the raw series, or with ``recorded`` the sum of the recorded minutes of the same level (``range_s`` a
-    multiple of ``RECORDED_STEP_S``), or with ``span`` (an instant read) of its blocks and edge minutes."""
-    return " or ".join(_tagged(_counted(series, split, selector, by, range_s, recorded, span), column)
+    multiple of ``RECORDED_STEP_S``)."""
+    return " or ".join(_tagged(_counted(series, split, selector, by, range_s, recorded), column)
                        for series, split, column in COUNTED if columns is None or column in columns)
 
 
-def quantile_query(q: float, selector: str, range_s: int | str, recorded: bool = False,
-                   span: Span | None = None) -> str:
-    """Each instance's latency quantile ``q`` (seconds) over the ``range_s`` before the evaluation (or the
-    ``span``), from its buckets summed over the range as ``counts_query`` counts them."""
+def quantile_query(q: float, selector: str, range_s: int | str, recorded: bool = False) -> str:
+    """Each instance's latency quantile ``q`` (seconds) over the ``range_s`` before the evaluation, from its
+    buckets summed over the range as ``counts_query`` counts them."""
     [(series, split)] = [(series, split) for series, split, column in COUNTED if column == BUCKET_PART]
-    counted = _counted(series, split, selector, ("instance",), range_s, recorded, span)
-    return f"histogram_quantile({q!r}, {counted})"
+    return f"histogram_quantile({q!r}, {_counted(series, split, selector, ('instance',), range_s, recorded)})"
 
 
 def gauges_query(selector: str, by: tuple[str, ...], range_s: int | str, recorded: bool = False,
@@ -523,7 +508,7 @@ class PrometheusHistory:
     def window_totals(self, *, pool, tier, window_s, start, now, instances=None, counters=None):
         if instances is not None and not instances:
             return WindowTotals([], np.zeros((0, N_COLUMNS)), np.zeros((0, len(GAUGES))))
-        gauged = self._gauges_over(_selector(pool, instances), pool, start, now)
+        gauged = self._gauges_over(_selector(pool, instances), pool, window_s, start, now)
         names = _present(gauged)
         position = {name: i for i, name in enumerate(names)}
         columns = None if counters is None else frozenset(f"counter:{name}" for name in counters)
@@ -540,7 +525,8 @@ class PrometheusHistory:
         return WindowTotals(names, sums, gauges)
 
     def window_quantile(self, *, pool, tier, window_s, start, now, q):
-        names = _present(self._gauges_over(_selector(pool, None), pool, start, now, frozenset((PRESENT,))))
+        names = _present(self._gauges_over(_selector(pool, None), pool, window_s, start, now,
+                                           frozenset((PRESENT,))))
         by_instance, _ = self._kept(("quantiles", pool, window_s, q), start, now,
                                     lambda first, at, _: self._quantiles_at(pool, first, at, q))
         return names, np.array([by_instance.get(name, np.nan) for name in names])
@@ -565,9 +551,8 @@ class PrometheusHistory:
             return {}
         position = {name: i for i, name in enumerate(names)}
         rows = np.zeros((len(names), N_COLUMNS))
-        recorded = self.records()
-        counts = counts_query(_selector(pool, names), ("instance",), _since(start, at), recorded=recorded,
-                              columns=columns, span=self._span(pool, start, at) if recorded else None)
+        counts = counts_query(_selector(pool, names), ("instance",), _since(start, at), recorded=self.records(),
+                              columns=columns)
         _fill_counts(rows, _at_instance(self._instant(counts, at), position))
         return dict(zip(names, rows, strict=True))
 
@@ -598,21 +583,37 @@ class PrometheusHistory:
         """Each instance's latency quantile ``q`` in ms over [start, at], computed where the buckets are: one
         value per instance comes back, not its every bucket."""
         by_instance = {}
-        recorded = self.records()
-        query = quantile_query(q, _selector(pool, None), _since(start, at), recorded,
-                               span=self._span(pool, start, at) if recorded else None)
+        query = quantile_query(q, _selector(pool, None), _since(start, at), self.records())
         for labels, samples in self._instant(query, at):
             value = float(samples.value[0])
             if isinstance(labels.get("instance"), str) and not math.isnan(value):
                 by_instance[labels["instance"]] = value * 1000.0
         return by_instance
 
-    def _gauges_over(self, selector: str, pool: str, start: float, now: float,
+    def _gauges_over(self, selector: str, pool: str, window_s: int, start: float, now: float,
                      columns: frozenset[str] | None = None) -> list[tuple[dict, Samples]]:
-        """Each instance's newest gauges in [start, now] (``gauges_query``'s, by instance): over the recorded
-        blocks and the raw samples at their edges where the server records them, otherwise the raw samples."""
-        span = self._span(pool, start, now) if self.records() else None
-        return self._instant(gauges_query(selector, ("instance",), _since(start, now), columns=columns, span=span), now)
+        """Each instance's newest gauges in [start, now] (``gauges_query``'s, by instance). Where the server
+        records the minutes: those up to the newest recorded minute read over its blocks and the raw samples
+        at their edges, kept as the window's other answers are (``_kept``), and only the raw samples since
+        that minute read on every poll, the newer value of each series winning. Otherwise the raw samples."""
+        if not self.records():
+            return self._instant(gauges_query(selector, ("instance",), _since(start, now), columns=columns), now)
+
+        def read(first: float, at: float, _previous: dict) -> dict:
+            span = self._span(pool, first, at)
+            answer = self._instant(gauges_query(selector, ("instance",), _since(first, at), columns=columns,
+                                                span=span), at)
+            return {tuple(sorted(labels.items())): samples for labels, samples in answer}
+
+        held, (_, at) = self._kept(("gauges", pool, window_s, selector, columns), start, now, read)
+        if at >= now:  # nothing recorded yet: read whole, up to now
+            return [(dict(key), samples) for key, samples in held.items()]
+        # The scrapes since the kept answer's minute (and one minute before it: a scrape lands after its time).
+        recent = self._instant(gauges_query(selector, ("instance",), _since(at - RECORDED_STEP_S, now),
+                                            columns=columns), now)
+        merged = dict(held)
+        merged.update((tuple(sorted(labels.items())), samples) for labels, samples in recent)
+        return [(dict(key), samples) for key, samples in merged.items()]
 
     def _span(self, pool: str, start: float, end: float) -> Span | None:
         """The window (start, end] as the pool's recorded blocks and the edges they leave, or None where no

@@ -19,17 +19,13 @@ it, shifted earlier than the point by the group's evaluation phase (< 1 minute; 
 create-blocks-from rules`` backfills at the same phase); and the newest minute is counted once it is evaluated (up to a
 minute plus the evaluation's lag behind the raw series). A window's totals are its points' sums.
 
-A day of minutes is 1,440 samples a series, and the window totals of every instance (the table's columns,
-the instance ranking's quantiles: ~13,000 bucket series at 256 instances) would sum them all. A second
-group therefore records ten-minute blocks (``BLOCK_S``) of those same minutes, at both levels: each block
-the sum of the minutes recorded in the ten minutes before it, one minute back (``BLOCK_LAG_S``, so the
-minute group's last evaluation is written before the block reads it); and each instance's raw gauges'
-last value in the same ten minutes (a day of 15 s scrapes is 5,760 samples a series). A window total is
-its whole blocks plus the minutes at its two edges: exactly the sum of its minutes, from ~1/10 of the
-samples; an instance's newest gauge in a window is the newest of the raw samples after its last block,
-that block's, and the raw samples before its first (``promql.Span``). Blocks are used only where every one the window needs was recorded; otherwise
-the minutes alone are read. They are recorded from the minutes, so a backfill is two passes: the minutes
-group, then the blocks group (``--group``).
+A window's newest gauges of every instance (the table's gauge columns, who reported at all) would read
+every raw scrape of the window: a day of 15 s scrapes is 5,760 samples a series. A second group therefore
+records, every ten minutes (``BLOCK_S``), each raw gauge's last value in the ten minutes before it, one
+minute back (``BLOCK_LAG_S``: a scrape is written a moment after its time), every label kept, and per
+pool how many instances reported in them (the record whose samples say which blocks exist). An
+instance's newest gauge in a window is the newest of the raw samples after the window's last block, of
+its blocks, and of the raw samples before its first (``promql.Span``).
 """
 
 from __future__ import annotations
@@ -87,11 +83,6 @@ def gauged_record(series: str, combine: str, split: str | None) -> str:
     return f"{_level(POOL, split)}:{series}:{'last1m' if combine == 'sum' else f'{combine}_last1m'}"
 
 
-def block_record(series: str, split: str | None, by: tuple[str, ...]) -> str:
-    """``instance_le:relaygr_rank_latency_seconds_bucket:increase10m``: the block of ``counted_record``'s minutes."""
-    return counted_record(series, split, by).replace(":increase1m", f":increase{BLOCK_S // 60}m")
-
-
 def last_block_record(series: str) -> str:
     """``instance:relaygr_tier_bytes:last10m``: a raw gauge's last value in a block, every label kept (the
     instances' newest gauges over a window read these between its edges)."""
@@ -100,8 +91,8 @@ def last_block_record(series: str) -> str:
 
 # The record whose presence says the rules run on a server (``promql`` checks for it once in a while).
 PROBE_RECORD = counted_record("relaygr_rank_requests_total", None, POOL)
-# The record whose samples say which blocks a pool has (one series a pool).
-BLOCK_PROBE_RECORD = block_record("relaygr_rank_requests_total", None, POOL)
+# The record whose samples say which blocks a pool has (one series a pool): the instances reporting in each.
+BLOCK_PROBE_RECORD = f"pool:relaygr_instances:count_last{BLOCK_S // 60}m"
 
 
 def rules() -> dict:
@@ -114,21 +105,19 @@ def rules() -> dict:
     recorded += [{"record": gauged_record(series, combine, split),
                   "expr": f"{combine} by ({by(POOL, split)}) (last_over_time({series}[1m]))"}
                  for series, combine, split, _ in GAUGED]
-    # A block at t sums the minutes recorded in (t - BLOCK_LAG_S - BLOCK_S, t - BLOCK_LAG_S]: the range is a
-    # millisecond short of the block so that a minute on its edge counts in one block only.
-    blocks = [{"record": block_record(series, split, level),
-               "expr": f"sum_over_time({counted_record(series, split, level)}[{BLOCK_S * 1000 - 1}ms] "
-                       f"offset {BLOCK_LAG_S}s)"}
-              for level in (POOL, INSTANCE) for series, split, _ in COUNTED]
-    blocks += [{"record": last_block_record(series),
-                "expr": f"last_over_time({series}[{BLOCK_S * 1000 - 1}ms] offset {BLOCK_LAG_S}s)"}
-               for series in dict.fromkeys(series for series, _, _, _ in GAUGED)]
+    # A block at t holds the scrapes in (t - BLOCK_LAG_S - BLOCK_S, t - BLOCK_LAG_S]: the range is a millisecond
+    # short of the block so that a scrape on its edge counts in one block only.
+    block = f"[{BLOCK_S * 1000 - 1}ms] offset {BLOCK_LAG_S}s"
+    blocks = [{"record": last_block_record(series), "expr": f"last_over_time({series}{block})"}
+              for series in dict.fromkeys(series for series, _, _, _ in GAUGED)]
+    blocks.append({"record": BLOCK_PROBE_RECORD,
+                   "expr": f"count by (pool) (last_over_time(relaygr_rank_requests_total{block}))"})
     return {"groups": [{"name": GROUP, "interval": f"{RECORDED_STEP_S}s", "rules": recorded},
                        {"name": BLOCK_GROUP, "interval": f"{BLOCK_S}s", "rules": blocks}]}
 
 
 def group_rules(name: str) -> dict:
-    """One group of ``rules()`` as a rules file of its own (a backfill pass)."""
+    """One group of ``rules()`` as a rules file of its own (a backfill of that group alone)."""
     groups = [group for group in rules()["groups"] if group["name"] == name]
     if not groups:
         raise ValueError(f"no rules group {name!r}: {GROUP!r} or {BLOCK_GROUP!r}")
@@ -140,13 +129,10 @@ HEADER = """\
 # table in controlplane/telemetry/recording.py (edit that, not this). The control plane reads them for
 # windows longer than the live one (PROMETHEUS_URL): per pool and per instance, each minute's increase
 # of every count its history views need, and the pool's gauges. Without them it reads the raw series,
-# slower at fleet scale. After loading them into a Prometheus that already holds history, backfill them
-# in two passes (the ten-minute blocks are sums of the recorded minutes, so the minutes come first):
-#   python -m controlplane.telemetry.recording --group relaygr-history > minutes.yml
+# slower at fleet scale. After loading them into a Prometheus that already holds history, backfill them:
 #   promtool tsdb create-blocks-from rules --start <first day> --end <now> \\
-#     --url http://prometheus:9090 minutes.yml
-# move the blocks it writes (./data/) into the server's --storage.tsdb.path, wait for the server to load
-# them (a minute), then the same with --group relaygr-history-blocks.
+#     --url http://prometheus:9090 deploy/prometheus/relaygr-history-rules.yml
+# then move the blocks it writes (./data/) into the server's --storage.tsdb.path.
 """
 
 
@@ -157,12 +143,7 @@ def rendered() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 when the committed rules file is stale")
-    parser.add_argument("--group", choices=(GROUP, BLOCK_GROUP),
-                        help="print this group alone as a rules file (a backfill pass) instead")
     args = parser.parse_args(argv)
-    if args.group:
-        sys.stdout.write(yaml.safe_dump(group_rules(args.group), sort_keys=False, width=200))
-        return 0
     text = rendered()
     if args.check:
         if not RULES_PATH.exists() or RULES_PATH.read_text() != text:

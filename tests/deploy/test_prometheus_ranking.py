@@ -195,7 +195,7 @@ def test_a_poll_past_a_new_minute_gets_the_kept_answer_at_once_and_the_next_one_
     np.testing.assert_array_equal(stale_rows, first_rows)
     refreshing = [entry.refreshing for entry in telemetry_cache._entries.values()
                   if isinstance(entry, promql.KeptAnswer) and entry.refreshing is not None]
-    assert len(refreshing) == 2  # the quantiles, and the page's rows
+    assert len(refreshing) == 4  # the quantiles, the page's rows, who reported, the page's gauges
     for future in refreshing:
         future.result(timeout=30)
     _, updated = source.window_quantile(**window, start=later_start, now=later, q=0.99)
