@@ -36,7 +36,9 @@ def test_a_prefill_process_serves_pre_inferred_prefixes_under_an_edit(redis_url,
             # Ranked only once the instance holds the prefix: a miss would keep one of its own.
             wait_for(lambda before=before: hbm_bytes() > before, 30, what=f"{user}'s pre-inferred prefix in HBM")
             reply = fleet.client.rank(user, query_index=1 + i, deadline_s=time.time() + 10, **REQUEST)
-            assert reply.source == "hbm"
+            # The prefix's bytes are counted once it is admitted: the ranking may come while the prefill
+            # process is still at it, and then joins it (``inflight``) rather than computing its own.
+            assert reply.source in ("hbm", "inflight")
             assert_close(reply.scores, local_scores(spec, user, 1 + i))
     finally:
         fleet.stop()
