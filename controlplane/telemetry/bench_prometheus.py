@@ -284,18 +284,30 @@ def backfill_recorded(data_dir: Path, first: float, now: float, port: int, work_
                       groups: tuple[str, ...] = (GROUP, BLOCK_GROUP)) -> None:
     """The history rules (those of ``groups``) over the raw blocks of ``data_dir`` from ``first`` to ``now``, as
     blocks beside them (promtool asks a server on the raw blocks), then merged with them by the server's
-    vertical compaction."""
+    vertical compaction.
+
+    Both groups are read from the shipped rules file itself, so each group's evaluation phase (Prometheus
+    hashes the group's name and file path) is the live server's and its own records go on from the
+    backfill's without a doubled or missing minute. The backfill starts at ``first``'s two-hour TSDB block
+    boundary: promtool evaluates a group block by block from its first aligned time in each, and stops at the
+    first block that has none, so a ``first`` in the last interval of a block before the group's phase would
+    leave the whole backfill without a sample of that group (a ten-minute group: one start in twelve)."""
     out = work_dir / "recorded-blocks"
-    rules_file = work_dir / "history-rules.yml"
-    rules_file.write_text(yaml.safe_dump({"groups": [group for name in groups
-                                                     for group in group_rules(name)["groups"]]}, sort_keys=False))
+    shipped = set(groups) == {GROUP, BLOCK_GROUP}
+    rules_file = HISTORY_RULES if shipped else work_dir / "history-rules.yml"
+    if not shipped:
+        rules_file.write_text(yaml.safe_dump({"groups": [group for name in groups
+                                                         for group in group_rules(name)["groups"]]},
+                                             sort_keys=False))
+    start = int(first) // BLOCK_S * BLOCK_S  # before ``first`` the rules read nothing and record nothing
     started = time.perf_counter()
     with prometheus_server(data_dir, port, work_dir / "prometheus-raw.log") as url:
         result = subprocess.run([shutil.which("promtool"), "tsdb", "create-blocks-from", "rules", "--quiet",
-                                 f"--start={int(first)}", f"--end={int(now)}", f"--url={url}",
+                                 f"--start={start}", f"--end={int(now)}", f"--url={url}",
                                  f"--output-dir={out}", str(rules_file)],
                                 capture_output=True, text=True, check=False, preexec_fn=die_with_parent())
-    rules_file.unlink()
+    if not shipped:
+        rules_file.unlink()
     if result.returncode != 0:
         raise RuntimeError(f"promtool create-blocks-from rules failed: {result.stderr[-2000:]}")
     blocks = [block for block in out.iterdir() if block.is_dir()] if out.exists() else []
