@@ -603,17 +603,17 @@ class PrometheusHistory:
             span = self._span(pool, first, at)
             answer = self._instant(gauges_query(selector, ("instance",), _since(first, at), columns=columns,
                                                 span=span), at)
-            return {tuple(sorted(labels.items())): samples for labels, samples in answer}
+            return {tuple(sorted(labels.items())): (labels, samples) for labels, samples in answer}
 
         held, (_, at) = self._kept(("gauges", pool, window_s, selector, columns), start, now, read)
         if at >= now:  # nothing recorded yet: read whole, up to now
-            return [(dict(key), samples) for key, samples in held.items()]
+            return list(held.values())
         # The scrapes since the kept answer's minute (and one minute before it: a scrape lands after its time).
         recent = self._instant(gauges_query(selector, ("instance",), _since(at - RECORDED_STEP_S, now),
                                             columns=columns), now)
-        merged = dict(held)
-        merged.update((tuple(sorted(labels.items())), samples) for labels, samples in recent)
-        return [(dict(key), samples) for key, samples in merged.items()]
+        merged = dict(held)  # the kept label dicts are only read, never changed, by every caller
+        merged.update((tuple(sorted(labels.items())), (labels, samples)) for labels, samples in recent)
+        return list(merged.values())
 
     def _span(self, pool: str, start: float, end: float) -> Span | None:
         """The window (start, end] as the pool's recorded blocks and the edges they leave, or None where no
