@@ -17,7 +17,7 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -62,21 +62,21 @@ class CacheEntry:
 
 
 class EvictionPolicy(Protocol):
-    def order(self, entries: Iterable[CacheEntry]) -> Iterable[CacheEntry]:
-        """Evictable entries, first victim first (the cache takes only as many as it needs). Entries
-        still producing are never offered. ``entries`` come least recently used first."""
+    def order(self, evictable: Mapping[EntryState, Iterable[CacheEntry]]) -> Iterable[CacheEntry]:
+        """Evictable entries, first victim first (the cache takes only as many as it needs, so a lazy
+        order costs only the victims it yields). ``evictable`` holds the ready and the consumed entries,
+        each state's least recently used first; entries still producing are never offered."""
 
 
 class LRUPolicy:
     """Consumed entries before ready-but-unread ones (a ranking request is about to read those),
-    least recently used first within each group. Lazy: the cache's entries are already in
-    last-use order, so the first victims come without sorting every entry."""
+    least recently used first within each group: the cache keeps each group in last-use order, so the
+    victims come without looking at any other entry. (Filtering one list of every entry cost a scan of
+    the whole cache per reservation once it was full: under a stream of pre-inferences that are never
+    read, most of the instance's interpreter time, on the ranking threads' recomputes too.)"""
 
-    def order(self, entries: Iterable[CacheEntry]) -> Iterable[CacheEntry]:
-        if iter(entries) is entries:  # a one-shot iterator: the two passes below need a collection
-            entries = list(entries)
-        return itertools.chain((e for e in entries if e.state is EntryState.CONSUMED),
-                               (e for e in entries if e.state is EntryState.READY))
+    def order(self, evictable: Mapping[EntryState, Iterable[CacheEntry]]) -> Iterable[CacheEntry]:
+        return itertools.chain(evictable[EntryState.CONSUMED], evictable[EntryState.READY])
 
 
 @dataclass
@@ -94,7 +94,10 @@ class HBMCache:
     def __post_init__(self) -> None:
         if self.budget_bytes < 0:
             raise ValueError(f"budget_bytes must be ≥ 0, got {self.budget_bytes}")
-        self._entries: OrderedDict[CacheKey, CacheEntry] = OrderedDict()
+        self._entries: dict[CacheKey, CacheEntry] = {}  # every entry, producing ones in reservation order
+        # The evictable entries by state, each least recently used first (what ``policy.order`` is given).
+        self._evictable: dict[EntryState, OrderedDict[CacheKey, CacheEntry]] = {
+            EntryState.READY: OrderedDict(), EntryState.CONSUMED: OrderedDict()}
         self._lock = threading.RLock()
         self.ready_bytes = 0
         self.reserved_bytes = 0
@@ -166,6 +169,7 @@ class HBMCache:
                 entry.nbytes, entry.kv, entry.state = kv.nbytes, kv, EntryState.READY
                 entry.last_access = self.clock()
                 self._entries[key] = entry
+                self._evictable[EntryState.READY][key] = entry
                 self.ready_bytes += kv.nbytes
                 self.unread_bytes += kv.nbytes
                 self.counters.admissions += 1
@@ -209,7 +213,6 @@ class HBMCache:
             self._consume(entry)
             entry.last_access = now
             entry.hits += 1
-            self._entries.move_to_end(key)
             self.counters.hits += 1
             return entry.kv
 
@@ -263,7 +266,7 @@ class HBMCache:
         if excess <= 0:
             return True
         victims: list[CacheEntry] = []
-        for victim in self.policy.order(self._entries.values()):
+        for victim in self.policy.order({state: group.values() for state, group in self._evictable.items()}):
             victims.append(victim)
             excess -= victim.nbytes
             if excess <= 0:
@@ -277,12 +280,19 @@ class HBMCache:
         return True
 
     def _consume(self, entry: CacheEntry) -> None:
+        """Mark a resident entry read, and its most recent use now."""
         if entry.state is EntryState.READY:
             self.unread_bytes -= entry.nbytes
+            del self._evictable[EntryState.READY][entry.key]
         entry.state = EntryState.CONSUMED
+        consumed = self._evictable[EntryState.CONSUMED]
+        consumed[entry.key] = entry
+        consumed.move_to_end(entry.key)
 
     def _drop(self, entry: CacheEntry) -> None:
         del self._entries[entry.key]
+        if entry.state is not EntryState.PRODUCING:
+            del self._evictable[entry.state][entry.key]
         if entry.state is EntryState.PRODUCING:
             self.reserved_bytes -= entry.nbytes
         else:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -43,6 +44,8 @@ from relay_engine.core.miss_ledger import MissLedger
 from relay_engine.core.model import PrefixKV
 from relay_engine.core.outcomes import LOWER_TIER_MODULES, Outcome, TierCounters
 from relay_engine.core.telemetry import EVICTED_FROM, MissReason
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -135,9 +138,13 @@ def build_lower_tiers(cache: CacheBudget, site: TierSite, current: Sequence[Cach
 
 class Drain(Generic[T]):
     """Work a tier does off the ranking path (DRAM's copy to the host, disk's writes): a queue under the
-    tier's lock, drained by a thread that starts when work arrives and exits once the queue is empty.
-    ``nice`` > 0 runs that thread at a lower CPU priority than ranking (Linux; elsewhere ignored), so its
-    work takes a core only when ranking leaves it idle."""
+    tier's lock, drained by a thread that starts when work arrives and exits once the queue has stayed
+    empty for ``IDLE_S``. (A thread per burst of work cost a thread start per demotion under a steady
+    stream of them, each start waiting for the new thread to be scheduled on a busy machine: a seventh of
+    the pre-inference signal reader's time.) ``nice`` > 0 runs that thread at a lower CPU priority than
+    ranking (Linux; elsewhere ignored), so its work takes a core only when ranking leaves it idle."""
+
+    IDLE_S = 2.0
 
     def __init__(self, lock: threading.Lock, handle: Callable[[T], None], name: str, *, nice: int = 0):
         self._lock = lock
@@ -145,8 +152,9 @@ class Drain(Generic[T]):
         self._handle = handle  # runs outside the lock, in the drain's thread
         self._name = name
         self._items: deque[T] = deque()
-        self._running = False
-        self._idle = threading.Condition(lock)
+        self._running = False  # a thread is draining or waiting for more
+        self._handling = False  # that thread is handling an item taken off the queue
+        self._changed = threading.Condition(lock)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -155,8 +163,11 @@ class Drain(Generic[T]):
         """Queue item (the tier's lock held); True when the caller must ``start`` the thread once it has
         released the lock."""
         self._items.append(item)
-        start, self._running = not self._running, True
-        return start
+        if self._running:
+            self._changed.notify_all()
+            return False
+        self._running = True
+        return True
 
     def start(self) -> None:
         threading.Thread(target=self._run, name=self._name, daemon=True).start()
@@ -166,17 +177,23 @@ class Drain(Generic[T]):
             lower_thread_priority(self._nice, self._name)
         while True:
             with self._lock:
-                if not self._items:
-                    self._running = False
-                    self._idle.notify_all()
-                    return
+                self._handling = False
+                while not self._items:
+                    self._changed.notify_all()  # drained: ``flush`` may return
+                    if not self._changed.wait(self.IDLE_S) and not self._items:
+                        self._running = False
+                        return
                 item = self._items.popleft()
-            self._handle(item)
+                self._handling = True
+            try:
+                self._handle(item)
+            except Exception:  # noqa: BLE001 — one item's failure is the handler's to report; the drain lives on
+                log.exception("%s: an item failed", self._name)
 
     def flush(self, timeout_s: float | None = None) -> bool:
-        """Wait until the queue is drained; False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._running, timeout_s)
+        """Wait until the queue is drained and its last item handled; False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._items and not self._handling, timeout_s)
 
 
 class SingleFlight(Generic[T]):

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay_engine.core.kvcache import CacheKey, EntryState, HBMCache
+from relay_engine.core.kvcache import CacheKey, EntryState, HBMCache, LRUPolicy
 from relay_engine.core.model import PrefixKV
 
 
@@ -65,7 +65,13 @@ def test_budget_is_never_exceeded_and_accounting_is_exact(budget, ops):
         assert cache.ready_bytes == sum(e.nbytes for e in entries if e.state is not EntryState.PRODUCING)
         assert cache.pinned_bytes == cache.reserved_bytes + sum(e.nbytes for e in entries
                                                                 if e.state is EntryState.READY)
-        assert [e.key for e in entries] == [e.key for e in sorted(entries, key=lambda e: e.last_access)]
+        # Eviction reads each evictable state's entries, least recently used first, and nothing else.
+        for state, group in cache._evictable.items():
+            members = list(group.values())
+            assert all(e.state is state for e in members)
+            assert members == sorted(members, key=lambda e: e.last_access)
+        assert sorted(k.user_id for g in cache._evictable.values() for k in g) == \
+            sorted(e.key.user_id for e in entries if e.state is not EntryState.PRODUCING)
     assert cache.counters.peak_bytes <= max(budget, *(n for op, _, n in ops if op == "resize"), 0)
 
 
@@ -116,3 +122,26 @@ def test_shrinking_the_budget_evicts_down_to_it():
         cache.admit(key(i), kv_of(200))
     cache.resize(450, ttl_s=10)
     assert cache.used_bytes <= 450 and len(evicted) == 2
+
+
+def test_making_room_looks_only_at_the_victims():
+    """A full cache of unread entries (a pre-inference stream nobody reads) gives up one victim per
+    reservation without the policy being handed, or walking, any other entry."""
+    looked = []
+
+    def pulled(group):
+        for entry in group:
+            looked.append(entry.key)
+            yield entry
+
+    class Counting(LRUPolicy):
+        def order(self, evictable):
+            return super().order({state: pulled(group) for state, group in evictable.items()})
+
+    cache = HBMCache(budget_bytes=4000, ttl_s=10, policy=Counting())
+    for i in range(1000):
+        assert cache.admit(key(i), kv_of(4))
+    cache.lookup(key(500))  # one read entry: the first victim, then the oldest unread
+    assert looked == []
+    assert cache.reserve(key(1000), 8)
+    assert looked == [key(500), key(0)]

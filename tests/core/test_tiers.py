@@ -4,6 +4,8 @@ every prefix came from in one result type."""
 from __future__ import annotations
 
 import tempfile
+import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from relay_engine.core.outcomes import (
 from relay_engine.core.telemetry import COUNTERS
 from relay_engine.core.tiers import (
     MISS,
+    Drain,
     TierSite,
     TierStack,
     build_lower_tiers,
@@ -213,3 +216,36 @@ def test_a_disk_directory_this_host_cannot_write_is_named_by_field(tmp_path):
     field_path, message = lower_tiers_problem(cache)
     assert field_path == "cache.disk.path" and "cannot create" in message
     assert lower_tiers_problem(parse_policy({}).cache) is None
+
+
+def test_a_drain_serves_a_stream_of_work_on_one_thread_and_outlives_a_failed_item(monkeypatch):
+    """Work arriving while the drain's thread waits goes to that thread (no thread started per item);
+    ``flush`` returns once the last item is handled; an item that raises is logged and the next served;
+    once idle for ``IDLE_S`` the thread exits and the next item starts another."""
+    monkeypatch.setattr(Drain, "IDLE_S", 0.3)
+    lock = threading.Lock()
+    handled: list[tuple[int, int]] = []
+
+    def handle(item: int) -> None:
+        if item == 2:
+            raise RuntimeError("a copy failed")
+        handled.append((item, threading.get_ident()))
+
+    drain: Drain[int] = Drain(lock, handle, "test-drain")
+    starts = 0
+    for item in range(5):
+        with lock:
+            start = drain.put(item)
+        if start:
+            starts += 1
+            drain.start()
+        assert drain.flush(timeout_s=10)
+    assert starts == 1
+    assert [item for item, _ in handled] == [0, 1, 3, 4] and len({ident for _, ident in handled}) == 1
+    deadline = time.monotonic() + 10
+    while drain._running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with lock:
+        assert drain.put(5), "an idle drain's thread has exited: the next item starts one"
+    drain.start()
+    assert drain.flush(timeout_s=10) and handled[-1][0] == 5
