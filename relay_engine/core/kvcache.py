@@ -291,11 +291,10 @@ class HBMCache:
 
     def _drop(self, entry: CacheEntry) -> None:
         del self._entries[entry.key]
-        if entry.state is not EntryState.PRODUCING:
-            del self._evictable[entry.state][entry.key]
         if entry.state is EntryState.PRODUCING:
             self.reserved_bytes -= entry.nbytes
         else:
+            del self._evictable[entry.state][entry.key]
             self.ready_bytes -= entry.nbytes
             if entry.state is EntryState.READY:
                 self.unread_bytes -= entry.nbytes
