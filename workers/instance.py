@@ -107,7 +107,9 @@ def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     app = make_app(settings)
     register_tasks(app, runtime)
     # Its own connection: the reader blocks on BLPOP, which must not hold the loops' client.
-    signal_reader = SignalConsumer(redis_client(settings), keys.preinfer_signals(name), runtime.pre_infer)
+    # Signals are pre-inference work: the reader yields to ranking before each, as the lane does.
+    signal_reader = SignalConsumer(redis_client(settings), keys.preinfer_signals(name), runtime.pre_infer,
+                                   yield_point=engine.yield_to_ranking)
     # Ranking requests off Celery's message protocol (``workers.ranks``); each thread blocks on BLPOP
     # on a connection of its own (the pool holds one per thread, and one for the answers).
     rank_reader = RankConsumer(redis_client(settings), keys, keys.rank_requests(name), runtime,

@@ -129,7 +129,9 @@ class RankConsumer:
             if popped is None:
                 continue
             try:
-                self.handle(popped[1])
+                # Ranking from here to the answer: pre-inference yields to all of it (``RankingGate``).
+                with self.runtime.engine.ranking_gate.running():
+                    self.handle(popped[1])
             except Exception:  # noqa: BLE001 — a bug in one request never stops a rank thread
                 log.exception("ranking requests: one request failed outside the engine")
 

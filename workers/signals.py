@@ -79,12 +79,14 @@ class SignalConsumer:
     """One instance's signal reader: a daemon thread calling ``handle(payload, sent_s)`` for each fresh signal."""
 
     def __init__(self, client: redis.Redis, key: str, handle: Callable[[dict[str, Any], float], Any],
-                 *, ttl_s: float = SIGNAL_TTL_S, clock: Callable[[], float] = time.time):
+                 *, ttl_s: float = SIGNAL_TTL_S, clock: Callable[[], float] = time.time,
+                 yield_point: Callable[[], None] | None = None):
         self.client = client
         self.key = key
         self.handle = handle
         self.ttl_s = ttl_s
         self.clock = clock
+        self.yield_point = yield_point  # before each signal: the engine's ``yield_to_ranking``, or none
         self.handled = 0
         self.expired = 0  # older than ttl_s when read: dropped unread
         self.invalid = 0  # not an entry of ours, or a payload the instance refused
@@ -116,6 +118,8 @@ class SignalConsumer:
     def process(self, raws: list[str]) -> None:
         now = self.clock()
         for raw in raws:
+            if self.yield_point is not None:
+                self.yield_point()
             payload, sent_s = decode(raw)
             if payload is None:
                 self.invalid += 1

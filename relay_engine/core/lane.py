@@ -18,10 +18,12 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from relay_engine.core import devices
 
@@ -43,10 +45,63 @@ def nice_for_share(share: float) -> int:
     return min(range(len(_CFS_WEIGHTS)), key=lambda n: abs(share_of_nice(n) - share))
 
 
-def share_pause_s(wall_s: float, cpu_s: float, share: float) -> float:
-    """How long a prefill that used ``cpu_s`` of CPU over ``wall_s`` since its last yield point must
-    pause to bring its share back to ``share`` (≤ 0: none): cpu ÷ (wall + pause) = share."""
-    return cpu_s / share - wall_s
+# The least CPU a paced thread runs for, once its share lets it run while ranking is under way: it
+# comes back in whole quanta, not a few microseconds at a time. In one process every resumption is an
+# interpreter-lock hand-off that the rank thread pays for (a futex wake and a wait to be scheduled):
+# paced op by op at a share of 0.25, a rank saw ~11 hand-offs and 2.2× its P99 (bench_roundtrip,
+# steady backlog); a rank shorter than a quantum at the share now runs with pre-inference paused.
+QUANTUM_S = 0.005
+
+
+class SharePacer:
+    """The yield points of one pre-inference thread: call it often (between a prefill's layers and
+    steps, before each of its torch operations, between signals). While ``ranking()`` says requests
+    are being ranked, the thread earns ``share`` of the wall time as CPU credit and spends its own
+    CPU time (``cpu``: the calling thread's); when the credit runs out it waits until ranking ends
+    (``wait_idle(timeout_s)`` → True) or until its credit is back to a quantum (→ False), then runs
+    that quantum at once. Alone, it never waits and earns nothing: a busy period starts from zero,
+    so a rank shorter than ``quantum_s ÷ share`` runs with pre-inference paused from its first yield
+    point on, and a long one still leaves pre-inference its share (work-conserving priority)."""
+
+    def __init__(self, share: float, ranking: Callable[[], bool], wait_idle: Callable[[float | None], bool], *,
+                 wall: Callable[[], float] = time.perf_counter, cpu: Callable[[], float] = time.thread_time,
+                 busy_since: Callable[[], float] | None = None, quantum_s: float = QUANTUM_S):
+        self.share, self.ranking, self.wait_idle = share, ranking, wait_idle
+        self.wall, self.cpu, self.busy_since, self.quantum_s = wall, cpu, busy_since, quantum_s
+        self.credit_s = 0.0
+        self._wall_s, self._cpu_s = wall(), cpu()
+
+    def __call__(self) -> None:
+        wall_s, cpu_s = self.wall(), self.cpu()
+        if not self.ranking():
+            self.credit_s = 0.0
+        else:
+            # Credit is earned in the busy period only (``busy_since``: when it began, on ``wall``),
+            # not over time the thread spent before it, blocked or not.
+            since_s = self._wall_s if self.busy_since is None else max(self._wall_s, self.busy_since())
+            self.credit_s = min(self.quantum_s, self.credit_s + self.share * max(0.0, wall_s - since_s)
+                                - (cpu_s - self._cpu_s))
+            if self.credit_s < 0:
+                timeout_s = (self.quantum_s - self.credit_s) / self.share if self.share > 0 else None
+                self.credit_s = 0.0 if self.wait_idle(timeout_s) else self.quantum_s
+                wall_s, cpu_s = self.wall(), self.cpu()
+        self._wall_s, self._cpu_s = wall_s, cpu_s
+
+
+class YieldEveryOp(TorchFunctionMode):
+    """Inside it (on the thread that enters it: torch keeps function modes per thread), every torch
+    operation is first a yield point of ``pacer`` while ``ranking()``: a prefill stops before its next
+    operation when a rank starts, not at the end of its current step. Each operation costs one call
+    and, while nothing ranks, one test."""
+
+    def __init__(self, pacer: Callable[[], None], ranking: Callable[[], bool]):
+        super().__init__()
+        self.pacer, self.ranking = pacer, ranking
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.ranking():
+            self.pacer()
+        return func(*args, **(kwargs or {}))
 
 
 class Lane(Protocol):

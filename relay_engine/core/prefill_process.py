@@ -35,13 +35,12 @@ import pickle
 import signal
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.multiprocessing as torch_mp
 
-from relay_engine.core.lane import nice_for_share, share_pause_s
+from relay_engine.core.lane import SharePacer, YieldEveryOp, nice_for_share
 from relay_engine.core.model import EditTensors, History, HSTUModel, PrefixKV
 
 log = logging.getLogger(__name__)
@@ -81,21 +80,20 @@ def _kv_in(wire: tuple) -> PrefixKV:
                     _history_in(tail))
 
 
-def _pacer(ranking_active, share: float) -> Callable[[], None]:
-    """The child's yield points (``RankingGate.pacer`` across the process boundary): while the parent
-    ranks (``ranking_active``, its gate's count in shared memory), a prefill that got more than its
-    share since its last yield point sleeps until ranking ends or its share is back."""
-    last = [time.perf_counter(), time.thread_time()]
+def _pacer(ranking_active, share: float) -> SharePacer:
+    """The child's yield points (``RankingGate.pacer`` across the process boundary): ``ranking_active``
+    is the parent's gate count in shared memory, polled while the prefill waits."""
 
-    def between_layers() -> None:
-        pause_s = share_pause_s(time.perf_counter() - last[0], time.thread_time() - last[1], share)
-        if pause_s > 0 and ranking_active.value:
-            end = time.perf_counter() + pause_s
-            while ranking_active.value and (left := end - time.perf_counter()) > 0:
-                time.sleep(min(left, POLL_S))
-        last[0], last[1] = time.perf_counter(), time.thread_time()
+    def wait_idle(timeout_s: float | None) -> bool:
+        end = None if timeout_s is None else time.perf_counter() + timeout_s
+        while ranking_active.value:
+            left = POLL_S if end is None else end - time.perf_counter()
+            if left <= 0:
+                return False
+            time.sleep(min(left, POLL_S))
+        return True
 
-    return between_layers
+    return SharePacer(share, lambda: ranking_active.value > 0, wait_idle)
 
 
 def _child(conn, model: HSTUModel, nice: int, threads: int, ranking_active) -> None:
@@ -122,8 +120,9 @@ def _child(conn, model: HSTUModel, nice: int, threads: int, ranking_active) -> N
         _, tokens, edit_hash, share = message
         try:
             t_cpu, t_wall = time.thread_time(), time.perf_counter()
-            kv = model.prefill(_history_in(tokens), edits.get(edit_hash),
-                               between_layers=_pacer(ranking_active, share))
+            pace = _pacer(ranking_active, share)
+            with YieldEveryOp(pace, pace.ranking):
+                kv = model.prefill(_history_in(tokens), edits.get(edit_hash), between_layers=pace)
             reply = ("ok", _kv_out(kv), (time.thread_time() - t_cpu) * 1000, (time.perf_counter() - t_wall) * 1000)
         except Exception as exc:  # noqa: BLE001 — the parent raises it; the child serves on
             reply = ("error", f"{type(exc).__name__}: {exc}")

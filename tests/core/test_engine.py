@@ -14,9 +14,11 @@ from relay_engine.core.engine import (
     DeadlineExceeded,
     PolicyApplyError,
     PreInferRequest,
+    RankingGate,
     RankRequest,
     RelayEngine,
 )
+from relay_engine.core.lane import QUANTUM_S, YieldEveryOp
 from relay_engine.core.model import History, HSTUModel, ModelInputError
 from relay_engine.core.outcomes import Outcome
 from tests.models import SMALL, make_history
@@ -402,36 +404,116 @@ def _pace_in_thread(pace) -> threading.Thread:
     return thread
 
 
-def test_a_prefill_beyond_its_share_waits_between_layers_until_ranking_ends():
-    engine = engine_with()
+def _gate_and_clocks() -> tuple[RankingGate, _Clocks]:
     clocks = _Clocks()
-    pace = engine.ranking_gate.pacer(0.001, wall=lambda: clocks.wall_s, cpu=lambda: clocks.cpu_s)
-    clocks.layer(wall_s=0.01, cpu_s=0.01)  # a layer at full speed: ~10 s of pause owed at share 0.001
-    engine.ranking_gate.enter()
+    return RankingGate(clock=lambda: clocks.wall_s), clocks
+
+
+def test_a_prefill_beyond_its_share_waits_between_layers_until_ranking_ends():
+    gate, clocks = _gate_and_clocks()
+    pace = gate.pacer(0.001, cpu=lambda: clocks.cpu_s)
+    gate.enter()
+    clocks.layer(wall_s=0.01, cpu_s=0.01)  # a layer at full speed while ranking runs: ~15 s owed at share 0.001
     waiting = _pace_in_thread(pace)
     waiting.join(0.5)
     assert waiting.is_alive(), "the prefill went on while ranking ran"
-    engine.ranking_gate.leave()
+    gate.leave()
     waiting.join(10)
     assert not waiting.is_alive(), "the prefill still waits after ranking ended"
+    assert pace.credit_s == 0.0, "ranking ended: nothing carried into the next busy period"
 
 
 def test_a_prefill_within_its_share_or_alone_does_not_pause():
-    engine = engine_with()
-    clocks = _Clocks()
-    pace = engine.ranking_gate.pacer(0.5, wall=lambda: clocks.wall_s, cpu=lambda: clocks.cpu_s)
-    engine.ranking_gate.enter()  # ranking runs throughout, so any pause would last until the join gives up
+    gate, clocks = _gate_and_clocks()
+    pace = gate.pacer(0.5, cpu=lambda: clocks.cpu_s)
+    gate.enter()  # ranking runs throughout, so any pause would last until the join gives up
     try:
         clocks.layer(wall_s=0.05, cpu_s=0.01)  # it got 20 % of a core: within its 50 %
         within = _pace_in_thread(pace)
         within.join(10)
         assert not within.is_alive(), "a prefill within its share paused"
     finally:
-        engine.ranking_gate.leave()
+        gate.leave()
     clocks.layer(wall_s=0.01, cpu_s=0.01)  # beyond its share, but nothing is ranking now
     alone = _pace_in_thread(pace)
     alone.join(10)
     assert not alone.is_alive(), "a prefill paused with nothing ranking"
+
+
+def test_a_prefill_earns_its_share_only_inside_the_busy_period():
+    gate, clocks = _gate_and_clocks()
+    pace = gate.pacer(0.001, cpu=lambda: clocks.cpu_s)
+    clocks.layer(wall_s=1.0, cpu_s=0.0)  # a second blocked before ranking began: 1 ms of share, were it counted
+    gate.enter()
+    try:
+        clocks.layer(wall_s=0.0, cpu_s=0.0005)  # half of that at once, in the busy period: ~5 s owed
+        waiting = _pace_in_thread(pace)
+        waiting.join(0.5)
+        assert waiting.is_alive(), "time before the busy period counted as the prefill's share"
+    finally:
+        gate.leave()
+    waiting.join(10)
+    assert not waiting.is_alive()
+
+
+def test_under_continuous_ranking_a_prefill_resumes_by_its_share_in_whole_quanta():
+    gate, clocks = _gate_and_clocks()
+    pace = gate.pacer(0.5, cpu=lambda: clocks.cpu_s)
+    gate.enter()  # and never leaves: only the share lets the prefill on
+    try:
+        clocks.layer(wall_s=0.0, cpu_s=0.002)  # 2 ms over its share: waits (0.005 + 0.002) / 0.5 = 14 ms
+        resumed = _pace_in_thread(pace)
+        resumed.join(10)
+        assert not resumed.is_alive(), "the share never let the prefill on"
+        assert pace.credit_s == QUANTUM_S
+        for _ in range(4):  # a quantum's worth of operations runs without a pause
+            clocks.layer(wall_s=0.0, cpu_s=QUANTUM_S / 5)
+            pace()
+        assert 0 <= pace.credit_s < QUANTUM_S
+    finally:
+        gate.leave()
+
+
+def test_the_gate_counts_threads_not_nesting_and_a_thread_can_step_out():
+    gate = RankingGate()
+    with gate.running(), gate.running():  # the request, then the engine's forward: one thread ranking
+        assert gate.active == 1
+        other = threading.Thread(target=gate.enter)  # and never leaves
+        other.start()
+        other.join()
+        assert gate.active == 2
+        with gate.stepped_out():  # waiting for a prefix being computed: not ranking
+            assert gate.active == 1
+        assert gate.active == 2
+
+
+def test_a_prefill_yields_before_its_next_operation_once_a_rank_starts():
+    gate = RankingGate()
+    steps: list[int] = []
+    started, go_on = threading.Event(), threading.Event()
+
+    def prefill():
+        pace = gate.pacer(1e-6)  # on the thread it paces: it reads that thread's CPU clock
+        x = torch.ones(4)
+        with YieldEveryOp(pace, gate.ranking):
+            x = x + 1
+            steps.append(1)
+            started.set()
+            go_on.wait(10)
+            x = x * 2  # the first operation after the rank began: waits here
+            steps.append(2)
+        assert torch.equal(x, torch.full((4,), 4.0))
+
+    thread = threading.Thread(target=prefill)
+    thread.start()
+    assert started.wait(10)
+    gate.enter()
+    go_on.set()
+    thread.join(0.5)
+    assert thread.is_alive() and steps == [1], "the prefill ran an operation while ranking ran"
+    gate.leave()
+    thread.join(10)
+    assert steps == [1, 2]
 
 
 def _logged_twice(h: History, at: int) -> History:

@@ -83,3 +83,14 @@ def test_the_reader_thread_handles_signals_as_they_come_and_stops_promptly(keys_
         reader.stop()
     assert time.monotonic() - started < signals.BLOCK_S + 1
     assert not reader._thread.is_alive()
+
+
+def test_the_reader_yields_to_ranking_before_each_signal(keys_and_redis):
+    keys, client = keys_and_redis
+    now = 1_000_000.0
+    order = []
+    reader = signals.SignalConsumer(client, keys.preinfer_signals("sig.0"),
+                                    lambda p, _: order.append(p["user_id"]), clock=lambda: now,
+                                    yield_point=lambda: order.append("yield"))
+    reader.process([signals.entry({"user_id": f"u{i}"}, sent_s=now) for i in range(3)])
+    assert order == ["yield", "u0", "yield", "u1", "yield", "u2"]
