@@ -19,6 +19,9 @@ the other way (``RELAYGR_PREFILL_PROCESS``: in a child process where the first r
 thread, the default, or the reverse), and two more modes, **direct_process** and **backlog_process**
 (or ``_lane``), time it the same way in the same blocks: the two designs' backlog ratios side by side.
 
+A backlog block ends when the instance is quiet again (under a fifth of a core, its and its prefill
+process's CPU time read from /proc): a mode timed next never runs beside the prefills it admitted.
+
 The modes are interleaved: ``--blocks`` rounds, each timing ``--requests / --blocks`` requests of
 every mode in a rotated order, so a noisy minute of a shared machine falls on all of them alike.
 Prints P50/P99 of each, the overhead (direct P99 − in-process P99, and Celery's), and the backlog
@@ -58,6 +61,11 @@ from workers.telemetry_publisher import WorkerCounts
 # Every pre-infer signal admitted (budgets permitting), so the backlog is real prefill work.
 ADMIT_ALL_POLICY = {"trigger": {"admit_all": True, "max_preinfer_inflight": 64}}
 BACKLOG_LEAD_S = 0.5
+# After a backlog block, the instance is quiet again (its lane drained) when it uses under this share of
+# a core over a window; an idle instance (heartbeat, telemetry) uses ~1-2 %.
+QUIET_SHARE = 0.2
+QUIET_WINDOW_S = 0.25
+QUIET_TIMEOUT_S = 30.0
 WARMUP = 20
 
 
@@ -106,13 +114,49 @@ def leg_percentiles(legs: list[dict]) -> dict[str, dict[str, float]]:
             for k, v in values.items()}
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by process ``pid`` and its children (a prefill process), from /proc."""
+    pids = [pid]
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                pids += [int(child) for child in f.read().split()]
+    except OSError:  # gone, or no /proc
+        pass
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def wait_until_quiet(pid: int, *, window_s: float = QUIET_WINDOW_S, timeout_s: float = QUIET_TIMEOUT_S) -> float:
+    """Wait until the instance ``pid`` uses less than ``QUIET_SHARE`` of a core over a window: the
+    prefills a backlog block admitted have run, and the next mode is not timed beside them. Returns
+    the seconds waited (``timeout_s`` when it never got quiet)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        before = process_cpu_s(pid)
+        time.sleep(window_s)
+        if process_cpu_s(pid) - before < QUIET_SHARE * window_s:
+            break
+    return time.monotonic() - started
+
+
 class Backlog:
-    """Pre-infer signals for other users, sent while it is on: a burst, then ``rate_per_s``."""
+    """Pre-infer signals for other users, sent while it is on: a burst, then ``rate_per_s``; on exit,
+    it waits until the instance (``pid``) has run the prefills it admitted."""
 
     def __init__(self, client: RelayClient, instance: str, burst: int, rate_per_s: float, seq_len: int,
-                 lead_s: float = BACKLOG_LEAD_S):
+                 lead_s: float = BACKLOG_LEAD_S, pid: int | None = None):
         self.client, self.instance, self.burst, self.rate_per_s, self.seq_len, self.lead_s = \
             client, instance, burst, rate_per_s, seq_len, lead_s
+        self.pid = pid
+        self.drain_s: list[float] = []
         self.sent = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -138,7 +182,10 @@ class Backlog:
         self._stop.set()
         assert self._thread is not None
         self._thread.join()
-        time.sleep(BACKLOG_LEAD_S)  # admitted prefills finish before the next mode
+        if self.pid is None:
+            time.sleep(BACKLOG_LEAD_S)
+        else:  # admitted prefills finish before the next mode
+            self.drain_s.append(wait_until_quiet(self.pid))
 
 
 def bootstrap(samples: dict[str, list[float]], statistic, reps: int = 2000, seed: int = 0) -> list[float]:
@@ -170,8 +217,9 @@ def other_backlog_ratio(suffix: str):
     return lambda s: p99(s["backlog" + suffix]) / p99(s["direct" + suffix])
 
 
-def start_instance(stack: ExitStack, settings: Settings) -> str:
-    """Instance 0 of ``settings.pool``, live under the admit-all policy (stopped when ``stack`` closes)."""
+def start_instance(stack: ExitStack, settings: Settings) -> tuple[str, int]:
+    """Instance 0 of ``settings.pool``, live under the admit-all policy (stopped when ``stack`` closes):
+    its name and process id."""
     name = instance_name(settings.pool, 0)
     log_path = os.path.join(tempfile.mkdtemp(prefix="relaygr-bench-"), f"{name}.log")
     proc = spawn_instance(settings, 0, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))  # noqa: SIM115
@@ -181,7 +229,7 @@ def start_instance(stack: ExitStack, settings: Settings) -> str:
     spec = parse_policy(ADMIT_ALL_POLICY)
     rc.set(settings.keys.desired, DesiredRevision(1, spec.sha256(), spec.to_dict(), time.time()).to_json())
     wait_until_live(rc, settings, [name], procs=[proc])
-    return name
+    return name, proc.pid
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,18 +258,18 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env(redis_url=redis_url, key_prefix=f"bench-{uuid.uuid4().hex[:8]}",
                                      pool="bench", model=os.environ.get("RELAYGR_MODEL", "small"), torch_threads=1,
                                      data_dir=tempfile.mkdtemp(prefix="relaygr-bench-"))
-        name = start_instance(stack, settings)
+        name, pid = start_instance(stack, settings)
         other = "off" if settings.prefill_process == "on" else "on"
         suffix = {"on": "_process", "off": "_lane"}[other]
         other_settings = dataclasses.replace(settings, pool="bench-other", prefill_process=other)
-        other_name = start_instance(stack, other_settings) if args.compare_prefill else None
+        other_name, other_pid = start_instance(stack, other_settings) if args.compare_prefill else (None, None)
         rc = redis_client(settings)
         client = stack.enter_context(RelayClient(settings))
         via_celery = stack.enter_context(RelayClient(dataclasses.replace(settings, rank_transport="celery")))
         payload = {"user_id": "bench-user", "seq_len": args.seq_len, "short_len": args.short_len,
                    "n_candidates": args.candidates, "query_index": 1}
         runtime = in_process_runtime(settings)
-        backlog = Backlog(client, name, args.backlog, 500.0, args.seq_len, args.backlog_lead_s)
+        backlog = Backlog(client, name, args.backlog, 500.0, args.seq_len, args.backlog_lead_s, pid)
         legs: dict[str, list[dict]] = {"direct": [], "celery": [], "backlog": []}
         timing = [False]  # legs are kept for timed requests only, not the warm-up
 
@@ -236,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         if other_name is not None:
             other_client = stack.enter_context(RelayClient(other_settings))
-            other_backlog = Backlog(other_client, other_name, args.backlog, 500.0, args.seq_len, args.backlog_lead_s)
+            other_backlog = Backlog(other_client, other_name, args.backlog, 500.0, args.seq_len, args.backlog_lead_s,
+                                    other_pid)
             legs["backlog" + suffix] = []
             modes["direct" + suffix] = timed(other_client, None)
             modes["backlog" + suffix] = lambda n: _with(other_backlog,
@@ -268,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             f"backlog_p99_ratio{suffix}_95ci": bootstrap(samples, other_backlog_ratio(suffix))} if other_name else {}),
         "legs_ms": {mode: leg_percentiles(v) for mode, v in legs.items()},
         "backlog_signals_sent": backlog.sent, "signal_list_depth_at_end": depth,
+        "backlog_drain_s": {"max": round(max(backlog.drain_s, default=0.0), 2),
+                            "mean": round(statistics.fmean(backlog.drain_s), 2) if backlog.drain_s else 0.0},
         "goals": {"overhead_p99_ms": 3.0, "backlog_p99_ratio": 1.5},
     }
     print(json.dumps(report, indent=2))
