@@ -8,7 +8,8 @@ against ranking's (Linux CFS weighs nice n as 1024 / 1.25ⁿ, nice 0 as 1024: a 
 nice 5); a thread may raise its own nice but not lower it, so a larger share starts a fresh thread.
 On CUDA the lane queues on the lowest-priority stream (strict priority there: the share is not
 exact). Where the lane and ranking do not share a core, the engine's ``RankingGate`` keeps the
-share at the prefill's yield points (between its layers and a layer's steps) instead. The fleet simulator replaces the lane with one on its
+share at the prefill's yield points instead: between its layers and a layer's steps, and before each
+of its torch operations (``YieldEveryOp``), paid in whole quanta (``SharePacer``). The fleet simulator replaces the lane with one on its
 virtual clock (``Lane`` protocol).
 """
 
