@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from relay_engine.core.config import ModelFingerprint, parse_policy
 from relay_engine.core.editing_io import write_editing_npz
@@ -995,6 +996,22 @@ def _without_disk(spec: dict) -> dict:
     return {**spec, "cache": {key: value for key, value in spec["cache"].items() if key != "disk"}}
 
 
+def _wait_or_say_why(locator, stack, shown) -> None:
+    """``locator.wait_for`` up to the convergence timeout; on a timeout, what the page showed and what
+    the pool's instances reported (generation, state, tiers), so a failure says which side lagged."""
+    try:
+        locator.wait_for(timeout=CONVERGE_TIMEOUT_MS)
+    except PlaywrightTimeoutError:
+        _, status = stack.api("GET", f"/api/v1/pools/{POOL}/status/")
+        instances = [{key: row.get(key) for key in ("instance", "live", "applied_generation", "config_state",
+                                                    "error", "tiers")} for row in status.get("instances", [])]
+        page = shown.page
+        connection = page.evaluate("(document.getElementById('connection') || {}).textContent || ''")
+        raise AssertionError(f"not shown in {CONVERGE_TIMEOUT_MS / 1000:.0f} s; the page showed "
+                             f"{shown.inner_text()!r} (connection {connection!r}); desired generation "
+                             f"{status.get('desired_generation')}, instances {instances}") from None
+
+
 def test_the_live_view_shows_the_disk_tier_a_revision_turns_on_and_drops_it_when_turned_off(sre, stack, tmp_path,
                                                                                            screenshot):
     """Generic per-tier figures: no page names the disk tier, yet it shows once the instances run it."""
@@ -1007,7 +1024,7 @@ def test_the_live_view_shows_the_disk_tier_a_revision_turns_on_and_drops_it_when
     publish_spec_via_api(stack, with_disk)
     try:
         disk = occupancy.locator('li[data-tier="disk"]', has_text="of 128 MiB")  # two instances, 64 MiB each
-        disk.wait_for(timeout=CONVERGE_TIMEOUT_MS)
+        _wait_or_say_why(disk, stack, occupancy)
         names = sre.evaluate("document.querySelector('[data-chart=\"tiers\"] .plot').data.map((t) => t.name)")
         assert names == ["hbm", "dram", "disk"]
         lookups = sre.evaluate("document.querySelector('[data-chart=\"hits\"] .plot').data.map((t) => t.name)")
