@@ -70,7 +70,7 @@ from .bench import (
     _snapshot,
     throwaway_stack,
 )
-from .recording import BLOCK_GROUP, GROUP, RECORDED_STEP_S, RULES_PATH, group_rules
+from .recording import BLOCK_GROUP, GROUP, RECORDED_STEP_S, RULES_PATH, SUMS_GROUP, group_rules
 
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
 RULES = PROMETHEUS_DIR / "relaygr-rules.yml"
@@ -281,7 +281,7 @@ def prometheus_server(data_dir: Path, port: int, log_path: Path, scrape: str | N
 
 
 def backfill_recorded(data_dir: Path, first: float, now: float, port: int, work_dir: Path,
-                      groups: tuple[str, ...] = (GROUP, BLOCK_GROUP)) -> None:
+                      groups: tuple[str, ...] = (GROUP, BLOCK_GROUP, SUMS_GROUP)) -> None:
     """The history rules (those of ``groups``) over the raw blocks of ``data_dir`` from ``first`` to ``now``, as
     blocks beside them (promtool asks a server on the raw blocks), then merged with them by the server's
     vertical compaction.
@@ -291,7 +291,14 @@ def backfill_recorded(data_dir: Path, first: float, now: float, port: int, work_
     backfill's without a doubled or missing minute. The backfill starts at ``first``'s two-hour TSDB block
     boundary: promtool evaluates a group block by block from its first aligned time in each, and stops at the
     first block that has none, so a ``first`` in the last interval of a block before the group's phase would
-    leave the whole backfill without a sample of that group (a ten-minute group: one start in twelve)."""
+    leave the whole backfill without a sample of that group (a ten-minute group: one start in twelve).
+
+    The summed blocks (``SUMS_GROUP``) read the first group's records, so they are backfilled in a second pass
+    against a server that holds the first's (from a rules file of their own: their phase is then not the live
+    server's, whose own blocks go on after the backfill's as a second run of blocks, ``promql.block_runs``)."""
+    if SUMS_GROUP in groups and len(groups) > 1:
+        backfill_recorded(data_dir, first, now, port, work_dir, tuple(name for name in groups if name != SUMS_GROUP))
+        groups = (SUMS_GROUP,)
     out = work_dir / "recorded-blocks"
     shipped = set(groups) == {GROUP, BLOCK_GROUP}
     rules_file = HISTORY_RULES if shipped else work_dir / "history-rules.yml"
@@ -609,6 +616,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.hours <= 24 * 30:
         parser.error(f"--hours must be in (0, 720], got {args.hours:g}")
+    if args.profile is not None:  # made before the backfill's minutes, not found missing after them
+        try:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"--profile {args.profile}: cannot make that directory ({exc.strerror})")
 
     os.environ["PROMETHEUS_URL"] = f"http://127.0.0.1:{free_port()}"  # read by the settings django.setup loads
     results: dict[str, list[dict]] = {}

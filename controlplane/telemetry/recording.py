@@ -26,6 +26,11 @@ minute back (``BLOCK_LAG_S``: a scrape is written a moment after its time), ever
 pool how many instances reported in them (the record whose samples say which blocks exist). An
 instance's newest gauge in a window is the newest of the raw samples after the window's last block, of
 its blocks, and of the raw samples before its first (``promql.Span``).
+
+A window's totals per instance (the table's columns, the ranking's latency quantile) likewise sum a day of
+minutes, 1,440 samples a series for each of 256 instances' ~60 count series. A third group records, at
+the same ten-minute blocks, each instance's minutes of every count summed over the block: the window's
+totals are the sums of its blocks and of the minutes at its two edges, the same minutes counted once.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ GROUP = "relaygr-history"
 BLOCK_S = 600  # a block's width: the blocks group's interval, ten recorded minutes
 BLOCK_LAG_S = 60  # how far back of its evaluation a block ends
 BLOCK_GROUP = "relaygr-history-blocks"
+SUMS_GROUP = "relaygr-history-sums"
 POOL, INSTANCE = ("pool",), ("pool", "instance")  # the levels the counts are recorded at
 # Every count of ``history``'s layout as /metrics exports it: (series, the label it splits by, the
 # ``column`` tag ``promql`` reads it back by).
@@ -89,10 +95,18 @@ def last_block_record(series: str) -> str:
     return f"instance:{series}:last{BLOCK_S // 60}m"
 
 
+def block_sum_record(series: str, split: str | None) -> str:
+    """``instance_le:relaygr_rank_latency_seconds_bucket:increase10m``: an instance's recorded minutes of one
+    count summed over a block (a window's totals read these between its edges)."""
+    return f"{_level(INSTANCE, split)}:{series.removesuffix('_total')}:increase{BLOCK_S // 60}m"
+
+
 # The record whose presence says the rules run on a server (``promql`` checks for it once in a while).
 PROBE_RECORD = counted_record("relaygr_rank_requests_total", None, POOL)
 # The record whose samples say which blocks a pool has (one series a pool): the instances reporting in each.
 BLOCK_PROBE_RECORD = f"pool:relaygr_instances:count_last{BLOCK_S // 60}m"
+# The same for the blocks of summed minutes (one series a pool: its requests in each block).
+SUMS_PROBE_RECORD = f"pool:relaygr_rank_requests:increase{BLOCK_S // 60}m"
 
 
 def rules() -> dict:
@@ -112,15 +126,22 @@ def rules() -> dict:
               for series in dict.fromkeys(series for series, _, _, _ in GAUGED)]
     blocks.append({"record": BLOCK_PROBE_RECORD,
                    "expr": f"count by (pool) (last_over_time(relaygr_rank_requests_total{block}))"})
+    # The minutes of the same block summed per instance, from the first group's records: a group of its own,
+    # since a backfill of it must read the first group's records from a server that already holds them.
+    sums = [{"record": block_sum_record(series, split),
+             "expr": f"sum_over_time({counted_record(series, split, INSTANCE)}{block})"}
+            for series, split, _ in COUNTED]
+    sums.append({"record": SUMS_PROBE_RECORD, "expr": f"sum_over_time({PROBE_RECORD}{block})"})
     return {"groups": [{"name": GROUP, "interval": f"{RECORDED_STEP_S}s", "rules": recorded},
-                       {"name": BLOCK_GROUP, "interval": f"{BLOCK_S}s", "rules": blocks}]}
+                       {"name": BLOCK_GROUP, "interval": f"{BLOCK_S}s", "rules": blocks},
+                       {"name": SUMS_GROUP, "interval": f"{BLOCK_S}s", "rules": sums}]}
 
 
 def group_rules(name: str) -> dict:
     """One group of ``rules()`` as a rules file of its own (a backfill of that group alone)."""
     groups = [group for group in rules()["groups"] if group["name"] == name]
     if not groups:
-        raise ValueError(f"no rules group {name!r}: {GROUP!r} or {BLOCK_GROUP!r}")
+        raise ValueError(f"no rules group {name!r}: {GROUP!r}, {BLOCK_GROUP!r} or {SUMS_GROUP!r}")
     return {"groups": groups}
 
 
@@ -132,7 +153,10 @@ HEADER = """\
 # slower at fleet scale. After loading them into a Prometheus that already holds history, backfill them:
 #   promtool tsdb create-blocks-from rules --start <first day> --end <now> \\
 #     --url http://prometheus:9090 deploy/prometheus/relaygr-history-rules.yml
-# then move the blocks it writes (./data/) into the server's --storage.tsdb.path.
+# then move the blocks it writes (./data/) into the server's --storage.tsdb.path, restart it, and run the
+# same command once more: the relaygr-history-sums group sums the first group's minutes, so it records
+# nothing until the server holds them (what the second run writes again of the other groups is the same
+# samples, merged away by the server's compaction).
 """
 
 

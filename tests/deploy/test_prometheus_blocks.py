@@ -1,9 +1,11 @@
 """Each instance's newest gauges over a window, read from the recorded ten-minute blocks and the raw scrapes
-at the window's edges, are ``last_over_time`` over the raw scrapes, on a real Prometheus: a few instances'
-scrapes (every counted and gauged series the history reads, growing and moving at random) backfilled
-through ``promtool``, the history rules backfilled over them, the last hour's blocks at another phase
-beside them (as a server's own go on from a backfill's), and windows whose edges fall anywhere in a
-minute. A window too short for a whole block, or a pool without blocks, reads the raw scrapes alone."""
+at the window's edges, are ``last_over_time`` over the raw scrapes, and its counts (and latency quantile)
+read from the blocks of summed minutes and the minutes at the edges are the window's minutes summed, on a
+real Prometheus: a few instances' scrapes (every counted and gauged series the history reads, growing and
+moving at random) backfilled through ``promtool``, the history rules backfilled over them, the last hour's
+blocks at another phase beside them (as a server's own go on from a backfill's), and windows whose edges
+fall anywhere in a minute. A window too short for a whole block, or a pool without blocks, reads the raw
+scrapes (or the minutes) alone."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from controlplane.telemetry.bench_prometheus import backfill_recorded, prometheu
 from controlplane.telemetry.promql import (
     PrometheusHistory,
     block_runs,
+    counts_query,
     gauges_query,
+    quantile_query,
 )
 from controlplane.telemetry.recording import (
     BLOCK_GROUP,
@@ -29,6 +33,8 @@ from controlplane.telemetry.recording import (
     COUNTED,
     GAUGED,
     GROUP,
+    SUMS_GROUP,
+    SUMS_PROBE_RECORD,
     group_rules,
 )
 from relay_engine.core.lifetime import free_port
@@ -115,15 +121,18 @@ def server(tmp_path_factory):
     _backfill_openmetrics(_scrapes(first, now), work / "raw.om", data_dir)
     port = free_port()
     backfill_recorded(data_dir, first, now, port, work, groups=(GROUP,))
-    backfill_recorded(data_dir, first, now - 3600, port, work, groups=(BLOCK_GROUP,))
+    backfill_recorded(data_dir, first, now - 3600, port, work, groups=(BLOCK_GROUP, SUMS_GROUP))
     # The last hour's blocks at another phase, 7 minutes after the backfill's (as the server's own go on from a
     # backfill's: a group's phase depends on its rules file's path), the first overlapping the backfill's last.
+    blocks = []
     with prometheus_server(data_dir, port, work / "prometheus-phase.log") as url:
-        stamps = _block_stamps(PrometheusHistory(url, timeout_s=30), first, now)
-        assert stamps.size and stamps[0] - BLOCK_LAG_S - BLOCK_S < first + BLOCK_S, stamps
-        shifted = np.arange(stamps[-1] + 420, now - BLOCK_LAG_S, BLOCK_S)
-        blocks = _blocks_at(PrometheusHistory(url, timeout_s=30), shifted)
-    _backfill_openmetrics(blocks, work / "shifted.om", data_dir)
+        for group, probe in ((BLOCK_GROUP, BLOCK_PROBE_RECORD), (SUMS_GROUP, SUMS_PROBE_RECORD)):
+            stamps = _block_stamps(PrometheusHistory(url, timeout_s=30), first, now, probe)
+            assert stamps.size and stamps[0] - BLOCK_LAG_S - BLOCK_S < first + BLOCK_S, (group, stamps)
+            shifted = np.arange(stamps[-1] + 420, now - BLOCK_LAG_S, BLOCK_S)
+            blocks.append(_blocks_at(PrometheusHistory(url, timeout_s=30), shifted, group))
+    _backfill_openmetrics("".join(text.removesuffix("# EOF\n") for text in blocks) + "# EOF\n", work / "shifted.om",
+                          data_dir)
     with prometheus_server(data_dir, port, work / "prometheus.log") as url:
         promql.forget_recorded()
         yield PrometheusHistory(url, timeout_s=30), now
@@ -136,16 +145,16 @@ def _backfill_openmetrics(text: str, path, data_dir) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def _block_stamps(history: PrometheusHistory, first: float, now: float) -> np.ndarray:
-    answer = history._get("/api/v1/query", query=f'{BLOCK_PROBE_RECORD}{{pool="{POOL}"}}[{int(now - first) + 3600}s]',
+def _block_stamps(history: PrometheusHistory, first: float, now: float, probe: str) -> np.ndarray:
+    answer = history._get("/api/v1/query", query=f'{probe}{{pool="{POOL}"}}[{int(now - first) + 3600}s]',
                           time=f"{now:.3f}")
     return np.array(sorted(float(t) for item in answer for t, _ in item["values"]))
 
 
-def _blocks_at(history: PrometheusHistory, stamps: np.ndarray) -> str:
-    """Every block rule evaluated at ``stamps`` (as the server would at another phase), as OpenMetrics."""
+def _blocks_at(history: PrometheusHistory, stamps: np.ndarray, group: str) -> str:
+    """Every rule of ``group`` evaluated at ``stamps`` (as the server would at another phase), as OpenMetrics."""
     samples: dict[str, list[tuple[tuple, float, float]]] = {}
-    for rule in group_rules(BLOCK_GROUP)["groups"][0]["rules"]:
+    for rule in group_rules(group)["groups"][0]["rules"]:
         for stamp in stamps.tolist():
             for item in history._get("/api/v1/query", query=rule["expr"], time=f"{stamp:.3f}"):
                 labels = tuple(sorted((k, v) for k, v in item["metric"].items() if k != "__name__"))
@@ -186,8 +195,33 @@ def test_newest_gauges_over_blocks_equal_the_raw_samples_newest(server):
 def test_a_window_without_whole_blocks_reads_the_raw_scrapes_alone(server):
     history, now = server
     at = history._newest_recorded_minute(POOL, now)
-    assert history._span(POOL, at - 1100, at) is None
-    assert history._span("no-such-pool", at - 7200, at) is None
+    for probe in (BLOCK_PROBE_RECORD, SUMS_PROBE_RECORD):
+        assert history._span(POOL, at - 1100, at, probe) is None
+        assert history._span("no-such-pool", at - 7200, at, probe) is None
+
+
+def test_counts_over_summed_blocks_equal_the_recorded_minutes_summed(server):
+    """Every count of every instance (and each one's latency P99) over a window read from the blocks of summed
+    minutes and the minutes at its edges equals the window's minutes summed: each minute counted once, across
+    the two phases' runs too."""
+    history, now = server
+    at = history._newest_recorded_minute(POOL, now)
+    selector = promql._selector(POOL, None)
+    for start in (at - 2 * 3600 + 3, at - 5400 + 0.5, at - 3000 - 17.25):
+        span = history._span(POOL, start, at, SUMS_PROBE_RECORD)
+        assert span is not None
+        if start < at - 3600:
+            assert len(span.runs) > 1, span
+        since = promql._since(start, at)
+        minutes = _by_labels(history._instant(counts_query(selector, ("instance",), since, recorded=True), at))
+        spanned = _by_labels(history._instant(counts_query(selector, ("instance",), since, recorded=True, span=span),
+                                              at))
+        assert len(minutes) > INSTANCES * len(COUNTED) and spanned.keys() == minutes.keys()
+        assert spanned == pytest.approx(minutes, rel=1e-9, abs=1e-9)
+        assert sum(minutes.values()) > 0
+        p99 = _by_labels(history._instant(quantile_query(0.99, selector, since, recorded=True), at))
+        p99_spanned = _by_labels(history._instant(quantile_query(0.99, selector, since, recorded=True, span=span), at))
+        assert len(p99) == INSTANCES and p99_spanned == pytest.approx(p99, rel=1e-9)
 
 
 def test_blocks_of_two_phases_are_read_as_runs_that_neither_overlap_nor_leave_a_block_out_of_a_run():

@@ -222,8 +222,9 @@ def test_a_poll_past_a_new_minute_gets_the_kept_answer_at_once_and_the_next_one_
 
 @pytest.mark.parametrize("window", ["1h", "24h"])  # a minute a point; four
 def test_recorded_minutes_read_as_written_are_the_points_sum_over_time_gives(history, window):
-    """The history's points are read from the recorded minutes as written (one instant query of a range), not
-    evaluated point by point: the same counts, for the pool and for instances."""
+    """The recorded minutes as written (one instant query of a range), evaluated point by point, and as the
+    history reads them (``_recorded_counts``: as written for a minute a point, the server's sums of each
+    point's minutes for wider points) are the same counts, for the pool and for instances."""
     from controlplane.telemetry.recording import INSTANCE
     from controlplane.telemetry.recording import POOL as POOL_LEVEL
 
@@ -236,12 +237,16 @@ def test_recorded_minutes_read_as_written_are_the_points_sum_over_time_gives(his
                                 (INSTANCE, ("instance",), promql._selector(POOL, names))):
         written = source._recorded_minutes(selector, level, start, step_s, n_points)
         evaluated = source._range(promql.counts_query(selector, by, step_s, recorded=True), start, step_s, n_points)
-        groups = ([(POOL, written, evaluated)] if level == POOL_LEVEL else
-                  [(name, promql._by_instance(written).get(name, []), promql._by_instance(evaluated).get(name, []))
+        read, add = source._recorded_counts(selector, level, start, step_s, n_points)
+        assert add == (step_s == 60)
+        groups = ([(POOL, written, evaluated, read)] if level == POOL_LEVEL else
+                  [(name, *(promql._by_instance(series).get(name, []) for series in (written, evaluated, read)))
                    for name in names])
-        for name, a_series, b_series in groups:
-            a, b = np.zeros((n_points, N_COLUMNS)), np.zeros((n_points, N_COLUMNS))
+        for name, a_series, b_series, c_series in groups:
+            a, b, c = (np.zeros((n_points, N_COLUMNS)) for _ in range(3))
             promql._fill_counts(a, a_series, add=True)
             promql._fill_counts(b, b_series)
+            promql._fill_counts(c, c_series, add=add)
             assert (a.sum() > 0) == (name != IDLE), name
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9, err_msg=name)
+            np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-9, err_msg=name)

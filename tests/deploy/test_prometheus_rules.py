@@ -97,7 +97,7 @@ def test_the_history_rules_record_every_count_the_history_reads_and_every_minute
     from controlplane.telemetry import recording
     from relay_engine.core.telemetry import COUNTERS
 
-    group, blocks = yaml.safe_load(recording.RULES_PATH.read_text())["groups"]
+    group, blocks, sums = yaml.safe_load(recording.RULES_PATH.read_text())["groups"]
     assert group["interval"] == f"{recording.RECORDED_STEP_S}s"
     records = {rule["record"] for rule in group["rules"]}
     for by in (recording.POOL, recording.INSTANCE):
@@ -111,3 +111,14 @@ def test_the_history_rules_record_every_count_the_history_reads_and_every_minute
         {recording.last_block_record(series) for series, _, _, _ in recording.GAUGED} | {recording.BLOCK_PROBE_RECORD}
     assert all(rule["expr"].startswith("last_over_time(") or rule["record"] == recording.BLOCK_PROBE_RECORD
                for rule in blocks["rules"])
+    # Every instance-level minute record summed over the same blocks, each from its own minutes, and each pool's
+    # probe of them.
+    assert sums["name"] == recording.SUMS_GROUP and sums["interval"] == blocks["interval"]
+    minutes = {recording.counted_record(series, split, recording.INSTANCE) for series, split, _ in recording.COUNTED}
+    assert minutes <= records
+    summed = {rule["record"]: rule["expr"] for rule in sums["rules"]}
+    assert summed.keys() == {recording.block_sum_record(series, split) for series, split, _ in recording.COUNTED} | \
+        {recording.SUMS_PROBE_RECORD}
+    for series, split, _ in recording.COUNTED:
+        assert summed[recording.block_sum_record(series, split)].startswith(
+            f"sum_over_time({recording.counted_record(series, split, recording.INSTANCE)}[")
