@@ -14,7 +14,11 @@ production server would have recorded them: ``promtool tsdb create-blocks-from r
 ``prometheus`` serving the raw blocks, its blocks moved beside them, the server restarted, and the
 overlapping blocks merged (the server's own vertical compaction) before any read. The real ``prometheus``
 then serves that directory on a loopback port with every shipped rules file (evaluated as in production:
-the load a real server carries), no other block compaction during the timings. Redis holds only the live tier, as workers with
+the load a real server carries). Before the timings the server compacts the history as any server holding
+it would have by then, with its default block durations (a day: an 18 h block, a 6 h one, a few of 2 h),
+and the bench waits until its blocks have not changed for ``COMPACTED_AFTER_S``, so no compaction runs under
+the timings; ``--blocks-2h`` keeps every block 2 h wide instead (a server's first hours, or one told not to
+compact: each series then sits in twelve blocks a day, which costs long windows). Redis holds only the live tier, as workers with
 ``RELAYGR_HISTORY=prometheus`` write it, and the control plane reads with ``PROMETHEUS_URL`` set.
 
 Then for each window longer than ``LIVE_WINDOW_S`` (1h, 6h, 24h), the views ``bench`` times: the live
@@ -80,6 +84,7 @@ PAGE_POLL_S = {"live": 1.0, "overview": 2.0, "table": 1.0, "instance": 1.0}
 BLOCK_S = 2 * 3600  # promtool's block: each file one aligned block, so each is parsed once
 READY_TIMEOUT_S = 120.0
 MERGE_TIMEOUT_S = 1800.0
+COMPACTED_AFTER_S = 75.0  # blocks unchanged this long: the server's compaction (planned every minute) is done
 
 
 def scrape_interval_s() -> int:
@@ -241,10 +246,12 @@ def live_exporter(scrapes: Scrapes) -> Iterator[str]:
 
 
 @contextmanager
-def prometheus_server(data_dir: Path, port: int, log_path: Path, scrape: str | None = None) -> Iterator[str]:
-    """The real ``prometheus`` on ``data_dir`` at 127.0.0.1:``port`` (the shipped rules, no block compaction;
-    scraping ``scrape``, a ``host:port``, at the shipped interval, the exposition's own labels kept), killed on
-    exit; its URL once ready."""
+def prometheus_server(data_dir: Path, port: int, log_path: Path, scrape: str | None = None,
+                      compact: bool = False) -> Iterator[str]:
+    """The real ``prometheus`` on ``data_dir`` at 127.0.0.1:``port`` (the shipped rules; scraping ``scrape``, a
+    ``host:port``, at the shipped interval, the exposition's own labels kept), killed on exit; its URL once
+    ready. Its blocks stay 2 h wide unless ``compact``: then the server compacts them as it would any history,
+    with its default block durations (2 h blocks into 6 h, 6 h into 18 h, ...)."""
     binary = shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("prometheus is missing: `make promtool` (Debian: apt-get install prometheus)")
@@ -261,7 +268,7 @@ def prometheus_server(data_dir: Path, port: int, log_path: Path, scrape: str | N
             [binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
              f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d",
              # Hidden flags: blocks stay the backfill's 2 h, so no compaction runs under the timings.
-             "--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h"],
+             *(() if compact else ("--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h"))],
             stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -326,20 +333,38 @@ def backfill_recorded(data_dir: Path, first: float, now: float, port: int, work_
 
 
 def _overlapping(data_dir: Path) -> bool:
-    spans = sorted((meta["minTime"], meta["maxTime"]) for meta in
-                   (json.loads(path.read_text()) for path in data_dir.glob("*/meta.json")))
+    spans = _blocks(data_dir)
     return any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
 
 
-def wait_for_merged_blocks(data_dir: Path, timeout_s: float) -> None:
+def _blocks(data_dir: Path) -> list[tuple[int, int]]:
+    return sorted((meta["minTime"], meta["maxTime"]) for meta in
+                  (json.loads(path.read_text()) for path in data_dir.glob("*/meta.json")))
+
+
+def layout(data_dir: Path) -> str:
+    """The data directory's blocks by width, widest first: ``1 x 18.0 h, 2 x 2.0 h``."""
+    widths: dict[float, int] = {}
+    for first, last in _blocks(data_dir):
+        width = round((last - first) / 3.6e6, 1)
+        widths[width] = widths.get(width, 0) + 1
+    return ", ".join(f"{count} x {width:g} h" for width, count in sorted(widths.items(), reverse=True))
+
+
+def wait_for_merged_blocks(data_dir: Path, timeout_s: float, settled_s: float = 0.0) -> None:
     """Until no two blocks of ``data_dir`` overlap (the server compacts every minute), so no merge runs
-    under the timings."""
+    under the timings; with ``settled_s``, also until its blocks have not changed for that long (a server
+    compacting its history: it plans again every minute, so longer than a minute says it is done)."""
     started = time.perf_counter()
-    while _overlapping(data_dir):
+    seen, since = _blocks(data_dir), time.perf_counter()
+    while _overlapping(data_dir) or time.perf_counter() - since < settled_s:
         if time.perf_counter() - started > timeout_s:
             raise RuntimeError(f"prometheus did not merge the recorded blocks with the raw ones in {timeout_s:g} s")
         time.sleep(1.0)
-    print(f"blocks merged {time.perf_counter() - started:.0f} s after the server started", flush=True)
+        if (now_seen := _blocks(data_dir)) != seen:
+            seen, since = now_seen, time.perf_counter()
+    print(f"blocks merged{' and compacted' if settled_s else ''} {time.perf_counter() - started:.0f} s after the "
+          f"server started: {layout(data_dir)}", flush=True)
 
 
 def _ready(url: str) -> bool:
@@ -555,7 +580,8 @@ def _row(r: Reading) -> None:
 
 
 def bench_history_reads(instances: int, hours: float, requests: int, redis_client, work_dir: Path,
-                        profile_dir: Path | None = None, turns: int = 0, merge_wait: bool = True) -> list[Reading]:
+                        profile_dir: Path | None = None, turns: int = 0, merge_wait: bool = True,
+                        compact: bool = True) -> list[Reading]:
     """One instance count: backfill, Prometheus up, the live tier in Redis, every history view timed."""
     from django.test import Client
 
@@ -586,9 +612,10 @@ def bench_history_reads(instances: int, hours: float, requests: int, redis_clien
     port = int(url.rsplit(":", 1)[1])
     backfill_recorded(data_dir, now - hours * 3600, now, port, work_dir)
     with live_exporter(scrapes) as target, \
-            prometheus_server(data_dir, port, work_dir / f"prometheus-{instances}.log", scrape=target):
+            prometheus_server(data_dir, port, work_dir / f"prometheus-{instances}.log", scrape=target,
+                              compact=compact):
         if merge_wait:
-            wait_for_merged_blocks(data_dir, MERGE_TIMEOUT_S)
+            wait_for_merged_blocks(data_dir, MERGE_TIMEOUT_S, COMPACTED_AFTER_S if compact else 0.0)
         print(f"prometheus ready {time.perf_counter() - started:.0f} s after the backfill began, scraping the "
               f"fleet's exporter at {target} every {scrape_interval_s()} s", flush=True)
         readings = measure_reads(pool, names, client, requests, hours, profile_dir)
@@ -610,6 +637,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-merge-wait", action="store_true",
                         help="read at once instead of waiting for the server to merge the backfilled blocks (up to "
                              "a minute): a check that every view answers, whose timings may include the merge")
+    parser.add_argument("--blocks-2h", action="store_true",
+                        help="keep every block 2 h wide (the server's first hours, or one told not to compact) instead "
+                             "of letting the server compact its history as it does by default (a day: 18 h, 6 h and "
+                             "2 h blocks) before the timings")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile the control plane's side of the cold read and of the warm polls (cProfile; slows "
                              "them: not for the figures) and write stats files per window and view into DIR")
@@ -629,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     with throwaway_stack("relaygr-bench-prometheus-") as (redis_client, _, _, tmp):
         for count in args.instances:
             readings = bench_history_reads(count, args.hours, args.requests, redis_client, tmp, args.profile,
-                                           args.turns, merge_wait=not args.no_merge_wait)
+                                           args.turns, merge_wait=not args.no_merge_wait, compact=not args.blocks_2h)
             results[str(count)] = [{**asdict(r), "turn_max_ms": r.turn_max_ms, "page_p95_ms": r.page_p95_ms,
                                     "passed": r.passed} for r in readings]
             ok &= bool(readings) and all(r.passed for r in readings)

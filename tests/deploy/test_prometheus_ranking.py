@@ -250,3 +250,12 @@ def test_recorded_minutes_read_as_written_are_the_points_sum_over_time_gives(his
             assert (a.sum() > 0) == (name != IDLE), name
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9, err_msg=name)
             np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-9, err_msg=name)
+    # The instances' points as the charts read them (a wide window's in two halves at once): the same counts.
+    rows = [counts for counts, _ in source._instances_read(POOL, names, start, step_s, n_points, True)]
+    for name, counts in zip(names, rows, strict=True):
+        written = np.zeros((n_points, N_COLUMNS))
+        promql._fill_counts(written, promql._by_instance(
+            source._recorded_minutes(promql._selector(POOL, names), INSTANCE, start, step_s, n_points)).get(name, []),
+            add=True)
+        assert (counts.sum() > 0) == (name != IDLE), name
+        np.testing.assert_allclose(counts, written, rtol=1e-9, atol=1e-9, err_msg=name)
