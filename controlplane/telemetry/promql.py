@@ -93,6 +93,9 @@ _halves = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relaygr-history-
 # The two halves of a pool's instances, whatever their names: those whose name ends in an even digit, and the
 # rest (instance names end in their index, so the halves are even).
 _HALF = '".*[02468]"'
+# A request's reads started ahead of the one it makes itself (``ahead``): their threads may wait on ``_halves``,
+# never the other way round.
+_ahead = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relaygr-history-ahead")
 # The shortest window whose counts are read over the summed ten-minute blocks (``_summed_span``).
 SUMS_FROM_S = 12 * 3600
 MAX_KEPT_POINTS = 1500  # per series and point width: a day of minutes, and a margin
@@ -401,6 +404,10 @@ class PrometheusHistory:
         raws = [value[1] if isinstance(value, list | tuple) and len(value) == 2 else None for value in values]
         counts = _counts_of(raws)
         return [(item["metric"], Samples(np.zeros(1, dtype=int), counts[i:i + 1])) for i, item in enumerate(result)]
+
+    def ahead(self, read):
+        """``read`` in a thread now (the server answers it on another core), its answer when asked."""
+        return _ahead.submit(read).result
 
     def reads_recorded(self, step_s: int) -> bool:
         """Whether points ``step_s`` wide are read from the recording rules' series: a whole number of

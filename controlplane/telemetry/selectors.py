@@ -348,6 +348,10 @@ def pool_metrics(*, pool: Pool, window: str, since: float | None = None, top: in
     window_s = WINDOWS[window][0]
     first = first_point(since, start, step_s, n_points)
     with history_source(window_s) as source:
+        # The ranking of every instance is read while the pool's series are (the longest two reads of a cold
+        # window, at once where the source allows it).
+        ranking = source.ahead(lambda: _column_values(source, _RANKING_COLUMN[rank_by], pool=pool.name, tier=tier,
+                                                      window_s=window_s, start=start, now=now)) if top > 0 else None
         sums, levels, window_sums = source.pool_points(pool=pool.name, tier=tier, start=start, step_s=step_s, n_points=n_points,
                                           now=now)
         fleet = _nest(_json_rows({name: values[first:] for name, values in _figures(sums, step_s).items()}))
@@ -356,10 +360,9 @@ def pool_metrics(*, pool: Pool, window: str, since: float | None = None, top: in
         fleet["totals"] = _totals(window_sums)
         answer = {**_frame(pool, window, now), "from": start + first * step_s,
                   "timestamps": [start + i * step_s for i in range(first, n_points)], "fleet": fleet}
-        if top <= 0:
+        if ranking is None:
             return answer
-        names, values = _column_values(source, _RANKING_COLUMN[rank_by], pool=pool.name, tier=tier,
-                                       window_s=window_s, start=start, now=now)
+        names, values = ranking()
         # The list shows the chosen ones worst first by their own values.
         chosen = sorted(_ranked(names, values, known)[:top], key=lambda item: (item[1] is None, -(item[1] or 0)))
         # Only the points a poll sends are read: from ``first`` for an instance the client holds, all for a newcomer.

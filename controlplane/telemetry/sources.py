@@ -13,9 +13,9 @@ code (``selectors``), so the two backends cannot drift apart in what a figure me
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import redis
@@ -31,6 +31,8 @@ from .promql import PrometheusHistory
 from .recording import RECORDED_STEP_S
 from .rollups import POOL_GAUGE_COLUMN, read_rollup
 from .summaries import WindowTotals, window_totals
+
+T = TypeVar("T")
 
 # The live window: what the live tier spans (10 min at 1 s). Longer windows are history, read from
 # Prometheus when there is one.
@@ -78,6 +80,10 @@ class HistorySource(Protocol):
         """Every instance that reported since ``start`` (by name) and its latency quantile ``q`` in ms over
         [start, now], from its merged buckets (NaN where it counted none)."""
 
+    def ahead(self, read: Callable[[], T]) -> Callable[[], T]:
+        """``read`` started now, its answer given by the callable returned: in a thread of its own where the
+        source's reads may overlap (a server that answers each on a core), or at once."""
+
 
 def _per_point_gauges(gauges: np.ndarray, per_point: int, filled: np.ndarray) -> np.ndarray:
     """[periods, G] → [points, G]: the last period of each point that has data (NaN where none)."""
@@ -121,6 +127,10 @@ class RedisHistory:
     def window_quantile(self, *, pool, tier, window_s, start, now, q):
         totals = self.window_totals(pool=pool, tier=tier, window_s=window_s, start=start, now=now)
         return totals.names, quantiles(latency_counts(totals.sums), (q,))[0]
+
+    def ahead(self, read):  # one window read under the cache lock: nothing to overlap
+        answer = read()
+        return lambda: answer
 
 
 @contextmanager
