@@ -54,7 +54,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,7 +74,7 @@ from .bench import (
     _snapshot,
     throwaway_stack,
 )
-from .recording import BLOCK_GROUP, GROUP, RECORDED_STEP_S, RULES_PATH, SUMS_GROUP, group_rules
+from .recording import BLOCK_GROUP, GROUP, RECORDED_STEP_S, RULES_PATH, SUMS_GROUP, group_rules, rolled
 
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
 RULES = PROMETHEUS_DIR / "relaygr-rules.yml"
@@ -300,18 +300,27 @@ def backfill_recorded(data_dir: Path, first: float, now: float, port: int, work_
     first block that has none, so a ``first`` in the last interval of a block before the group's phase would
     leave the whole backfill without a sample of that group (a ten-minute group: one start in twelve).
 
-    The summed blocks (``SUMS_GROUP``) read the first group's records, so they are backfilled in a second pass
-    against a server that holds the first's (from a rules file of their own: their phase is then not the live
-    server's, whose own blocks go on after the backfill's as a second run of blocks, ``promql.block_runs``)."""
-    if SUMS_GROUP in groups and len(groups) > 1:
-        backfill_recorded(data_dir, first, now, port, work_dir, tuple(name for name in groups if name != SUMS_GROUP))
-        groups = (SUMS_GROUP,)
+    The summed blocks (``SUMS_GROUP``) read the first group's records, and its rolled sums its own blocks, so
+    they are backfilled in two more passes, each against a server that holds what it reads (from a rules file
+    of their own, the same path and group for both: their phase is then not the live server's, whose own
+    blocks go on after the backfill's as a second run of blocks, ``promql.block_runs``)."""
+    others = tuple(name for name in groups if name != SUMS_GROUP)
+    if others:
+        _backfill_pass(data_dir, first, now, port, work_dir, others)
+    if SUMS_GROUP in groups:
+        _backfill_pass(data_dir, first, now, port, work_dir, (SUMS_GROUP,), lambda rule: not rolled(rule))
+        _backfill_pass(data_dir, first, now, port, work_dir, (SUMS_GROUP,), rolled)
+
+
+def _backfill_pass(data_dir: Path, first: float, now: float, port: int, work_dir: Path, groups: tuple[str, ...],
+                   keep: Callable[[dict], bool] | None = None) -> None:
+    """One promtool backfill of ``groups`` (only the rules ``keep`` says yes to, where given)."""
     out = work_dir / "recorded-blocks"
-    shipped = set(groups) == {GROUP, BLOCK_GROUP}
+    shipped = set(groups) == {GROUP, BLOCK_GROUP} and keep is None
     rules_file = HISTORY_RULES if shipped else work_dir / "history-rules.yml"
     if not shipped:
         rules_file.write_text(yaml.safe_dump({"groups": [group for name in groups
-                                                         for group in group_rules(name)["groups"]]},
+                                                         for group in group_rules(name, keep)["groups"]]},
                                              sort_keys=False))
     start = int(first) // BLOCK_S * BLOCK_S  # before ``first`` the rules read nothing and record nothing
     started = time.perf_counter()
@@ -328,7 +337,8 @@ def backfill_recorded(data_dir: Path, first: float, now: float, port: int, work_
     for block in blocks:
         block.rename(data_dir / block.name)
     shutil.rmtree(out, ignore_errors=True)
-    print(f"backfilled the history rules ({', '.join(groups)}) in {len(blocks)} blocks: "
+    print(f"backfilled the history rules ({', '.join(groups)}{'' if keep is None else ', in part'}) in "
+          f"{len(blocks)} blocks: "
           f"{time.perf_counter() - started:.0f} s", flush=True)
 
 

@@ -56,11 +56,14 @@ from .recording import (
     PRESENT,
     PROBE_RECORD,
     RECORDED_STEP_S,
+    ROLLED_BLOCKS,
+    ROLLED_PROBE_RECORD,
     SUMS_PROBE_RECORD,
     block_sum_record,
     counted_record,
     gauged_record,
     last_block_record,
+    rolled_record,
 )
 from .rollups import POOL_GAUGE_COLUMN, POOL_GAUGES
 from .summaries import WindowTotals
@@ -98,6 +101,8 @@ _HALF = '".*[02468]"'
 _ahead = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relaygr-history-ahead")
 # The shortest window whose counts are read over the summed ten-minute blocks (``_summed_span``).
 SUMS_FROM_S = 12 * 3600
+# Runs of this many blocks or fewer beside a rolled sum are read as minutes (``Span.pieces``).
+FOLDED_BLOCKS = 2
 MAX_KEPT_POINTS = 1500  # per series and point width: a day of minutes, and a margin
 
 
@@ -123,26 +128,63 @@ class Span(NamedTuple):
     """A window (``start``, ``end``] read as runs of recorded ten-minute blocks (each run's first and last
     stamps, oldest run first, every block of a run recorded and none other stamped within it) and the minutes
     (or raw samples) the runs leave: before the first, between two, after the last. A block stamped t holds
-    what was recorded in (t - BLOCK_LAG_S - BLOCK_S, t - BLOCK_LAG_S] (``recording.py``)."""
+    what was recorded in (t - BLOCK_LAG_S - BLOCK_S, t - BLOCK_LAG_S] (``recording.py``). ``rolled``: stamps
+    of rolled sums (the ``ROLLED_BLOCKS`` blocks up to each, every one recorded and none other) that a run
+    long enough to hold one reads instead of those blocks (``pieces``)."""
 
     start: float
     end: float
     runs: tuple[tuple[float, float], ...]
+    rolled: tuple[float, ...] = ()
+
+    def pieces(self) -> list[tuple[str, float, float]]:
+        """What the recorded parts read, oldest first: ("blocks", first stamp, last stamp) for a run of blocks,
+        ("rolled", its first block's stamp, its stamp) for a rolled sum: in a run, the newest rolled sum it holds
+        whole, and the blocks before and after it; those of ``FOLDED_BLOCKS`` or fewer are read as minutes with
+        the edge beside them (one selection of every series fewer for a few more samples)."""
+        span = (ROLLED_BLOCKS - 1) * BLOCK_S
+        pieces: list[tuple[str, float, float]] = []
+        for first, last in self.runs:
+            held = [stamp for stamp in self.rolled if first - 0.5 <= stamp - span and stamp <= last + 0.5]
+            if not held:
+                pieces.append(("blocks", first, last))
+                continue
+            stamp = max(held)
+            for kind, a, b in (("blocks", first, stamp - span - BLOCK_S), ("rolled", stamp - span, stamp),
+                               ("blocks", stamp + BLOCK_S, last)):
+                if kind == "rolled" or (b - a) / BLOCK_S + 1 > FOLDED_BLOCKS + 0.5:
+                    pieces.append((kind, a, b))
+        return pieces
 
     def parts(self) -> list[tuple[str, str]]:
-        """("edge" or "blocks", the range and ``@`` that selects it): the newest first, the empty edges left out.
-        Ranges are in milliseconds, each a millisecond short where a sample on its far edge belongs to its
-        neighbour, so the parts tile the window whether the server's ranges are closed (2.x) or left-open."""
+        """("edge", "blocks" or "rolled", the range or ``@`` that selects it): the newest first, the empty edges
+        left out. Ranges are in milliseconds, each a millisecond short where a sample on its far edge belongs to
+        its neighbour, so the parts tile the window whether the server's ranges are closed (2.x) or left-open."""
         parts = []
         after = self.end  # the end of what the parts so far leave, inclusive
-        for first, last in reversed(self.runs):
+        for kind, first, last in reversed(self.pieces()):
             if (edge := _ms(after - (last - BLOCK_LAG_S)) - 1) > 0:
                 parts.append(("edge", f"[{edge}ms] @ {after:.3f}"))
-            parts.append(("blocks", f"[{_ms(last - first) + 1}ms] @ {last:.3f}"))
+            parts.append((kind, f" @ {last:.3f}" if kind == "rolled" else f"[{_ms(last - first) + 1}ms] @ {last:.3f}"))
             after = first - BLOCK_LAG_S - BLOCK_S
         if (head := _ms(after - self.start)) > 0:
             parts.append(("edge", f"[{head}ms] @ {after:.3f}"))
         return parts
+
+
+def rolled_stamps(rolled: np.ndarray, blocks: np.ndarray) -> tuple[float, ...]:
+    """The stamps of ``rolled`` (rolled sums') whose ``ROLLED_BLOCKS`` blocks are all in ``blocks`` (the summed
+    blocks' stamps) with none other among them: a rolled sum at a phase change, or before its first day of
+    blocks, holds other blocks than a run of them, and is not read."""
+    span = (ROLLED_BLOCKS - 1) * BLOCK_S
+    ordered = np.sort(blocks)
+    out = []
+    for stamp in np.sort(rolled).tolist():
+        held = ordered[(ordered > stamp - span - BLOCK_S + 0.5) & (ordered <= stamp + 0.5)]
+        if len(held) == ROLLED_BLOCKS and np.all(np.abs(np.diff(held) - BLOCK_S) < 0.5) \
+                and abs(held[-1] - stamp) < 0.5:
+            out.append(stamp)
+    return tuple(out)
 
 
 def _ms(seconds: float) -> int:
@@ -178,12 +220,18 @@ def _newest_over(span: Span, raw: str, block: str, selector: str) -> str:
 
 
 def _summed_over(span: Span, series: str, split: str | None, selector: str) -> str:
-    """The recorded minutes of ``series`` per instance over the span: its blocks' sums, and the minutes at its
-    edges, each part tagged apart (``or`` keeps a left side's series only where the labels are the same) and
+    """The recorded minutes of ``series`` per instance over the span: its blocks' sums (and rolled sums), and
+    the minutes at its edges, each part tagged apart (``or`` keeps a left side's series only where the labels are the same) and
     then summed."""
-    parts = " or ".join(
-        f'label_replace(sum_over_time({block_sum_record(series, split) if kind == "blocks" else counted_record(series, split, INSTANCE)}'
-        f'{{{selector}}}{selected}), "part", "{i}", "", "")' for i, (kind, selected) in enumerate(span.parts()))
+    records = {"blocks": block_sum_record(series, split), "rolled": rolled_record(series, split),
+               "edge": counted_record(series, split, INSTANCE)}
+
+    def part(kind: str, selected: str) -> str:
+        read = f"{records[kind]}{{{selector}}}{selected}"
+        return read if kind == "rolled" else f"sum_over_time({read})"
+
+    parts = " or ".join(f'label_replace({part(kind, selected)}, "part", "{i}", "", "")'
+                        for i, (kind, selected) in enumerate(span.parts()))
     return f"sum by ({_labels(('instance',), split)}) ({parts})"
 
 
@@ -701,7 +749,13 @@ class PrometheusHistory:
         server more than a few hundred minutes each (measured at 256 instances, the P99 ranking on a server
         that compacted a day of history: 24 h, 0.55 s over the blocks against 0.92-1.00 s over the minutes;
         6 h, 0.49-0.55 s against 0.38)."""
-        return self._span(pool, start, end, SUMS_PROBE_RECORD) if end - start >= SUMS_FROM_S else None
+        if end - start < SUMS_FROM_S:
+            return None
+        span = self._span(pool, start, end, SUMS_PROBE_RECORD)
+        if span is None or end - start < ROLLED_BLOCKS * BLOCK_S:
+            return span
+        blocks = self._block_stamps(pool, start, SUMS_PROBE_RECORD)
+        return span._replace(rolled=rolled_stamps(self._block_stamps(pool, start, ROLLED_PROBE_RECORD), blocks))
 
     def _block_stamps(self, pool: str, start: float, probe: str = BLOCK_PROBE_RECORD) -> np.ndarray:
         """When the pool's blocks since ``start`` were recorded (seconds): read once, then again only once a

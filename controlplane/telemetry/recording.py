@@ -31,12 +31,19 @@ A window's totals per instance (the table's columns, the ranking's latency quant
 minutes, 1,440 samples a series for each of 256 instances' ~60 count series. A third group records, at
 the same ten-minute blocks, each instance's minutes of every count summed over the block: the window's
 totals are the sums of its blocks and of the minutes at its two edges, the same minutes counted once.
+
+A day still sums ~140 blocks a series, read from every TSDB block the day spans. The same group therefore
+also records, after each block, the last ``ROLLED_BLOCKS`` blocks summed (``rolled_record``: 23 h 40 min,
+the most a 24 h window always holds whole): a day's totals are then one sample a series and the minutes
+at the window's two edges (``promql.Span``). The rules of a group run in order at one evaluation time, so
+each rolled sum holds the block written just before it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -50,6 +57,7 @@ BLOCK_S = 600  # a block's width: the blocks group's interval, ten recorded minu
 BLOCK_LAG_S = 60  # how far back of its evaluation a block ends
 BLOCK_GROUP = "relaygr-history-blocks"
 SUMS_GROUP = "relaygr-history-sums"
+ROLLED_BLOCKS = 142  # blocks a rolled sum holds: a 24 h window holds 142 or 143 whole, whatever its phase
 POOL, INSTANCE = ("pool",), ("pool", "instance")  # the levels the counts are recorded at
 # Every count of ``history``'s layout as /metrics exports it: (series, the label it splits by, the
 # ``column`` tag ``promql`` reads it back by).
@@ -101,12 +109,20 @@ def block_sum_record(series: str, split: str | None) -> str:
     return f"{_level(INSTANCE, split)}:{series.removesuffix('_total')}:increase{BLOCK_S // 60}m"
 
 
+def rolled_record(series: str, split: str | None) -> str:
+    """``instance_le:relaygr_rank_latency_seconds_bucket:increase1420m``: an instance's last ``ROLLED_BLOCKS``
+    blocks of one count summed (a day's totals read one of these and the minutes at its edges)."""
+    return f"{_level(INSTANCE, split)}:{series.removesuffix('_total')}:increase{ROLLED_BLOCKS * BLOCK_S // 60}m"
+
+
 # The record whose presence says the rules run on a server (``promql`` checks for it once in a while).
 PROBE_RECORD = counted_record("relaygr_rank_requests_total", None, POOL)
 # The record whose samples say which blocks a pool has (one series a pool): the instances reporting in each.
 BLOCK_PROBE_RECORD = f"pool:relaygr_instances:count_last{BLOCK_S // 60}m"
 # The same for the blocks of summed minutes (one series a pool: its requests in each block).
 SUMS_PROBE_RECORD = f"pool:relaygr_rank_requests:increase{BLOCK_S // 60}m"
+# The same for the rolled sums (one series a pool: its requests in the blocks each one holds).
+ROLLED_PROBE_RECORD = f"pool:relaygr_rank_requests:increase{ROLLED_BLOCKS * BLOCK_S // 60}m"
 
 
 def rules() -> dict:
@@ -132,16 +148,31 @@ def rules() -> dict:
              "expr": f"sum_over_time({counted_record(series, split, INSTANCE)}{block})"}
             for series, split, _ in COUNTED]
     sums.append({"record": SUMS_PROBE_RECORD, "expr": f"sum_over_time({PROBE_RECORD}{block})"})
+    # The last ROLLED_BLOCKS blocks (this one's included) summed: a range a millisecond short of them, so the
+    # block ROLLED_BLOCKS back is not in it.
+    rolled = f"[{ROLLED_BLOCKS * BLOCK_S * 1000 - 1}ms]"
+    sums += [{"record": rolled_record(series, split), "expr": f"sum_over_time({block_sum_record(series, split)}{rolled})"}
+             for series, split, _ in COUNTED]
+    sums.append({"record": ROLLED_PROBE_RECORD, "expr": f"sum_over_time({SUMS_PROBE_RECORD}{rolled})"})
     return {"groups": [{"name": GROUP, "interval": f"{RECORDED_STEP_S}s", "rules": recorded},
                        {"name": BLOCK_GROUP, "interval": f"{BLOCK_S}s", "rules": blocks},
                        {"name": SUMS_GROUP, "interval": f"{BLOCK_S}s", "rules": sums}]}
 
 
-def group_rules(name: str) -> dict:
-    """One group of ``rules()`` as a rules file of its own (a backfill of that group alone)."""
+def rolled(rule: dict) -> bool:
+    """Whether ``rule`` records a rolled sum (it reads the block sums its group records before it)."""
+    return rule["record"] == ROLLED_PROBE_RECORD or rule["record"] in {rolled_record(series, split)
+                                                                        for series, split, _ in COUNTED}
+
+
+def group_rules(name: str, keep: Callable[[dict], bool] | None = None) -> dict:
+    """One group of ``rules()`` as a rules file of its own (a backfill of that group alone), or only its rules
+    ``keep`` says yes to (a backfill pass of the rules that read what an earlier pass wrote)."""
     groups = [group for group in rules()["groups"] if group["name"] == name]
     if not groups:
         raise ValueError(f"no rules group {name!r}: {GROUP!r}, {BLOCK_GROUP!r} or {SUMS_GROUP!r}")
+    if keep is not None:
+        groups = [{**group, "rules": [rule for rule in group["rules"] if keep(rule)]} for group in groups]
     return {"groups": groups}
 
 
@@ -154,9 +185,10 @@ HEADER = """\
 #   promtool tsdb create-blocks-from rules --start <first day> --end <now> \\
 #     --url http://prometheus:9090 deploy/prometheus/relaygr-history-rules.yml
 # then move the blocks it writes (./data/) into the server's --storage.tsdb.path, restart it, and run the
-# same command once more: the relaygr-history-sums group sums the first group's minutes, so it records
-# nothing until the server holds them (what the second run writes again of the other groups is the same
-# samples, merged away by the server's compaction).
+# same command twice more, moving the blocks and restarting after each: the relaygr-history-sums group sums
+# the first group's minutes, then its own blocks (the rolled sums), so each of its records is written only
+# once the server holds what it reads (what a later run writes again is the same samples, merged away by
+# the server's compaction).
 """
 
 

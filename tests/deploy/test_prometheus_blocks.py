@@ -36,6 +36,7 @@ from controlplane.telemetry.recording import (
     SUMS_GROUP,
     SUMS_PROBE_RECORD,
     group_rules,
+    rolled,
 )
 from relay_engine.core.lifetime import free_port
 from relay_engine.core.telemetry import LATENCY_BUCKETS_MS, MISS_REASONS, REFUSAL_REASONS, TIER_LEVEL_GAUGES
@@ -154,7 +155,7 @@ def _block_stamps(history: PrometheusHistory, first: float, now: float, probe: s
 def _blocks_at(history: PrometheusHistory, stamps: np.ndarray, group: str) -> str:
     """Every rule of ``group`` evaluated at ``stamps`` (as the server would at another phase), as OpenMetrics."""
     samples: dict[str, list[tuple[tuple, float, float]]] = {}
-    for rule in group_rules(group)["groups"][0]["rules"]:
+    for rule in group_rules(group, lambda rule: not rolled(rule))["groups"][0]["rules"]:
         for stamp in stamps.tolist():
             for item in history._get("/api/v1/query", query=rule["expr"], time=f"{stamp:.3f}"):
                 labels = tuple(sorted((k, v) for k, v in item["metric"].items() if k != "__name__"))

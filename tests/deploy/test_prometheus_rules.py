@@ -116,9 +116,20 @@ def test_the_history_rules_record_every_count_the_history_reads_and_every_minute
     assert sums["name"] == recording.SUMS_GROUP and sums["interval"] == blocks["interval"]
     minutes = {recording.counted_record(series, split, recording.INSTANCE) for series, split, _ in recording.COUNTED}
     assert minutes <= records
-    summed = {rule["record"]: rule["expr"] for rule in sums["rules"]}
+    summed = {rule["record"]: rule["expr"] for rule in sums["rules"] if not recording.rolled(rule)}
     assert summed.keys() == {recording.block_sum_record(series, split) for series, split, _ in recording.COUNTED} | \
         {recording.SUMS_PROBE_RECORD}
+    # After them (a group's rules run in order: each rolled sum holds the block just written), each one's last
+    # ROLLED_BLOCKS blocks summed, and the pool's probe of them.
+    order = [rule["record"] for rule in sums["rules"]]
+    rolled = {rule["record"]: rule["expr"] for rule in sums["rules"] if recording.rolled(rule)}
+    assert rolled.keys() == {recording.rolled_record(series, split) for series, split, _ in recording.COUNTED} | \
+        {recording.ROLLED_PROBE_RECORD}
+    assert max(order.index(name) for name in summed) < min(order.index(name) for name in rolled)
+    for series, split, _ in recording.COUNTED:
+        assert rolled[recording.rolled_record(series, split)] == (
+            f"sum_over_time({recording.block_sum_record(series, split)}"
+            f"[{recording.ROLLED_BLOCKS * recording.BLOCK_S * 1000 - 1}ms])")
     for series, split, _ in recording.COUNTED:
         assert summed[recording.block_sum_record(series, split)].startswith(
             f"sum_over_time({recording.counted_record(series, split, recording.INSTANCE)}[")
