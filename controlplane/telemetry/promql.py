@@ -101,7 +101,7 @@ _HALF = '".*[02468]"'
 _ahead = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relaygr-history-ahead")
 # The shortest window whose counts are read over the summed ten-minute blocks (``_summed_span``).
 SUMS_FROM_S = 12 * 3600
-# Runs of this many blocks or fewer beside a rolled sum are read as minutes (``Span.pieces``).
+# Runs of this many blocks or fewer are read as minutes with the edges beside them (``Span.pieces``).
 FOLDED_BLOCKS = 2
 MAX_KEPT_POINTS = 1500  # per series and point width: a day of minutes, and a margin
 
@@ -140,8 +140,11 @@ class Span(NamedTuple):
     def pieces(self) -> list[tuple[str, float, float]]:
         """What the recorded parts read, oldest first: ("blocks", first stamp, last stamp) for a run of blocks,
         ("rolled", its first block's stamp, its stamp) for a rolled sum: in a run, the newest rolled sum it holds
-        whole, and the blocks before and after it; those of ``FOLDED_BLOCKS`` or fewer are read as minutes with
-        the edge beside them (one selection of every series fewer for a few more samples)."""
+        whole, and the blocks before and after it. Runs of ``FOLDED_BLOCKS`` or fewer (beside a rolled sum, or
+        a server's own first blocks after a backfill's) are read as minutes with the edge beside them: each part
+        is a selection of every series joined to the others by ``or``, which costs the server more than the
+        minutes it saves (measured at 256 instances: the fifth part of a day's P99 ranking 0.48 s, its
+        selection alone 0.11 s)."""
         span = (ROLLED_BLOCKS - 1) * BLOCK_S
         pieces: list[tuple[str, float, float]] = []
         for first, last in self.runs:
@@ -150,11 +153,10 @@ class Span(NamedTuple):
                 pieces.append(("blocks", first, last))
                 continue
             stamp = max(held)
-            for kind, a, b in (("blocks", first, stamp - span - BLOCK_S), ("rolled", stamp - span, stamp),
-                               ("blocks", stamp + BLOCK_S, last)):
-                if kind == "rolled" or (b - a) / BLOCK_S + 1 > FOLDED_BLOCKS + 0.5:
-                    pieces.append((kind, a, b))
-        return pieces
+            pieces += [("blocks", first, stamp - span - BLOCK_S), ("rolled", stamp - span, stamp),
+                       ("blocks", stamp + BLOCK_S, last)]
+        return [(kind, a, b) for kind, a, b in pieces
+                if kind == "rolled" or (b - a) / BLOCK_S + 1 > FOLDED_BLOCKS + 0.5]
 
     def parts(self) -> list[tuple[str, str]]:
         """("edge", "blocks" or "rolled", the range or ``@`` that selects it): the newest first, the empty edges
