@@ -10,6 +10,7 @@ values and labels from the server.
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import tokenize
@@ -67,10 +68,11 @@ def _word(value: str) -> re.Pattern:
     return re.compile(rf"(?<![\w-]){re.escape(value)}(?![\w-])")
 
 
-def _string_bodies(text: str) -> list[tuple[int, str]]:
+@functools.cache  # every member of every vocabulary reads the same files: tokenize each once
+def _string_bodies(text: str) -> tuple[tuple[int, str], ...]:
     """(line, body) of each string literal of Python source, f-strings included, prefix and quotes off."""
-    return [(token.start[0], _QUOTES.sub("", token.string))
-            for token in tokenize.generate_tokens(io.StringIO(text).readline) if token.type == tokenize.STRING]
+    return tuple((token.start[0], _QUOTES.sub("", token.string))
+            for token in tokenize.generate_tokens(io.StringIO(text).readline) if token.type == tokenize.STRING)
 
 
 def _python_spellings(text: str, value: str) -> list[int]:

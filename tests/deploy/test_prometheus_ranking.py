@@ -7,13 +7,16 @@ instance idle: present, no requests) backfilled into a real ``prometheus`` with 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from django.db import transaction
 from django.test import override_settings
 
+from controlplane.common.redis import get_redis
 from controlplane.fleet.selectors import pool_status
 from controlplane.policies import services as policy_services
 from controlplane.policies.models import Pool
@@ -33,36 +36,62 @@ INSTANCES = 7
 HOURS = 0.75
 IDLE_INDEX = 3
 IDLE = instance_name(POOL, IDLE_INDEX)
+NAMES = [instance_name(POOL, i) for i in range(INSTANCES)]
 
 
-@pytest.fixture
-def history(redis_client, tmp_path, monkeypatch) -> Iterator[tuple[str, float]]:
-    """(PROMETHEUS_URL, now): the fleet's history up to now, the recorded minutes backfilled."""
+@pytest.fixture(scope="module")
+def backfilled(redis_url, tmp_path_factory, django_db_setup, django_db_blocker) -> Iterator[tuple[str, float]]:
+    """(PROMETHEUS_URL, now): the fleet's history up to now, the recorded minutes backfilled, one server for
+    the module (backfilling costs seconds; the tests only read it, at moments up to now)."""
     prometheus_binary("prometheus")
     prometheus_binary("promtool")
+    tmp_path = tmp_path_factory.mktemp("ranking")
     busy = bench_prometheus._snapshot
 
     def snapshot(instance, ts, started_at, rng):  # the idle instance counts nothing, ever
         return busy(instance, started_at if instance == IDLE else ts, started_at, rng)
 
-    monkeypatch.setattr(bench_prometheus, "_snapshot", snapshot)
-    pool = policy_services.pool_create(name=POOL, actor="fixture", expected_instances=INSTANCES)
-    names = [instance_name(POOL, i) for i in range(INSTANCES)]
-    writer = Writer(redis_client, POOL)
-    now = time.time()
-    writer.started_at = now - (HOURS + 1) * 3600
-    writer.statuses(names, now)
-    fleet = bench_prometheus.Fleet(POOL, names, writer.started_at, pool_status(pool=pool, now=now))
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    bench_prometheus.backfill(fleet, now, HOURS, data_dir, tmp_path)
-    port = free_port()
-    bench_prometheus.backfill_recorded(data_dir, now - HOURS * 3600, now, port, tmp_path)
-    with bench_prometheus.prometheus_server(data_dir, port, tmp_path / "prometheus.log") as url:
-        promql.forget_recorded()
-        assert promql.PrometheusHistory(url, timeout_s=10).records()
-        yield url, now
+    with pytest.MonkeyPatch.context() as patch, override_settings(REDIS_URL=redis_url):
+        patch.setattr(bench_prometheus, "_snapshot", snapshot)
+        patch.setenv("RELAYGR_KEY_PREFIX", f"test-{uuid.uuid4().hex[:10]}")
+        now = time.time()
+        data_dir = tmp_path / "data"
+        data_dir.mkdir()
+        # The scrapes render the pool as the control plane sees it, from rows rolled back once written: each
+        # test makes its own.
+        with django_db_blocker.unblock(), transaction.atomic():
+            pool = policy_services.pool_create(name=POOL, actor="fixture", expected_instances=INSTANCES)
+            _with_statuses(get_redis(), now)
+            fleet = bench_prometheus.Fleet(POOL, NAMES, _started_at(now), pool_status(pool=pool, now=now))
+            bench_prometheus.backfill(fleet, now, HOURS, data_dir, tmp_path)
+            transaction.set_rollback(True)
+        port = free_port()
+        bench_prometheus.backfill_recorded(data_dir, now - HOURS * 3600, now, port, tmp_path)
+        with bench_prometheus.prometheus_server(data_dir, port, tmp_path / "prometheus.log") as url:
+            yield url, now
+
+
+@pytest.fixture
+def history(backfilled, redis_client) -> Iterator[tuple[str, float]]:
+    """(PROMETHEUS_URL, now): the module's history, with this test's own pool row and statuses in Redis."""
+    url, now = backfilled
+    policy_services.pool_create(name=POOL, actor="fixture", expected_instances=INSTANCES)
+    _with_statuses(redis_client, now)
     promql.forget_recorded()
+    assert promql.PrometheusHistory(url, timeout_s=10).records()
+    yield url, now
+    promql.forget_recorded()
+
+
+def _started_at(now: float) -> float:
+    return now - (HOURS + 1) * 3600
+
+
+def _with_statuses(client, now: float) -> None:
+    """Every instance's status record and membership at ``now``, as their heartbeats write them."""
+    writer = Writer(client, POOL)
+    writer.started_at = _started_at(now)
+    writer.statuses(NAMES, now)
 
 
 def _whole_rows_table(url: str, window: str, now: float) -> dict[str, dict]:

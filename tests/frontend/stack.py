@@ -148,9 +148,15 @@ class Stack:
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, process_group=0, preexec_fn=die_with_parent())
 
     def stop_controlplane_worker(self, sig: int = signal.SIGTERM) -> None:
+        self._signal_controlplane_workers(sig)
+        self._await_controlplane_workers()
+
+    def _signal_controlplane_workers(self, sig: int) -> None:
         for worker in self.controlplane_workers.values():
             if worker.poll() is None:
                 os.killpg(worker.pid, sig)
+
+    def _await_controlplane_workers(self) -> None:
         for worker in self.controlplane_workers.values():
             try:
                 worker.wait(15)
@@ -160,8 +166,15 @@ class Stack:
         self.controlplane_workers = {}
 
     def stop_server(self) -> None:
+        self._signal_server()
+        self._await_server()
+
+    def _signal_server(self) -> None:
         if self.server is not None and self.server.poll() is None:
             self.server.send_signal(signal.SIGTERM)
+
+    def _await_server(self) -> None:
+        if self.server is not None:
             try:
                 self.server.wait(10)
             except subprocess.TimeoutExpired:
@@ -231,21 +244,25 @@ class Stack:
         return self
 
     def stop(self) -> None:
+        self.traffic.stop()
+        # Every process is told first and awaited after, so their shutdowns overlap.
         if self.load_fleet is not None:
             self.load_fleet.terminate()
-            self.load_fleet.wait(60)
-        self.traffic.stop()
         for proc in self.workers.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+        self._signal_controlplane_workers(signal.SIGTERM)
+        self._signal_server()
+        if self.load_fleet is not None:
+            self.load_fleet.wait(60)
         for proc in self.workers.values():
             try:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self.stop_controlplane_worker()
-        self.stop_server()
+        self._await_controlplane_workers()
+        self._await_server()
         for pattern in (f"{self.key_prefix}*", f"_kombu.binding*{self.key_prefix}.*"):
             for key in self.redis.scan_iter(pattern):
                 self.redis.delete(key)
