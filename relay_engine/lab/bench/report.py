@@ -49,18 +49,22 @@ def markdown(result: dict) -> str:
         + "".join(f"| peak {t.upper()} / budget (MiB) " for t in TIER_OUTCOMES) + "|",
         "|---|---:|---:|---:|---:|---|---:|---|" + "---:|" * len(TIER_OUTCOMES),
     ]
+    # The product path's admissions and tier peaks stay in the workers' telemetry: not 0, unknown here.
+    from_workers = result.get("fleet") == "product"
     for name, m in result["modes"].items():
         r = m.get("reference") or {}
         pre = r.get("preinfer", {})
         refused = ", ".join(f"{key} {v}" for key, v in sorted(pre.get("refused", {}).items())) or "0"
+        admissions = "not read back" if from_workers else f"{pre.get('admitted', 0)} / {refused}"
         thr = "–" if m["slo_throughput_qps"] is None else \
             f"{m['slo_throughput_qps']:g} / {m['slo_throughput_qps_unscaled']:g}"
         lines.append(
             f"| {name} | {_fmt(m['max_seq_len_at_slo'], 'd') if m['max_seq_len_at_slo'] is not None else '–'} "
             f"| {thr} | {_fmt(r.get('p99_ms'))}{_ci(r.get('p99_ci_ms'))} | {_fmt(r.get('p99_ms_unscaled'), '.2f')} "
             f"| {' / '.join(_pct(r.get(f'{t}_hit_rate')) for t in TIER_OUTCOMES)} / {_pct(r.get('inflight_join_rate'))} "
-            f"| {_pct(r.get('miss_rate'))} | {pre.get('admitted', 0)} / {refused} "
-            + "".join(f"| {r.get(f'{t}_peak_bytes', 0) / MiB:.0f} / {r.get(f'{t}_budget_bytes', 0) / MiB:.0f} "
+            f"| {_pct(r.get('miss_rate'))} | {admissions} "
+            + "".join("| – " if from_workers else
+                      f"| {r.get(f'{t}_peak_bytes', 0) / MiB:.0f} / {r.get(f'{t}_budget_bytes', 0) / MiB:.0f} "
                       for t in TIER_OUTCOMES) + "|")
     ratios, overhead = result["ratios"], result["overhead"]
     lines += [
