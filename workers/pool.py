@@ -69,13 +69,16 @@ def wait_until_live(client: redis.Redis, settings: Settings, names: list[str], t
 
 
 class PoolSupervisor:
-    def __init__(self, settings: Settings):
+    """The pool's instances as child processes (``popen``: passed to each, e.g. where its output goes)."""
+
+    def __init__(self, settings: Settings, **popen: Any):
         self.settings = settings
+        self.popen = popen
         self.procs: dict[int, subprocess.Popen] = {}
         self.stopping = False
 
     def start(self, index: int) -> None:
-        self.procs[index] = spawn_instance(self.settings, index)
+        self.procs[index] = spawn_instance(self.settings, index, **self.popen)
         log.info("started %s.%d (pid %d)", self.settings.pool, index, self.procs[index].pid)
 
     def run(self) -> int:

@@ -118,6 +118,9 @@ class _CacheBudgets:
     dram_budget_mb: float = 4096.0  # MiB
     entry_ttl_ms: int = 120_000
     dram_ttl_ms: int = 600_000
+    # False: no prefix is looked up or kept; every ranking request is a full forward (the relay
+    # benchmark's baseline through the workers). Turning it off frees what the tiers hold.
+    enabled: bool = added_field(True)
 
     @property
     def hbm_budget_bytes(self) -> int:
@@ -399,6 +402,7 @@ def _cache(data: Any, path: str, errs: FieldErrors) -> CacheBudget:
         dram_budget_mb=_float(obj, "dram_budget_mb", path, 0.0, MAX_BUDGET_MIB, d.dram_budget_mb, errs),
         entry_ttl_ms=_int(obj, "entry_ttl_ms", path, 1, MAX_TTL_MS, d.entry_ttl_ms, errs),
         dram_ttl_ms=_int(obj, "dram_ttl_ms", path, 1, MAX_TTL_MS, d.dram_ttl_ms, errs),
+        enabled=_bool(obj, "enabled", path, d.enabled, errs),
         **{name: _tier_section(obj.get(name), join(path, name), name, errs) for name in TIER_SECTIONS},
     )
 
@@ -670,6 +674,10 @@ def validate_policy(data: Any) -> tuple[PolicySpec | None, dict[str, list[str]]]
         editing=_editing(obj.get("editing"), "editing", errs),
         features=_features(obj.get("features", {}), "features", errs),
     )
+    if not spec.cache.enabled and spec.trigger.max_preinfer_inflight > 0:
+        # A pre-inference with nowhere to keep its KV would be work thrown away: say so, never do it.
+        errs.add("cache.enabled", "is false (no cache), so trigger.max_preinfer_inflight must be 0 "
+                                  f"(no pre-inference), got {spec.trigger.max_preinfer_inflight}")
     if errs.by_path:
         return None, errs.by_path
     return spec, {}

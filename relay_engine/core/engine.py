@@ -64,6 +64,10 @@ from relay_engine.core.trigger import CacheFootprint, RankingLoad, SequenceAware
 
 log = logging.getLogger(__name__)
 
+# The miss reason of every ranking request under a policy without a cache (``cache.enabled`` false): no
+# prefix was pre-inferred or kept for it, as with pre-inference turned off.
+CACHE_OFF = NOT_ADMITTED[RefusalReason.DISABLED]
+
 
 class DeadlineExceeded(Exception):
     """A ranking request whose deadline passed before its scores were ready."""
@@ -378,6 +382,8 @@ class RelayEngine:
                 self._prefill_process.set_share(policy.trigger.preinfer_compute_share)
             self.cache.hbm.resize(policy.cache.hbm_budget_bytes, policy.cache.entry_ttl_ms / 1000)
             self.cache.set_lower(build_lower_tiers(policy.cache, self._tier_site, self.cache.tiers[1:]))
+            if not policy.cache.enabled:  # off: what the tiers hold could never be read, free it now
+                self.cache.clear(CACHE_OFF)
             if edit.content_hash != old.edit.content_hash:
                 # Keys carry the edit hash, so old entries could never be read again: free them now.
                 self.cache.clear(MissReason.EDIT_CHANGED)
@@ -506,21 +512,13 @@ class RelayEngine:
             if state.canonical is not None:
                 request = dataclasses.replace(request, prefix=state.canonicalised(request.prefix),
                                               short_term=state.canonicalised(request.short_term))
-            miss_reason = None
-            try:
-                kv, source, join_failed = self._prefix_kv(request, state)
-            except _TooLate:  # the computation in flight would finish too late: recompute alone
-                kv, source, miss_reason = None, Outcome.MISS, MissReason.TOO_LATE
+            if not state.policy.cache.enabled:  # no cache: nothing looked up, nothing kept
+                source, miss_reason = Outcome.MISS, CACHE_OFF
                 self._count_miss(miss_reason)
                 scores = self.forwards.rank_full(request.prefix, request.short_term, candidates,
                                                  request.query_timestamp, state.edit)
             else:
-                if kv is None:  # a miss: one full forward gives the scores and the prefix KV to keep
-                    scores, source, miss_reason = self._recompute(request, candidates, state, join_failed)
-                else:
-                    self._check_deadline(request, f"after fetching the prefix cache ({source})")
-                    scores = self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp,
-                                                state.edit)
+                scores, source, miss_reason = self._cached_scores(request, candidates, state)
             result = scores.tolist()
             self._check_deadline(request, "after scoring")
         except DeadlineExceeded:
@@ -540,6 +538,27 @@ class RelayEngine:
             if latency_ms <= state.slo_ms:
                 self._counters["rank_within_slo"] += 1
         return RankResult(result, source, len(request.prefix), latency_ms, miss_reason)
+
+    def _cached_scores(self, request: RankRequest, candidates: torch.Tensor,
+                       state: _State) -> tuple[torch.Tensor, Outcome, MissReason | None]:
+        """The scores from the prefix the tier stack has (or one computation in flight), else a full
+        forward whose prefix KV is kept; with where the prefix came from and a miss's reason."""
+        miss_reason = None
+        try:
+            kv, source, join_failed = self._prefix_kv(request, state)
+        except _TooLate:  # the computation in flight would finish too late: recompute alone
+            kv, source, miss_reason = None, Outcome.MISS, MissReason.TOO_LATE
+            self._count_miss(miss_reason)
+            scores = self.forwards.rank_full(request.prefix, request.short_term, candidates,
+                                             request.query_timestamp, state.edit)
+        else:
+            if kv is None:  # a miss: one full forward gives the scores and the prefix KV to keep
+                scores, source, miss_reason = self._recompute(request, candidates, state, join_failed)
+            else:
+                self._check_deadline(request, f"after fetching the prefix cache ({source})")
+                scores = self.forwards.rank(kv, request.short_term, candidates, request.query_timestamp,
+                                            state.edit)
+        return scores, source, miss_reason
 
     def _prefix_kv(self, request: RankRequest, state: _State) -> tuple[PrefixKV | None, Outcome, bool]:
         """The prefix KV from the tier stack, where it came from (counted; a miss is counted by

@@ -94,6 +94,17 @@ def test_parse_raises_with_every_error():
     assert set(info.value.errors) == {"cache.hbm_budget_mb", "cache.dram_budget_mb"}
 
 
+def test_a_policy_without_a_cache_must_not_pre_infer():
+    with pytest.raises(PolicyError) as info:
+        parse_policy({"cache": {"enabled": False}})
+    assert set(info.value.errors) == {"cache.enabled"}
+    assert "trigger.max_preinfer_inflight must be 0" in info.value.errors["cache.enabled"][0]
+    assert errors_of({"cache": {"enabled": "no"}}) == {"cache.enabled": ["must be true or false, got 'no'"]}
+    off = parse_policy({"cache": {"enabled": False}, "trigger": {"max_preinfer_inflight": 0}})
+    assert off.to_dict()["cache"]["enabled"] is False
+    assert "enabled" not in parse_policy({"cache": {"enabled": True}}).to_dict()["cache"]  # the default keeps its hash
+
+
 def test_hash_is_canonical_and_edit_hash_follows_the_edits():
     a = parse_policy({"cache": {"hbm_budget_mb": 10, "dram_budget_mb": 20}})
     b = parse_policy({"cache": {"dram_budget_mb": 20, "hbm_budget_mb": 10.0}})

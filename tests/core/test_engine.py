@@ -11,6 +11,7 @@ import torch
 
 from relay_engine.core.config import parse_policy
 from relay_engine.core.engine import (
+    CACHE_OFF,
     DeadlineExceeded,
     PolicyApplyError,
     PreInferRequest,
@@ -536,3 +537,27 @@ def test_with_duplicates_collapsed_a_prefix_logged_twice_hits_the_cache_of_the_p
     if on:  # the scores of the history as it happened, not of the one with the extra events
         full = engine.model.rank_full(once, short, CANDS)
         assert relative_error(torch.tensor(result.scores), full) <= TOLERANCE
+
+
+def test_without_a_cache_every_rank_is_a_full_forward_and_nothing_is_kept():
+    engine = engine_with(cache={"enabled": False}, trigger={"max_preinfer_inflight": 0})
+    prefix = make_history(200, SMALL, seed=2)
+    first, second = rank(engine, "erin", prefix), rank(engine, "erin", prefix)
+    assert (first.source, second.source) == ("miss", "miss")
+    assert second.miss_reason == CACHE_OFF
+    full = engine.model.rank_full(prefix, SHORT, CANDS)
+    assert relative_error(torch.tensor(second.scores), full) <= TOLERANCE
+    stats = engine.stats()
+    assert stats.counters["misses"] == 2 and stats.counters["hbm_hits"] == 0
+    assert engine.cache.hbm.used_bytes == 0
+
+
+def test_turning_the_cache_off_frees_what_the_tiers_hold():
+    engine = engine_with()
+    prefix = make_history(200, SMALL, seed=2)
+    rank(engine, "frank", prefix)
+    assert engine.cache.hbm.used_bytes > 0
+    engine.apply_policy(parse_policy({"cache": {"enabled": False}, "trigger": {"max_preinfer_inflight": 0}}))
+    assert engine.cache.hbm.used_bytes == 0
+    engine.apply_policy(parse_policy({}))
+    assert rank(engine, "frank", prefix).source == "miss"

@@ -7,8 +7,9 @@ import argparse
 
 import pytest
 
-from relay_engine.lab.bench.cli import modes_flag, with_required
-from relay_engine.lab.bench.modes import MODES, MODES_BY_NAME, Regime, mode_policy
+from relay_engine.core.config import parse_policy
+from relay_engine.lab.bench.cli import main, modes_flag, with_required
+from relay_engine.lab.bench.modes import MODES, MODES_BY_NAME, Regime, mode_policy, served_policy
 
 
 def test_relay_disk_differs_from_relay_small_dram_only_by_the_disk_tier():
@@ -35,3 +36,21 @@ def test_modes_flag_keeps_the_benchmark_order_and_a_full_run_always_measures_bas
 def test_modes_flag_names_the_unknown_mode_and_the_choices(text):
     with pytest.raises(argparse.ArgumentTypeError, match="choose from baseline, relay"):
         modes_flag(text)
+
+
+def test_fleet_flag_rejects_an_unknown_fleet_naming_the_choices(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--fleet", "prod"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--fleet" in err and "unknown fleet 'prod'" in err and "choose lab" in err and "or both" in err
+
+
+def test_every_mode_is_a_policy_the_workers_accept_and_the_baseline_keeps_no_cache():
+    regime = Regime(slo_ms=50.0, deadline_ms=100.0)
+    for mode in MODES:
+        policy = served_policy(mode, regime)
+        assert parse_policy(policy.to_dict()) == policy, mode.name  # what a worker's reconciler applies
+    baseline = served_policy(MODES_BY_NAME["baseline"], regime)
+    assert not baseline.cache.enabled and baseline.trigger.max_preinfer_inflight == 0
+    assert served_policy(MODES_BY_NAME["relay"], regime).cache.enabled

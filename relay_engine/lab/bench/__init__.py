@@ -2,11 +2,15 @@
 inference sustains than full inference at ranking, on the same trace, machine and queries, in one run.
 
     python -m relay_engine.bench [--trace FILE] [--slo-ms 50] [--time-scale K|auto] [--instances N]
-                                 [--cap-sweep] [--out artifacts/bench.json] [--quick]
+                                 [--cap-sweep] [--fleet lab|product|both] [--out artifacts/bench.json] [--quick]
 
 * **Instances** (``instances``): N engine processes with the same seeded weights, each pinned to its
   own cores, each serving ranking on ``rank_threads`` threads and pre-inference on the engine's lane
   at the policy's compute share.
+* **Fleets** (``--fleet``): the lab's instances above (``lab``, the default); the product's path
+  (``product``: ``RelayClient`` → Redis → worker instances started by the pool supervisor, each mode a
+  published policy, see ``product``); or ``both`` in one run on the same windows, the product's ratio
+  being the headline.
 * **Regime** (``calibration``, ``modes.Regime``): the cost model is measured inside instance 0; the
   time scale K compares it with a stated reference profile (``--time-scale auto``), and every time
   constant of the trace — arrival gaps, the retrieval → ranking gap — as well as the SLO, the

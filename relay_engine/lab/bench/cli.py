@@ -12,7 +12,7 @@ from relay_engine.core import fields
 from relay_engine.core.trace import TraceError, read_trace
 from relay_engine.lab.bench import __doc__ as PACKAGE_DOC
 from relay_engine.lab.bench.modes import MODES, MODES_BY_NAME, Mode
-from relay_engine.lab.bench.run import run
+from relay_engine.lab.bench.run import FLEETS, run
 from relay_engine.lab.bench.settings import BenchSettings, quick_settings
 from relay_engine.lab.traffic import TraceSpec, generate_trace
 
@@ -55,6 +55,15 @@ def with_required(modes: tuple[Mode, ...]) -> tuple[Mode, ...]:
     return tuple(m for m in MODES if m.name in wanted)
 
 
+def fleet_flag(text: str) -> str:
+    """Where the points are measured (``run.FLEETS``)."""
+    if text not in FLEETS:
+        raise argparse.ArgumentTypeError(f"unknown fleet {text!r}; choose lab (the lab's engine processes), product "
+                                         "(RelayClient → Redis → worker instances) or both (side by side, the same "
+                                         "windows; the product's ratio is the headline)")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m relay_engine.bench", description=PACKAGE_DOC.split("\n\n")[0])
     d = BenchSettings()
@@ -86,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"measure only these modes, side by side on the same windows (default: all of "
                              f"{', '.join(MODES_BY_NAME)}); {' and '.join(REQUIRED_MODES)} are always measured, "
                              "except with --throughput-only")
+    parser.add_argument("--fleet", type=fleet_flag, default="lab", metavar="lab|product|both",
+                        help="measure on the lab's engine processes (default), through the product's path "
+                             "(RelayClient → Redis → worker instances started by the pool supervisor, each mode a "
+                             "published policy; REDIS_URL or a private embedded Redis), or both side by side on the "
+                             "same windows, the product's ratio being the headline")
     parser.add_argument("--no-sim-guide", action="store_true",
                         help="bisect every sweep instead of starting at the simulator's prediction")
     parser.add_argument("--timestamps", action="store_true", help="give tokens timestamps (time-bucket bias)")
@@ -132,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: a window needs {per_window} queries; the trace has {len(queries)}", file=sys.stderr)
         return 2
     modes = args.modes if args.throughput_only else with_required(args.modes)
-    result = run(settings, queries, name, Path(args.out), modes=modes)
+    result = run(settings, queries, name, Path(args.out), modes=modes, fleet=args.fleet)
     print(result["markdown"])
     print(f"\nwrote {args.out} and {', '.join(result['plots']) or 'no plots'} in {result['runtime_s']:.0f} s")
     return 0

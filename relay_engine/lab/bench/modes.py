@@ -98,6 +98,17 @@ def mode_policy(mode: Mode, regime: Regime) -> PolicySpec | None:
     return PolicySpec(trigger=trigger, cache=cache)
 
 
+def served_policy(mode: Mode, regime: Regime) -> PolicySpec:
+    """The policy a worker pool runs for a mode (the product path): the relay modes' ``mode_policy``;
+    the baseline's is no cache and no pre-inference (every ranking request a full forward), at the
+    regime's SLO."""
+    relay = mode_policy(mode, regime)
+    if relay is not None:
+        return relay
+    return PolicySpec(trigger=TriggerPolicy(max_preinfer_inflight=0, ranking_p99_slo_ms=regime.slo_ms),
+                      cache=CacheBudget(enabled=False))
+
+
 class FullInference:
     """The baseline's ranking: ``rank_full`` with the engine's deadline semantics, and no cache."""
 

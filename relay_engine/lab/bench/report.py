@@ -35,6 +35,8 @@ def markdown(result: dict) -> str:
     reg, ts, k = result["regime"], result["time_scale"], result["time_scale"]["time_scale"]
     cap = result["common_cap"]
     lines = [
+        f"Measured on {result.get('fleet_what', 'the lab fleet')}.",
+        "",
         f"Time scale K = {k:g} ({ts['how']}). On this machine: SLO {reg['slo_ms']:.0f} ms "
         f"(reference {reg['slo_ms_unscaled']:g} ms), deadline {reg['deadline_ms']:.0f} ms, reference load "
         f"{reg['ref_qps']:g} QPS here (= {reg['ref_qps_unscaled']:g} QPS on the reference device). "
@@ -47,26 +49,28 @@ def markdown(result: dict) -> str:
         + "".join(f"| peak {t.upper()} / budget (MiB) " for t in TIER_OUTCOMES) + "|",
         "|---|---:|---:|---:|---:|---|---:|---|" + "---:|" * len(TIER_OUTCOMES),
     ]
+    # The product path's admissions and tier peaks stay in the workers' telemetry: not 0, unknown here.
+    from_workers = result.get("fleet") == "product"
     for name, m in result["modes"].items():
         r = m.get("reference") or {}
         pre = r.get("preinfer", {})
         refused = ", ".join(f"{key} {v}" for key, v in sorted(pre.get("refused", {}).items())) or "0"
+        admissions = "not read back" if from_workers else f"{pre.get('admitted', 0)} / {refused}"
         thr = "–" if m["slo_throughput_qps"] is None else \
             f"{m['slo_throughput_qps']:g} / {m['slo_throughput_qps_unscaled']:g}"
         lines.append(
             f"| {name} | {_fmt(m['max_seq_len_at_slo'], 'd') if m['max_seq_len_at_slo'] is not None else '–'} "
             f"| {thr} | {_fmt(r.get('p99_ms'))}{_ci(r.get('p99_ci_ms'))} | {_fmt(r.get('p99_ms_unscaled'), '.2f')} "
             f"| {' / '.join(_pct(r.get(f'{t}_hit_rate')) for t in TIER_OUTCOMES)} / {_pct(r.get('inflight_join_rate'))} "
-            f"| {_pct(r.get('miss_rate'))} | {pre.get('admitted', 0)} / {refused} "
-            + "".join(f"| {r.get(f'{t}_peak_bytes', 0) / MiB:.0f} / {r.get(f'{t}_budget_bytes', 0) / MiB:.0f} "
+            f"| {_pct(r.get('miss_rate'))} | {admissions} "
+            + "".join("| – " if from_workers else
+                      f"| {r.get(f'{t}_peak_bytes', 0) / MiB:.0f} / {r.get(f'{t}_budget_bytes', 0) / MiB:.0f} "
                       for t in TIER_OUTCOMES) + "|")
     ratios, overhead = result["ratios"], result["overhead"]
     lines += [
         "",
-        f"relay ÷ baseline: SLO throughput ×{_fmt(ratios.get('slo_throughput'), '.2f')}"
-        f"{_ci(ratios.get('slo_throughput_ci'), '.2f', ratios.get('slo_throughput_ci_ends'))} (at cap {cap}), "
-        f"max sequence length ×{_fmt(ratios.get('max_seq_len'), '.2f')}"
-        f"{_ci(ratios.get('max_seq_len_ci'), '.2f', ratios.get('max_seq_len_ci_ends'))} "
+        f"relay ÷ baseline: SLO throughput {_ratio(ratios, 'slo_throughput')} (at cap {cap}), "
+        f"max sequence length {_ratio(ratios, 'max_seq_len')} "
         f"(crossings interpolated between the last passing and first failing point; grid values "
         f"×{_fmt(ratios.get('slo_throughput_grid'), '.2f')} and ×{_fmt(ratios.get('max_seq_len_grid'), '.2f')}). "
         f"Engine rank ÷ bare cached forward: {_fmt(overhead['engine_over_bare_ratio'], '.3f')}.",
@@ -102,7 +106,21 @@ def markdown(result: dict) -> str:
                          f"| ×{_fmt(q.get('ratio'), '.2f')}{_ci(q.get('ci'), '.2f', q.get('ci_ends'))} "
                          f"| ×{_fmt(q.get('bound'), '.2f')} "
                          f"| {_pct(q.get('efficiency'))} |")
+    if "fleets" in result:
+        lines += ["", "Both fleets, side by side on the same windows (the product path's ratio is the headline):", "",
+                  "| fleet | relay ÷ baseline SLO throughput | at cap | relay ÷ baseline max seq len | compute bound "
+                  "| efficiency |", "|---|---:|---:|---:|---:|---:|"]
+        for name, f in result["fleets"].items():
+            r = f["ratios"]
+            lines.append(f"| {name}{' (headline)' if f['headline'] else ''} | {_ratio(r, 'slo_throughput')} "
+                         f"| {f['common_cap']} | {_ratio(r, 'max_seq_len')} | ×{_fmt(r.get('bound'), '.2f')} "
+                         f"| {_pct(r.get('efficiency'))} |")
     return "\n".join(lines)
+
+
+def _ratio(ratios: dict, key: str) -> str:
+    """A relay ÷ baseline ratio of ``ratios`` with its interval (``slo_throughput``, ``max_seq_len``)."""
+    return f"×{_fmt(ratios.get(key), '.2f')}{_ci(ratios.get(f'{key}_ci'), '.2f', ratios.get(f'{key}_ci_ends'))}"
 
 
 def plots(result: dict, directory: Path) -> list[str]:

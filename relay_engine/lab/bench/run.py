@@ -1,10 +1,11 @@
-"""One benchmark run: calibrate, derive K, measure the sweeps on the real fleet, report.
+"""One benchmark run: calibrate, derive K, measure the sweeps on the real fleet(s), report.
 
-Order: the cost model is measured inside instance 0; K is derived from it (or given); the simulator,
-on the same cost model, windows and regime, predicts where each sweep crosses the SLO, so the real
-sweep starts there (two points when the prediction is right); then, on the real fleet, every mode's
-points replay the same paired windows. Each point is checked for contention while it runs and
-measured again when the host was busy.
+Order: the cost model is measured inside the lab fleet's instance 0 (in this process when only the
+product path runs); K is derived from it (or given); the simulator, on the same cost model, windows and
+regime, predicts where each sweep crosses the SLO, so the real sweep starts there (two points when the
+prediction is right); then, on each fleet asked for (``FLEETS``: the lab's engine processes, the
+product's path through the workers, or both), every mode's points replay the same paired windows.
+Each point is checked for contention while it runs and measured again when the host was busy.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,88 +26,21 @@ from relay_engine.core.trace import TraceQuery
 from relay_engine.lab.bench import report
 from relay_engine.lab.bench.bound import compute_bound
 from relay_engine.lab.bench.calibration import profile_here, regime_for, time_scale
-from relay_engine.lab.bench.host import HostMonitor
-from relay_engine.lab.bench.instances import Fleet, WindowPlan
-from relay_engine.lab.bench.modes import MODES, Mode, Regime, mode_policy
+from relay_engine.lab.bench.instances import Fleet
+from relay_engine.lab.bench.measure import RealMeasure, SimMeasure
+from relay_engine.lab.bench.modes import MODES, Mode, Regime
 from relay_engine.lab.bench.overhead import measure_overhead
+from relay_engine.lab.bench.product import ProductFleet, ProductMeasure
 from relay_engine.lab.bench.settings import BenchSettings
-from relay_engine.lab.bench.stats import PointResult, point_result, ratio_interval
+from relay_engine.lab.bench.stats import PointResult, ratio_interval
 from relay_engine.lab.bench.sweeps import Measure, Sweep, nearest_index, sweep
 from relay_engine.lab.bench.workload import (
     Window,
     paired_windows,
-    primed_routes,
-    route,
-    schedule,
     trace_qps,
-    window_rng,
 )
 from relay_engine.lab.costmodel import PROFILE_LENGTHS, CostModel
-from relay_engine.lab.sim.fleet import simulate_point
 from relay_engine.lab.traffic import describe
-
-
-class RealMeasure:
-    """``sweeps.Measure`` on the real fleet: the paired windows, a contention check, redone if busy."""
-
-    def __init__(self, settings: BenchSettings, fleet: Fleet, queries: Sequence[TraceQuery], windows: list[Window],
-                 regime: Regime, progress: tqdm):
-        self.s, self.fleet, self.queries, self.windows, self.regime = settings, fleet, queries, windows, regime
-        self.rate = trace_qps(queries)
-        self.progress = progress
-        self.rng = np.random.default_rng(settings.seed)
-
-    def __call__(self, mode: Mode, cap: int, qps: float) -> PointResult:
-        s = self.s
-        self.progress.set_description(f"{mode.name:<19} cap {cap:>5} @ {qps:6.2f} qps")
-        for attempt in range(s.max_redo + 1):
-            started = time.monotonic()
-            with HostMonitor([os.getpid(), *self.fleet.pids], other_share=s.busy_other_share,
-                             window_share=s.busy_window_share, steal_share=s.busy_steal_share) as monitor:
-                reports = [self._window(mode, cap, qps, w) for w in self.windows]
-            point = point_result(mode.name, cap, qps, self.regime.time_scale, self.regime.slo_ms, reports,
-                                 time.monotonic() - started)
-            point.host, point.redone = monitor.verdict.to_dict(), attempt
-            if not monitor.verdict.busy or attempt == s.max_redo:
-                break
-            self.progress.write(f"busy host during {mode.name} cap {cap} @ {qps:.2f} qps "
-                                f"({monitor.verdict.to_dict()}); measuring it again")
-        point.bootstrap(s.bootstrap_replicates, self.rng)
-        self.progress.update(1)
-        return point
-
-    def _window(self, mode: Mode, cap: int, qps: float, window: Window):
-        names = self.fleet.names
-        events = schedule(self.queries, window, cap=cap, qps=qps, trace_rate=self.rate,
-                          time_scale=self.regime.time_scale, with_preinfer=mode.preinfer)
-        rng = window_rng(self.s.seed, window)
-        primed = primed_routes(self.queries, window, names, mode.affinity, rng) if mode.relay else {}
-        routed = route(events, names, mode.affinity, rng, self.regime.time_scale)
-        policy = mode_policy(mode, self.regime)
-        plans = {n: WindowPlan(policy, cap, tuple((self.queries[i].user_id, self.queries[i].seq_len)
-                                                  for i in primed.get(n, ())),
-                               tuple(routed[n]), self.regime.deadline_ms) for n in names}
-        return self.fleet.window(plans)
-
-
-class SimMeasure:
-    """``sweeps.Measure`` on the simulator, with the same windows, regime and instances."""
-
-    def __init__(self, settings: BenchSettings, cost: CostModel, queries: Sequence[TraceQuery], windows: list[Window],
-                 regime: Regime, rank_overhead_ms: float = 0.0, background_share: float = 0.0, thrash: float = 0.0):
-        self.s, self.cost, self.queries, self.windows, self.regime = settings, cost, queries, windows, regime
-        self.model = HSTUModel(settings.model)
-        self.rate = trace_qps(queries)
-        self.rank_overhead_ms, self.background_share, self.thrash = rank_overhead_ms, background_share, thrash
-
-    def __call__(self, mode: Mode, cap: int, qps: float, forward_seed: int | None = None) -> PointResult:
-        point = simulate_point(self.queries, self.windows, model=self.model, cost=self.cost, mode=mode,
-                               regime=self.regime, cap=cap, qps=qps, instances=self.s.instances,
-                               rank_threads=self.s.rank_threads, seed=self.s.seed, trace_rate=self.rate,
-                               rank_overhead_ms=self.rank_overhead_ms, background_share=self.background_share,
-                               thrash=self.thrash, forward_seed=forward_seed)
-        point.bootstrap(self.s.bootstrap_replicates // 4, np.random.default_rng(self.s.seed))
-        return point
 
 
 def guided_sweep(measure: Measure, predict: Measure | None, mode: Mode, variable: str, grid: Sequence[float],
@@ -130,15 +64,20 @@ class Calibrated:
     windows: list[Window]
 
 
-def calibrate(settings: BenchSettings, queries: Sequence[TraceQuery], fleet: Fleet,
+def calibrate(settings: BenchSettings, queries: Sequence[TraceQuery], fleet: Fleet | None,
               cost: CostModel | None = None) -> Calibrated:
-    """The cost model (measured in instance 0 unless given), K, the regime and the paired windows."""
+    """The cost model (unless given: measured in the lab fleet's instance 0, or in this process, on the
+    instances' torch threads, without one), K, the regime and the paired windows."""
     s = settings
     short = int(np.median([q.short_len for q in queries]))
     cands = int(np.median([q.n_candidates for q in queries]))
     if cost is None:
         lengths = tuple(n for n in PROFILE_LENGTHS if n <= max(s.caps))
-        cost = CostModel.from_dict(fleet.call(0, profile_here, s, short, cands, lengths))
+        if fleet is not None:
+            cost = CostModel.from_dict(fleet.call(0, profile_here, s, short, cands, lengths))
+        else:
+            torch.set_num_threads(s.threads_per_instance)
+            cost = CostModel.from_dict(profile_here(s, short, cands, lengths))
     k, k_how = time_scale(s, cost, short, cands)
     prime = round(s.entry_ttl_ms / 1000 * trace_qps(queries) * s.prime_ttls)
     windows = paired_windows(len(queries), s.windows, s.warmup_queries, s.measured_queries, prime)
@@ -173,33 +112,73 @@ def measure_sweeps(s: BenchSettings, measure: Measure, predict: Measure | None, 
     return sweeps, headline
 
 
+# Where the points are measured: the lab's own engine processes, the product's path (client → Redis →
+# workers), or both in one run on the same windows (the product's ratio is then the headline).
+FLEETS = ("lab", "product", "both")
+FLEET_WHAT = {"lab": "the lab's engine processes (instances.Fleet)",
+              "product": "the product's path: RelayClient → Redis → worker instances (product.ProductFleet)"}
+
+
+def measure_fleets(s: BenchSettings, queries: Sequence[TraceQuery], fleet: str, modes: Sequence[Mode],
+                   progress: tqdm) -> tuple[Calibrated, dict[str, tuple[dict, int]], dict]:
+    """Calibrate (in the lab fleet's instance 0, or here without one), then measure every sweep on each
+    fleet asked for: the product first, and the lab at the product's headline cap, so both ratios are
+    taken at one cap. Returns the calibration, each fleet's (sweeps, headline cap), and the model version
+    and the lab instances' pinned cores (None without the lab fleet)."""
+    lab = Fleet(s) if fleet in ("lab", "both") else None
+    runs: dict[str, tuple[dict, int]] = {}
+    try:
+        progress.set_description("profiling the cost model")
+        cal = calibrate(s, queries, lab)
+        predict = SimMeasure(s, cal.cost, queries, cal.windows, cal.regime) if s.sim_guided else None
+        served = {"model_version": lab.model_version if lab is not None else HSTUModel(s.model).version,
+                  "cores_per_instance": lab.cores if lab is not None else None}
+        if fleet in ("product", "both"):
+            product = ProductFleet(s)
+            try:
+                runs["product"] = measure_sweeps(
+                    s, ProductMeasure(s, product, queries, cal.windows, cal.regime, progress), predict, cal.regime,
+                    modes)
+            finally:
+                product.close()
+        if lab is not None:
+            at = replace(s, headline_cap=runs["product"][1]) if "product" in runs else s
+            runs["lab"] = measure_sweeps(at, RealMeasure(at, lab, queries, cal.windows, cal.regime, progress), predict,
+                                         cal.regime, modes)
+    finally:
+        if lab is not None:
+            lab.close()
+    return cal, runs, served
+
+
 def run(settings: BenchSettings, queries: list[TraceQuery], trace_name: str, out: Path,
-        modes: Sequence[Mode] = MODES) -> dict:
+        modes: Sequence[Mode] = MODES, fleet: str = "lab") -> dict:
     s = settings
     started = time.monotonic()
     load_start = os.getloadavg()
-    fleet = Fleet(s)
     progress = tqdm(unit="point", file=sys.stderr, dynamic_ncols=True)
     try:
-        progress.set_description("profiling instance 0 (the cost model)")
-        cal = calibrate(s, queries, fleet)
-        cost, k, k_how, regime, windows = cal.cost, cal.time_scale, cal.time_scale_how, cal.regime, cal.windows
-        measure = RealMeasure(s, fleet, queries, windows, regime, progress)
-        predict = SimMeasure(s, cost, queries, windows, regime) if s.sim_guided else None
-        sweeps, headline = measure_sweeps(s, measure, predict, regime, modes)
+        cal, runs, served = measure_fleets(s, queries, fleet, modes, progress)
     finally:
         progress.close()
-        fleet.close()
-    overhead = measure_overhead(s, queries, headline, regime)
-    result = summarize(s, sweeps, modes, headline, regime, k_how, cost, windows, queries)
+    cost, k, regime, windows = cal.cost, cal.time_scale, cal.regime, cal.windows
+    headline_fleet = "product" if "product" in runs else "lab"
+    summaries = {name: summarize(s, sweeps, modes, cap, regime, cal.time_scale_how, cost, windows, queries)
+                 for name, (sweeps, cap) in runs.items()}
+    result = {**summaries[headline_fleet], "fleet": headline_fleet, "fleet_what": FLEET_WHAT[headline_fleet]}
+    if len(summaries) > 1:
+        result["fleets"] = {name: {"what": FLEET_WHAT[name], "headline": name == headline_fleet,
+                                   **{key: summary[key] for key in ("common_cap", "modes", "ratios")}}
+                            for name, summary in summaries.items()}
+    overhead = measure_overhead(s, queries, result["common_cap"], regime)
     result.update({
         "trace": {"source": trace_name, "queries": len(queries), "qps": round(trace_qps(queries), 3),
                   "qps_scaled": round(trace_qps(queries) / k, 3), "summary": describe(queries, trace_name)},
-        "host": {"cpus": os.cpu_count(), "cores_per_instance": fleet.cores, "torch": torch.__version__,
+        "host": {"cpus": os.cpu_count(), "cores_per_instance": served["cores_per_instance"], "torch": torch.__version__,
                  "load_avg_start": [round(x, 2) for x in load_start],
                  "load_avg_end": [round(x, 2) for x in os.getloadavg()]},
         "settings": {**{k_: (str(v) if isinstance(v, Path) else v) for k_, v in asdict(s).items() if k_ != "model"},
-                     "model": asdict(s.model), "model_version": fleet.model_version},
+                     "model": asdict(s.model), "model_version": served["model_version"]},
         "overhead": overhead,
         "runtime_s": round(time.monotonic() - started, 1),
     })
