@@ -75,6 +75,10 @@ FIELD_GROUPS: tuple[FieldGroup, ...] = (
         PolicyField("cache.entry_ttl_ms", "HBM entry TTL", "ms", "int",
                     "An entry expires this long after it entered HBM (computed or promoted), however often it is read."),
         PolicyField("cache.dram_ttl_ms", "DRAM entry TTL", "ms", "int", "A DRAM entry unused this long expires."),
+        PolicyField("cache.enabled", "Cache prefixes", "", "bool",
+                    "Off: no prefix is looked up or kept and every ranking request runs a full forward (a baseline "
+                    "to compare against); what the tiers hold is freed. Needs pre-inference off "
+                    "(trigger.max_preinfer_inflight 0)."),
     )),
     *(_tier_group(name, section) for name, section in TIER_SECTIONS.items()),
     FieldGroup("SLO", "What the dashboards measure against the ranking P99 SLO.", (
