@@ -8,8 +8,9 @@ messages state what is allowed, so the form and the API can never disagree.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from controlplane.policies.checks import TIER_SECTIONS
+from controlplane.policies.checks import TIER_SECTIONS, schema_default
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,12 @@ class PolicyField:
     kind: str  # "int", "float", "bool" or "text"
     help: str
     nullable: bool = False  # empty input means null (not "missing")
+
+    @property
+    def default(self) -> Any:
+        """The schema's default: what the form shows where the live spec leaves the field out (a field
+        added with ``config.added_field`` is absent from a spec that holds its default)."""
+        return schema_default(self.path)
 
 
 @dataclass(frozen=True)

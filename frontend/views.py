@@ -163,7 +163,8 @@ class ConfigView(ChartsMixin, PoolPageView):  # the cache curves beside the budg
                 "live": {"generation": live.generation, "spec": live.spec, "sha256": live.sha256,
                          "author": live.author, "comment": live.comment, "created_at": live.created_at.isoformat()},
                 "latest_generation": self.pool.latest_generation,
-                "fields": [{"path": f.path, "kind": f.kind, "nullable": f.nullable, "section": group.section}
+                "fields": [{"path": f.path, "kind": f.kind, "nullable": f.nullable, "section": group.section,
+                            "default": f.default}
                            for group in FIELD_GROUPS for f in group.fields],
             },
         )

@@ -11,7 +11,13 @@ from typing import Any
 
 from controlplane.common.errors import Unavailable
 from controlplane.fleet import selectors as fleet_selectors
-from relay_engine.core.config import TIER_SECTIONS, ModelFingerprint, validate_policy
+from relay_engine.core.config import (
+    TIER_SECTIONS,
+    ModelFingerprint,
+    default_policy,
+    to_plain,
+    validate_policy,
+)
 from relay_engine.core.editing_io import FINGERPRINT_KEYS, UploadResult, parse_upload
 
 from . import selectors
@@ -33,6 +39,16 @@ class SpecCheck:
     def to_dict(self) -> dict[str, Any]:
         return {"valid": self.valid, "errors": self.errors, "against": self.against, "changes": self.changes,
                 "sha256": self.sha256}
+
+
+def schema_default(path: str) -> Any:
+    """The schema's default at a field path (``cache.enabled``), as plain data; None inside a section that
+    is off by default. A field added with ``config.added_field`` is absent from a spec holding its default,
+    so the editor shows this where the live spec leaves the field out."""
+    value: Any = default_policy()
+    for key in path.split("."):
+        value = getattr(value, key, None)
+    return to_plain(value)
 
 
 def spec_check(*, pool: Pool, spec: Any) -> SpecCheck:

@@ -216,6 +216,21 @@ def test_every_form_field_is_a_field_of_the_schema_and_the_disk_section_has_them
     assert {f.path for f in disk.fields} == {f"cache.disk.{field.name}" for field in dataclasses.fields(tier_policy_type("disk"))}
 
 
+def test_a_field_the_live_spec_leaves_out_is_shown_at_the_schemas_default_and_checks_to_the_same_hash(
+        pool, operator):
+    """An added field (``cache.enabled``) is absent from a spec that holds its default: the form must show
+    the default (a bool read as ``Boolean(undefined)`` would turn the cache off on every edit), and the spec
+    the form then sends carries the default, which checks to the live revision's hash."""
+    live = policy_selectors.revision_desired(pool=pool)
+    assert "enabled" not in live.spec["cache"]
+    page = operator.get(f"/pools/{POOL}/config/")
+    fields = {f["path"]: f for f in page.context["editor_state"]["fields"]}
+    assert fields["cache.enabled"]["default"] is True and fields["trigger.admit_all"]["default"] is False
+    assert all(f["default"] is None for f in fields.values() if f["section"])
+    body = _check(operator, {**live.spec, "cache": {**live.spec["cache"], "enabled": True}}).json()
+    assert body["valid"] is True and body["changes"] == [] and body["sha256"] == live.sha256
+
+
 def test_the_check_names_the_disk_tiers_errors_by_field(pool, operator):
     body = _check(operator, {"cache": {"disk": {"path": "relative/kv", "budget_mb": -5}}}).json()
     assert body["valid"] is False and set(body["errors"]) == {"cache.disk.path", "cache.disk.budget_mb"}

@@ -41,7 +41,9 @@ RelayGR.editor.form = (() => {
     }
     for (const f of state.fields) {
       const node = input(f.path);
-      const value = getPath(spec, f.path);
+      // A field the spec leaves out holds the schema's default (an added field is stored only when changed).
+      const stored = getPath(spec, f.path);
+      const value = stored === undefined && !f.section ? f.default : stored;
       if (node.tagName === "OUTPUT") node.textContent = value === null || value === undefined ? "—" : String(value);
       else if (f.kind === "bool") node.checked = Boolean(value);
       else node.value = value === null || value === undefined ? "" : String(value);
