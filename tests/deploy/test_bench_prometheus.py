@@ -45,3 +45,28 @@ def test_every_history_view_of_the_prometheus_benchmark_answers_with_data(tmp_pa
     assert all(r["values"] == INSTANCES for r in readings if r["view"] == "table")
     # Prometheus scraped the live exporter and recorded a new minute, at which every page polled once.
     assert all(len(r["turn_ms"]) == 1 for r in readings), result.stdout[-3000:]
+
+
+def test_the_backfill_catches_up_to_now_so_the_servers_day_has_no_hole_at_its_newest_end(tmp_path):
+    """A day's backfill takes minutes; the scrapes of those minutes are backfilled after it, on the same
+    grid, until less than ``CAUGHT_UP_S`` is missing (a server scraping all along holds them)."""
+    import time
+
+    from controlplane.telemetry import bench_prometheus as bench
+
+    prometheus_binary("promtool")
+    exposition = '# HELP relaygr_probe Probe.\n# TYPE relaygr_probe counter\nrelaygr_probe_total{pool="p"} %d\n'
+    now = time.time()
+    last = now - 5 * bench.CAUGHT_UP_S  # the newest scrape the backfill wrote, five minutes ago
+    scrapes = bench.Scrapes(exposition % 0, last - 600, exposition % 600, last)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    newest = bench.catch_up(scrapes, last, data_dir, tmp_path)
+
+    step = bench.scrape_interval_s()
+    assert time.time() - newest < bench.CAUGHT_UP_S
+    assert (newest - last) / step == pytest.approx(round((newest - last) / step))  # the backfill's grid, going on
+    blocks = [json.loads(meta.read_text()) for meta in data_dir.glob("*/meta.json")]
+    assert blocks and min(b["minTime"] for b in blocks) == round((last + step) * 1000)
+    assert max(b["maxTime"] for b in blocks) == round(newest * 1000) + 1  # a block's maxTime is exclusive
+    assert sum(b["stats"]["numSamples"] for b in blocks) == round((newest - last) / step)
