@@ -31,7 +31,7 @@ def test_every_history_view_of_the_prometheus_benchmark_answers_with_data(tmp_pa
     env = {key: value for key, value in os.environ.items() if not key.startswith(("DJANGO_", "RELAYGR_"))}
     result = subprocess.run(
         [sys.executable, "-m", "controlplane.telemetry.bench_prometheus", "--instances", str(INSTANCES),
-         "--hours", "1", "--requests", "2", "--turns", "1", "--no-merge-wait", "--json", str(report)],
+         "--hours", "1", "--requests", "2", "--colds", "2", "--turns", "1", "--no-merge-wait", "--json", str(report)],
         cwd=ROOT, env={**env, "REDIS_URL": redis_url}, capture_output=True, text=True, timeout=240, check=False)
     # 1 is a missed timing target (this machine's business, not the test's); anything else is a failure.
     assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
@@ -43,6 +43,8 @@ def test_every_history_view_of_the_prometheus_benchmark_answers_with_data(tmp_pa
     empty = [f"{r['window']} {r['view']}" for r in readings if r["values"] <= 0]
     assert empty == []
     assert all(r["values"] == INSTANCES for r in readings if r["view"] == "table")
+    # Each view read cold as often as asked, the verdict's figure their median.
+    assert all(len(r["colds"]) == 2 and r["cold_ms"] == pytest.approx(sum(r["colds"]) / 2) for r in readings)
     # Prometheus scraped the live exporter and recorded a new minute, at which every page polled once.
     assert all(len(r["turn_ms"]) == 1 for r in readings), result.stdout[-3000:]
 
