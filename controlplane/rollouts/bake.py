@@ -36,7 +36,7 @@ from controlplane.telemetry.history import (
 )
 from controlplane.telemetry.promql import PrometheusHistory
 from controlplane.telemetry.sources import LIVE_WINDOW_S, prometheus_holds_history, redis_tiers
-from relay_engine.core.telemetry import GAUGES, N_BUCKETS, quantile_from_counts
+from relay_engine.core.telemetry import GAUGES, MAX_COUNT, N_BUCKETS, quantile_from_counts
 from relay_engine.core.wire import TELEMETRY_TIERS, PoolKeys
 
 # Where Prometheus holds the history: how much of a bake's end Redis serves (well inside the live tier,
@@ -166,6 +166,9 @@ def served(client: redis.Redis, *, pool: str, instances: list[str], generation: 
     tier = _tier_for(now - redis_since)
     for instance in instances:
         row += _row_during(client, keys, tier, instance, generation, redis_since)
+    # Each difference is at most MAX_COUNT, but hostile snapshots' differences can sum past it (a count a
+    # float no longer holds exactly): held at the most a count can be.
+    np.clip(row, 0, MAX_COUNT, out=row)
     requests = int(row[COUNTER_COLUMN["rank_requests"]])
     within = int(row[COUNTER_COLUMN["rank_within_slo"]])
     return Served(requests=requests, bad=max(0, requests - within), buckets=row[BUCKET_OFFSET:BUCKET_OFFSET + N_BUCKETS],

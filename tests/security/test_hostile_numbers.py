@@ -529,3 +529,19 @@ def _is_utf8(blob: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def test_the_bakes_read_holds_a_sum_of_differences_past_two_to_the_53_at_it(pool, redis_client):
+    """Found by the test above (hypothesis, one run in several): each difference is at most ``MAX_COUNT``,
+    but two of them summed are past it. Here a run that counts 2**53 and then 2 more after a reset."""
+    keys = PoolKeys(POOL)
+    now = time.time()
+    runs = []
+    for i, count in enumerate((0, 2**53, 0, 2)):
+        snap = json.loads(SNAPSHOT)
+        snap.update(instance=f"{POOL}.0", ts=now - 4 + i, started_at=now - 100, applied_generation=2)
+        snap["counters"] = {"rank_requests": count, "rank_within_slo": 0, "hbm_hits": 0}
+        runs.append(snap)
+    _write_snapshots(redis_client, keys, runs)
+    served = bake.served(redis_client, pool=POOL, instances=[f"{POOL}.0"], generation=2, since=now - 5, now=now + 1)
+    assert served.requests == 2**53 and served.bad == 2**53
