@@ -501,6 +501,9 @@ class PrometheusHistory:
         """The pool's counts [n_points, N_COLUMNS] and gauges [n_points, POOL_GAUGES] (NaN where no instance
         reported) over the points from ``start``."""
         selector = f"pool={_label(pool)}"
+        # The gauges are read while the counts are (the server answers each on a core of its own).
+        gauged = _halves.submit(self._range, gauges_query(selector, ("pool",), step_s, recorded), start, step_s,
+                                n_points)
         rows = np.zeros((n_points, N_COLUMNS))
         if recorded:
             _fill_counts(rows, *self._recorded_counts(selector, POOL, start, step_s, n_points))
@@ -508,8 +511,7 @@ class PrometheusHistory:
             _fill_counts(rows, self._range(counts_query(selector, ("pool",), step_s), start, step_s, n_points))
         gauges = np.zeros((n_points, len(POOL_GAUGES)))
         present = np.zeros(n_points, dtype=bool)
-        for labels, samples in self._range(gauges_query(selector, ("pool",), step_s, recorded), start, step_s,
-                                           n_points):
+        for labels, samples in gauged.result():
             column = _gauge_column(labels, POOL_GAUGE_COLUMN, "instances")
             if column is None:
                 continue
@@ -548,6 +550,9 @@ class PrometheusHistory:
         ``start``."""
         selector = _selector(pool, instances)
         position = {name: i for i, name in enumerate(instances)}
+        # The gauges are read while the counts are: after a day's ranking, the worst instances' gauges added
+        # ~50 ms to the live view's cold read when read after their counts (256 instances, 2 cores).
+        gauged = _halves.submit(self._range, gauges_query(selector, ("instance",), step_s), start, step_s, n_points)
         rows = np.zeros((len(instances), n_points, N_COLUMNS))
         add = False
         if recorded and len(instances) > 1 and step_s > RECORDED_STEP_S:  # the server's sums: two halves at once
@@ -566,7 +571,7 @@ class PrometheusHistory:
             _fill_counts(rows[i], counted.get(name, []), add=add)
         gauges = np.zeros((len(instances), n_points, len(GAUGES)))
         present = np.zeros((len(instances), n_points), dtype=bool)
-        for labels, samples in self._range(gauges_query(selector, ("instance",), step_s), start, step_s, n_points):
+        for labels, samples in gauged.result():
             i, column = position.get(labels.get("instance")), _gauge_column(labels, _GAUGE_COLUMN, None)
             if i is None:
                 continue
