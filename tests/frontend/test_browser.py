@@ -584,12 +584,21 @@ def new_revision(stack, comment: str, **trigger) -> int:
     return revision["generation"]
 
 
-def start_canary(stack, generation: int, bake_s: int) -> dict:
+def start_canary(stack, generation: int, bake_s: int, max_burn: float = 1.0) -> dict:
     status, rollout = stack.api("POST", f"/api/v1/pools/{POOL}/revisions/{generation}/publish/",
-                                {"strategy": "canary", "canary_instances": 1, "bake_s": bake_s, "max_burn": 1.0})
+                                {"strategy": "canary", "canary_instances": 1, "bake_s": bake_s, "max_burn": max_burn})
     assert status == 201, rollout
     assert (rollout["state"], rollout["canary"]) == ("baking", [f"{POOL}.0"])
     return rollout
+
+
+@pytest.fixture
+def no_canary_left(stack):
+    """A canary a failing test left baking is aborted after it: the next tests publish, which a baking
+    canary refuses (one failure, not a cascade of 409s)."""
+    yield
+    if stack.api("GET", ROLLOUT)[1]["state"] == "baking":
+        stack.api("POST", f"{ROLLOUT}abort/")
 
 
 def decided(stack, timeout_s: float) -> dict:
@@ -662,9 +671,12 @@ def test_a_canary_that_burns_its_error_budget_is_rolled_back_within_its_bake(sre
     assert wait_all_on(stack, stable) == [stable, stable]  # the canary instance stepped down
 
 
-def test_a_good_canary_is_promoted_across_a_control_plane_worker_restart(sre, stack):
+def test_a_good_canary_is_promoted_across_a_control_plane_worker_restart(sre, stack, no_canary_left):
     generation = new_revision(stack, "canary: a threshold change", at_risk_seq_len=520)
-    start_canary(stack, generation, bake_s=15)
+    # What is tested is the bake's clock across a restart, not the SLO: the largest budget (all requests bad is
+    # a burn of 100) keeps a loaded machine's few late requests from rolling back a good canary (a CI run once
+    # did, with a budget of 1: one request in a hundred past the 50 ms SLO).
+    start_canary(stack, generation, bake_s=15, max_burn=100.0)
     stack.stop_controlplane_worker(signal.SIGKILL)  # the bake's clock dies mid-bake
     assert stack.api("GET", ROLLOUT)[1]["state"] == "baking"
     stack.start_controlplane_worker()
@@ -675,8 +687,10 @@ def test_a_good_canary_is_promoted_across_a_control_plane_worker_restart(sre, st
     assert wait_all_on(stack, generation) == [generation, generation]
 
 
-def test_a_canary_started_from_the_editor_is_marked_on_the_fleet_and_aborted_by_hand(browser, sre, stack, screenshot):
-    stable = pool_state(stack)["desired_generation"]
+def test_a_canary_started_from_the_editor_is_marked_on_the_fleet_and_aborted_by_hand(browser, sre, stack, screenshot,
+                                                                                    no_canary_left):
+    before = pool_state(stack)
+    stable = before["desired_generation"]
     sre.goto(CONFIG)
     field(sre, "trigger.at_risk_seq_len").fill("600")
     options = sre.locator('[data-role="canary-options"]')
@@ -689,7 +703,7 @@ def test_a_canary_started_from_the_editor_is_marked_on_the_fleet_and_aborted_by_
     sre.locator('[data-role="publish"]').click()
     sre.locator(".ok-box", has_text="is baking as a canary").wait_for()
     generation = stack.api("GET", ROLLOUT)[1]["generation"]
-    assert generation == stable + 1
+    assert generation == before["latest_generation"] + 1
 
     sre.goto(FLEET)
     canary_row = sre.locator('[data-role="instances"] tr[data-canary="true"]')
