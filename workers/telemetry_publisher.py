@@ -35,6 +35,8 @@ from relay_engine.core.telemetry import (
     rollup_contribution,
 )
 from relay_engine.core.wire import (
+    FORWARD_TIMES_COARSE_EVERY_S,
+    FORWARD_TIMES_COARSE_KEPT,
     FORWARD_TIMES_EVERY_S,
     FORWARD_TIMES_KEPT,
     TELEMETRY_RETENTION_S,
@@ -124,6 +126,7 @@ class TelemetryPublisher:
         self.started_at = started_at
         self._last_period: dict[str, int] = {}
         self._last_forwards: int | None = None
+        self._last_coarse_forwards: int | None = None
         self._forwards_published = False
         self.writer = TelemetryWriter(client, keys)
 
@@ -166,10 +169,17 @@ class TelemetryPublisher:
         record = ForwardTimesRecord(instance=self.engine.name, ts=now, started_at=self.started_at,
                                     device=stats.device, model_version=stats.model_version,
                                     clock=self.engine.forward_clock, times=times)
-        key = self.keys.forward_times(self.engine.name)
+        entry = record.to_entry()
         pipe = self.client.pipeline(transaction=False)
-        pipe.xadd(key, {"d": record.to_json()}, maxlen=FORWARD_TIMES_KEPT, approximate=False)
-        pipe.expire(key, FORWARD_TIMES_EVERY_S * FORWARD_TIMES_KEPT)
+        streams = [(False, FORWARD_TIMES_EVERY_S, FORWARD_TIMES_KEPT)]
+        coarse_period = int(now // FORWARD_TIMES_COARSE_EVERY_S)
+        if self._last_coarse_forwards != coarse_period:  # the long stream: once a period, the first record in it
+            streams.append((True, FORWARD_TIMES_COARSE_EVERY_S, FORWARD_TIMES_COARSE_KEPT))
+        for coarse, every_s, kept in streams:
+            key = self.keys.forward_times(self.engine.name, coarse=coarse)
+            pipe.xadd(key, entry, maxlen=kept, approximate=False)
+            pipe.expire(key, every_s * (kept + 1))
         pipe.execute()
         self._last_forwards = int(now // FORWARD_TIMES_EVERY_S)
+        self._last_coarse_forwards = coarse_period
         self._forwards_published = times.count > 0

@@ -10,6 +10,7 @@ from django.conf import settings
 from .errors import Unavailable
 
 _clients: dict[str, redis.Redis] = {}
+_bytes_clients: dict[int, tuple[redis.ConnectionPool, redis.Redis]] = {}
 _lock = threading.Lock()
 
 
@@ -29,6 +30,21 @@ def get_redis() -> redis.Redis:
             )
             _clients[url] = client
     return client
+
+
+def bytes_client(client: redis.Redis) -> redis.Redis:
+    """A client of ``client``'s server whose answers stay bytes: what binary values need (a forwards
+    stream's deflated records), which a decoding client would mangle. One per connection pool, kept."""
+    pool = client.connection_pool
+    if not pool.connection_kwargs.get("decode_responses"):
+        return client
+    with _lock:
+        kept = _bytes_clients.get(id(pool))
+        if kept is None or kept[0] is not pool:
+            raw = redis.Redis(connection_pool=redis.ConnectionPool(
+                connection_class=pool.connection_class, **{**pool.connection_kwargs, "decode_responses": False}))
+            kept = _bytes_clients[id(pool)] = (pool, raw)
+    return kept[1]
 
 
 def redis_unreachable(exc: Exception) -> Unavailable:

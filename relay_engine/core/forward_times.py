@@ -23,6 +23,7 @@ import json
 import math
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -41,6 +42,15 @@ BUCKETS_PER_OCTAVE = 4
 MAX_BUCKET = BUCKETS_PER_OCTAVE * 20  # prefixes up to 2^20 tokens; longer ones share the last bucket
 FORMAT = "relaygr-forward-times/1"
 _MAX_SUM = 2.0**53
+# The sums travel to the microsecond (a window's mean is a difference of two sums over its count: off by
+# at most 1 µs ÷ count), the counts and token sums as the integers they are: a third fewer digits than
+# six decimals, and the digits are most of a record.
+_WIRE_DECIMALS = 3
+# A stream entry: the record's JSON, deflated (raw, no header), as bytes in field ``z``; a reader takes
+# an older worker's plain JSON in field ``d`` as well. What an entry may inflate to: a record of every
+# bucket of every op is ~30 KB, so past this it is no record, refused after inflating this much.
+MAX_RECORD_JSON_BYTES = 256 * 1024
+_WBITS = -15
 
 
 class ForwardTimesError(ValueError):
@@ -152,7 +162,7 @@ class ForwardTimes:
     # --- the wire form ---------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        return {op: {str(b): [round(v, 6) for v in row] for b, row in sorted(per_op.items())}
+        return {op: {str(b): [_wire_number(v) for v in row] for b, row in sorted(per_op.items())}
                 for op, per_op in self.sums.items() if per_op}
 
     @classmethod
@@ -176,6 +186,11 @@ class ForwardTimes:
                                                 f"got {str(value)[:40]!r}")
                 out.sums[op][int(key)] = [float(v) for v in row]
         return out
+
+
+def _wire_number(value: float) -> int | float:
+    rounded = round(value, _WIRE_DECIMALS)
+    return int(rounded) if rounded.is_integer() else rounded
 
 
 def merged(records: Iterable[ForwardTimes]) -> ForwardTimes:
@@ -245,6 +260,36 @@ class ForwardTimesRecord:
         return json.dumps({"format": FORMAT, "instance": self.instance, "ts": self.ts, "started_at": self.started_at,
                            "device": self.device, "model_version": self.model_version, "clock": self.clock,
                            "ops": self.times.to_dict()}, separators=(",", ":"))
+
+    def to_entry(self) -> dict[str, bytes]:
+        """The record as a stream entry: its JSON deflated, in field ``z`` (``from_entry`` reads it)."""
+        deflater = zlib.compressobj(9, zlib.DEFLATED, _WBITS)
+        return {"z": deflater.compress(self.to_json().encode()) + deflater.flush()}
+
+    @classmethod
+    def from_entry(cls, fields: Mapping) -> ForwardTimesRecord:
+        """The one decoder of a forwards stream entry, as a client that does not decode answers reads it
+        (field names and values bytes): the deflated record (``z``), or an older worker's JSON (``d``)."""
+        fields = {k.decode() if isinstance(k, bytes) else k: v for k, v in fields.items()}
+        if "z" in fields:
+            packed = fields["z"]
+            if isinstance(packed, str):
+                raise ForwardTimesError("forward-times entry was read as text: read forwards streams with a client "
+                                        "that does not decode answers (its bytes are deflated)")
+            try:
+                inflater = zlib.decompressobj(_WBITS)
+                text = inflater.decompress(packed, MAX_RECORD_JSON_BYTES)
+            except zlib.error as exc:
+                raise ForwardTimesError(f"forward-times entry is not a deflated record: {exc}") from None
+            if inflater.unconsumed_tail:
+                raise ForwardTimesError(f"forward-times entry inflates past {MAX_RECORD_JSON_BYTES} bytes")
+            if not inflater.eof or inflater.unused_data:
+                raise ForwardTimesError("forward-times entry is not a deflated record: truncated or followed by "
+                                        "other bytes")
+            return cls.from_json(text)
+        if "d" in fields:
+            return cls.from_json(fields["d"])
+        raise ForwardTimesError("forward-times entry has neither field z (a deflated record) nor d (its JSON)")
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> ForwardTimesRecord:

@@ -85,10 +85,19 @@ LIVE_TIER = "1s"
 # history; Redis keeps only the live tier, a tenth of the memory at fleet scale).
 HISTORY_TIERS: dict[str, tuple[str, ...]] = {"redis": tuple(TELEMETRY_TIERS), "prometheus": (LIVE_TIER,)}
 
-# Each instance's forward times (``forward_times.ForwardTimesRecord``): a cumulative record every 30 s
-# into a stream of its own kept for an hour (a few hundred bytes an entry, never in the 1 s tier).
+# Each instance's forward times (``forward_times.ForwardTimesRecord``, cumulative): a record every 30 s
+# into a short stream of its own, and one every 10 min into a long one. A window is two records'
+# difference, so a reader needs a record at each end, not every one between: the short stream gives
+# windows up to 2.5 min to the nearest 30 s, the long one windows up to an hour to the nearest 10 min.
+# A busy instance's record is ~3.7 KB (83 length buckets of 7 sums, deflated): an hour of records at
+# 30 s would be 120 of them, 111 MiB at 256 instances, against 13 (~12 MiB; the 1 s telemetry tier
+# is ~330 KiB an instance, 83 MiB).
 FORWARD_TIMES_EVERY_S = 30
-FORWARD_TIMES_KEPT = 120
+FORWARD_TIMES_KEPT = 6
+FORWARD_TIMES_COARSE_EVERY_S = 600
+FORWARD_TIMES_COARSE_KEPT = 7
+# The longest window the streams answer: the long stream's span back from its newest record.
+FORWARD_TIMES_MAX_WINDOW_S = FORWARD_TIMES_COARSE_EVERY_S * (FORWARD_TIMES_COARSE_KEPT - 1)
 
 # The longest any telemetry stays (the coarsest tier's span): how far back ``reporting`` is kept.
 TELEMETRY_RETENTION_S = max(every_s * kept for every_s, kept in TELEMETRY_TIERS.values())
@@ -218,9 +227,10 @@ class PoolKeys:
     def telemetry(self, tier: str, instance: str) -> str:
         return f"{self.base}:telemetry:{tier}:{instance}"
 
-    def forward_times(self, instance: str) -> str:
-        """The instance's stream of cumulative forward-time records (``forward_times.ForwardTimesRecord``)."""
-        return f"{self.base}:forwards:{instance}"
+    def forward_times(self, instance: str, coarse: bool = False) -> str:
+        """The instance's stream of cumulative forward-time records (``forward_times.ForwardTimesRecord``):
+        the short one (every ``FORWARD_TIMES_EVERY_S``) or the ``coarse`` long one."""
+        return f"{self.base}:{'forwards-long' if coarse else 'forwards'}:{instance}"
 
     def rollup(self, tier: str, period_start: int) -> str:
         """The pool's rollup hash of one period of ``tier`` (``period_start`` from ``rollup_period``)."""

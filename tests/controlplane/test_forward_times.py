@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from relay_engine.core.forward_times import ForwardTimes, ForwardTimesRecord
 from relay_engine.core.wire import PoolKeys
 
@@ -20,9 +22,9 @@ def times(op: str, n: int, ms: float, count: int) -> ForwardTimes:
 
 
 def plant(client, instance: str, at: float, started_at: float, recorded: ForwardTimes, model: str = "v1",
-          device: str = "cpu") -> None:
+          device: str = "cpu", coarse: bool = False) -> None:
     record = ForwardTimesRecord(instance, at, started_at, device, model, "thread_cpu", recorded)
-    client.xadd(PoolKeys(POOL).forward_times(instance), {"d": record.to_json()}, id=f"{int(at * 1000)}-0")
+    client.xadd(PoolKeys(POOL).forward_times(instance, coarse=coarse), record.to_entry(), id=f"{int(at * 1000)}-0")
     client.zadd(PoolKeys(POOL).reporting, {instance: at})
 
 
@@ -53,6 +55,38 @@ def test_the_window_is_each_instances_newest_record_less_the_one_before_it(viewe
     short = viewer.get(URL, {"window_s": 30}).json()
     assert short["window_s"] == 30 and short["forwards"] == 12
     assert viewer.get(URL, {"window_s": 8}).status_code == 400
+
+
+def test_a_long_window_begins_at_the_long_streams_record_before_it_and_says_where(viewer, pool, redis_client):
+    """The short stream keeps 2.5 min; an hour's window takes its far end from the long one (a record every
+    10 min), the later of the two streams' records before the window, and says where the forwards begin."""
+    now = time.time()
+    name = f"{POOL}.0"
+    at_start = times("rank", 1000, 4.0, 10)
+    plant(redis_client, name, now - 3700, now - 4000, at_start, coarse=True)  # before an hour's window
+    plant(redis_client, name, now - 1300, now - 4000, at_start, coarse=True)
+    grown = at_start.copy()
+    grown.merge(times("rank", 1000, 6.0, 5))
+    plant(redis_client, name, now - 1000, now - 4000, grown, coarse=True)  # inside a 20 min window
+    newest = grown.copy()
+    newest.merge(times("rank", 1000, 8.0, 2))
+    plant(redis_client, name, now - 100, now - 4000, grown)  # the short stream: 2.5 min of it
+    plant(redis_client, name, now - 10, now - 4000, newest)
+
+    hour = viewer.get(URL, {"window_s": 3600}).json()
+    assert hour["forwards"] == 7 and hour["from"] == pytest.approx(now - 3700, abs=0.01)
+    twenty = viewer.get(URL, {"window_s": 1200}).json()  # the far end to the nearest record: 1300 s back
+    assert twenty["forwards"] == 7 and twenty["from"] == pytest.approx(now - 1300, abs=0.01)
+    minute = viewer.get(URL, {"window_s": 60}).json()  # the short stream's record at 100 s back
+    assert minute["forwards"] == 2 and minute["from"] == pytest.approx(now - 100, abs=0.01)
+    # An older worker's plain JSON in field d is read too; a deflated entry that is not one is named.
+    redis_client.xadd(PoolKeys(POOL).forward_times(f"{POOL}.1"), {"d": ForwardTimesRecord(
+        f"{POOL}.1", now - 5, now - 60, "cpu", "v1", "thread_cpu", times("rank", 1000, 5.0, 3)).to_json()})
+    redis_client.xadd(PoolKeys(POOL).forward_times(f"{POOL}.2"), {"z": b"\x00not deflated"})
+    redis_client.zadd(PoolKeys(POOL).reporting, {f"{POOL}.1": now, f"{POOL}.2": now})
+    body = viewer.get(URL, {"window_s": 60}).json()
+    assert body["instances"] == [f"{POOL}.0", f"{POOL}.1"] and body["forwards"] == 5
+    assert "not a deflated record" in body["unreadable"][f"{POOL}.2"]
 
 
 def test_a_pool_without_forwards_answers_empty_and_a_bad_window_names_the_field(viewer, pool, redis_on):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from relay_engine.core.config import parse_policy
 from relay_engine.core.engine import PreInferRequest, RankRequest, RelayEngine
 from relay_engine.core.forward_times import (
     MAX_BUCKET,
+    MAX_RECORD_JSON_BYTES,
     SUMS,
     ForwardTimes,
     ForwardTimesError,
@@ -83,6 +85,30 @@ def test_a_record_round_trips_and_hostile_fields_are_named():
             ForwardTimesRecord.from_json(json.dumps(data))
     with pytest.raises(ForwardTimesError, match="not JSON"):
         ForwardTimesRecord.from_json(b"\x80\x04pickle")
+
+
+def test_a_stream_entry_is_the_record_deflated_its_sums_to_the_microsecond_and_a_bomb_is_refused():
+    times = ForwardTimes()
+    for n in range(64, 4096, 7):  # a busy instance's day: every bucket, large sums
+        times.record("rank", n, 32, 128, 0.01 * n + 1 / 3, 0.011 * n)
+    for row in times.sums["rank"].values():
+        row[:] = [v * 1e4 for v in row]
+    record = ForwardTimesRecord("ranking-a.0", 1.7e9, 1.7e9 - 5, "cpu", "v1", "thread_cpu", times)
+    entry = record.to_entry()
+    assert set(entry) == {"z"} and len(entry["z"]) < len(record.to_json()) / 2
+    back = ForwardTimesRecord.from_entry({b"z": entry["z"]})  # as a client that does not decode reads it
+    for b, row in times.sums["rank"].items():  # counts and token sums exact, times to the microsecond
+        got = back.times.sums["rank"][b]
+        assert got[0] == row[0] and got[3:6] == row[3:6]
+        assert all(abs(x - y) <= 5e-4 for x, y in zip(got[1:3] + got[6:], row[1:3] + row[6:], strict=True))
+    assert ForwardTimesRecord.from_entry({"d": record.to_json()}).times.to_dict() == back.times.to_dict()  # an older worker's
+    deflater = zlib.compressobj(9, zlib.DEFLATED, -15)
+    bomb = deflater.compress(b" " * (MAX_RECORD_JSON_BYTES + 10)) + deflater.flush()
+    for fields, named in [({"z": bomb}, "inflates past"), ({"z": entry["z"][:-3]}, "truncated"),
+                          ({"z": b"\x00plain"}, "not a deflated record"), ({"x": b"1"}, "neither field"),
+                          ({"z": "text"}, "read as text")]:
+        with pytest.raises(ForwardTimesError, match=named):
+            ForwardTimesRecord.from_entry(fields)
 
 
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),

@@ -6,10 +6,18 @@ import json
 import time
 
 import pytest
+import redis
 
 from relay_engine.core.forward_times import ForwardTimesRecord, length_bucket
 from relay_engine.core.telemetry import COUNTERS, REFUSAL_REASONS, Snapshot
-from relay_engine.core.wire import STATUS_TTL_S, TELEMETRY_TIERS
+from relay_engine.core.wire import (
+    FORWARD_TIMES_COARSE_EVERY_S,
+    FORWARD_TIMES_COARSE_KEPT,
+    FORWARD_TIMES_EVERY_S,
+    FORWARD_TIMES_KEPT,
+    STATUS_TTL_S,
+    TELEMETRY_TIERS,
+)
 from tests.workers.fleet import Fleet, wait_for
 
 pytestmark = pytest.mark.integration
@@ -116,12 +124,14 @@ def test_each_instance_publishes_its_forward_times_with_their_shapes(fresh_fleet
         user = f"forwards-{i}"
         ranked[user] = fleet.client.rank(user, seq_len=96, short_len=3, n_candidates=5)
 
-    def records():
+    raw = redis.Redis.from_url(fleet.settings.redis_url)  # the records are deflated bytes
+
+    def records(coarse: bool = False):
         out = {}
         for name in fleet.names:
-            entries = fleet.redis.xrevrange(fleet.keys.forward_times(name), count=1)
+            entries = raw.xrevrange(fleet.keys.forward_times(name, coarse=coarse), count=1)
             if entries:
-                out[name] = ForwardTimesRecord.from_json(entries[0][1]["d"])
+                out[name] = ForwardTimesRecord.from_entry(entries[0][1])
         return out
 
     def full_ranks():
@@ -137,5 +147,11 @@ def test_each_instance_publishes_its_forward_times_with_their_shapes(fresh_fleet
         for mean in record.times.means():
             if (mean.op, mean.bucket) == ("rank_full", length_bucket(96)):
                 assert (round(mean.n), round(mean.s), round(mean.c)) == (96, 3, 5) and mean.mean_ms > 0
-        ttl = fleet.redis.ttl(fleet.keys.forward_times(name))
-        assert 0 < ttl <= 3600
+        # The short stream for windows of a few minutes, the long one, its first record written with the
+        # first, for an hour's: both bounded, both expire.
+        for coarse, every_s, kept in ((False, FORWARD_TIMES_EVERY_S, FORWARD_TIMES_KEPT),
+                                      (True, FORWARD_TIMES_COARSE_EVERY_S, FORWARD_TIMES_COARSE_KEPT)):
+            key = fleet.keys.forward_times(name, coarse=coarse)
+            assert 0 < fleet.redis.ttl(key) <= every_s * (kept + 1) and fleet.redis.xlen(key) <= kept
+    assert set(records(coarse=True)) == set(fleet.names)
+    raw.close()

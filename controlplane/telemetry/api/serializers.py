@@ -287,3 +287,9 @@ class ForwardTimesSerializer(serializers.Serializer):
     forwards = serializers.IntegerField()
     ops = ForwardOpsSerializer()
     summary = ForwardSummarySerializer(many=True)
+
+
+ForwardTimesSerializer._declared_fields["from"] = serializers.FloatField(help_text=(
+    "Where the counted forwards begin (unix s): the earliest instance's record before the window (the "
+    "streams keep one every 30 s for 2.5 min, then one every 10 min for an hour), or the start of a run begun "
+    "in it. At or before `to − window_s`: a long window is counted to the nearest 10 min."))
