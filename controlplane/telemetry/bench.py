@@ -12,7 +12,8 @@ live traffic would; also the overview's poll (no instances) and one page of the 
 Printed: milliseconds (wall, and this process's CPU, which other processes' noise does not touch)
 and bytes per answer. Targets: warm P95 < 100 ms and ≤ 200 KB per incremental poll, cold < 1 s.
 Then Redis memory per instance, by key family, at full retention (the telemetry streams, and each
-instance's two forward-time streams full of a busy instance's records). ``--history prometheus`` fills
+instance's two forward-time streams full of a busy instance's records, and the pool's traffic capture
+full). ``--history prometheus`` fills
 only what workers with ``RELAYGR_HISTORY=prometheus`` write (the live 1 s tier and its rollups: the
 history longer than the live window is Prometheus's) and reads only the windows Redis then serves;
 its Redis in all is a target: ≤ 100 MiB at 256 instances.
@@ -229,6 +230,28 @@ class Writer:
             pipe.execute()
         return written
 
+    def capture(self, names: list[str], now: float, rng: random.Random) -> int:
+        """The pool's traffic capture full (``CAPTURE_MAX_RECORDS`` over the last minutes), as the
+        instances' capture writers keep it: one stream per pool, whatever its size."""
+        from relay_engine.core.capture import CAPTURE_MAX_RECORDS, CaptureRecord, user_hash
+
+        key = b"bench-capture-key"
+        pipe = self.client.pipeline(transaction=False)
+        for k in range(CAPTURE_MAX_RECORDS):
+            ts_ms = (now - 600) * 1000 + k * 6.0
+            hit = rng.random() < 0.7
+            record = CaptureRecord(ts_ms=ts_ms, user=user_hash(key, f"user-{rng.randrange(10**6)}"),
+                                   prefix_len=rng.randrange(32, 8192), short_len=32, candidates=128,
+                                   gap_ms=rng.uniform(20, 60) if hit else None,
+                                   outcome="hbm" if hit else "miss", latency_ms=rng.uniform(5, 40),
+                                   miss_reason="" if hit else "first_visit", instance=rng.choice(names),
+                                   cpu_ms=rng.uniform(4, 30), signal_delay_ms=rng.uniform(0.1, 2))
+            pipe.xadd(self.keys.traffic, record.to_fields(), id=f"{int(ts_ms)}-{k}")
+            if k % 5000 == 4999:
+                pipe.execute()
+        pipe.execute()
+        return CAPTURE_MAX_RECORDS
+
     def statuses(self, names: list[str], now: float) -> None:
         """Each instance's status record and membership, as its heartbeat writes them."""
         from relay_engine.core.outcomes import Outcome
@@ -298,6 +321,7 @@ def _memory_per_instance(client, writer: Writer, names: list[str], tiers: tuple[
     families["forwards, short stream"] = [keys.forward_times(n) for n in names]
     families["forwards, long stream"] = [keys.forward_times(n, coarse=True) for n in names]
     families["status"] = [keys.status(n) for n in names]
+    families["traffic capture (shared)"] = [keys.traffic]
     families["pool rollups (shared)"] = list(client.scan_iter(match=f"{keys.base}:rollup:*", count=1000))
     families["members + reporting (shared)"] = [keys.members, keys.reporting]
     out = []
@@ -356,9 +380,10 @@ def bench_reads(instances: int, requests: int, redis_client, rng: random.Random,
     started = time.perf_counter()
     written = writer.fill(names, now, rng, tiers)
     records = writer.forwards(names, now, rng)
+    captured = writer.capture(names, now, rng)
     writer.statuses(names, now)
-    print(f"\n== {instances} instances: filled {written} snapshots and {records} forward-time records in "
-          f"{time.perf_counter() - started:.1f} s")
+    print(f"\n== {instances} instances: filled {written} snapshots, {records} forward-time records and "
+          f"{captured} captured requests in {time.perf_counter() - started:.1f} s")
 
     def get(url: str) -> tuple[float, float, dict, int]:
         t0, c0 = time.perf_counter(), time.process_time()
