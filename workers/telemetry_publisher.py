@@ -39,10 +39,12 @@ from relay_engine.core.wire import (
     FORWARD_TIMES_COARSE_KEPT,
     FORWARD_TIMES_EVERY_S,
     FORWARD_TIMES_KEPT,
+    HISTORY_TIERS,
     TELEMETRY_RETENTION_S,
     TELEMETRY_TIERS,
     PoolKeys,
     rollup_period,
+    tier_kept,
 )
 from workers.membership import StatusBoard
 
@@ -89,9 +91,10 @@ class WorkerCounts:
 class TelemetryWriter:
     """Writes an instance's snapshots: the tier streams, the pool rollups and the reporting set."""
 
-    def __init__(self, client: redis.Redis, keys: PoolKeys):
+    def __init__(self, client: redis.Redis, keys: PoolKeys, history: str = "redis"):
         self.client = client
         self.keys = keys
+        self.history = history  # what the streams keep (``wire.tier_kept``)
         self._rolled: dict[str, Snapshot] = {}  # per tier: the snapshot its rollup counts run up to
 
     def write(self, snapshot: Snapshot, tiers: list[str]) -> None:
@@ -99,7 +102,7 @@ class TelemetryWriter:
         data = snapshot.to_entry()
         pipe = self.client.pipeline(transaction=False)
         for tier in tiers:
-            every_s, kept = TELEMETRY_TIERS[tier]
+            every_s, kept = TELEMETRY_TIERS[tier][0], tier_kept(tier, self.history)
             key = self.keys.telemetry(tier, snapshot.instance)
             pipe.xadd(key, {"d": data}, maxlen=kept, approximate=False)
             pipe.expire(key, every_s * kept)
@@ -128,7 +131,8 @@ class TelemetryPublisher:
         self._last_forwards: int | None = None
         self._last_coarse_forwards: int | None = None
         self._forwards_published = False
-        self.writer = TelemetryWriter(client, keys)
+        self.writer = TelemetryWriter(client, keys, "prometheus" if tuple(tiers) == HISTORY_TIERS["prometheus"]
+                                      else "redis")
 
     def snapshot(self, now: float) -> Snapshot:
         return self._snapshot(now, self.engine.stats())

@@ -14,7 +14,7 @@ and bytes per answer. Targets: warm P95 < 100 ms and ≤ 200 KB per incremental 
 Then Redis memory per instance, by key family, at full retention (the telemetry streams, and each
 instance's two forward-time streams full of a busy instance's records, and the pool's traffic capture
 full). ``--history prometheus`` fills
-only what workers with ``RELAYGR_HISTORY=prometheus`` write (the live 1 s tier and its rollups: the
+only what workers with ``RELAYGR_HISTORY=prometheus`` write (6 min of the live 1 s tier and its rollups: the
 history longer than the live window is Prometheus's) and reads only the windows Redis then serves;
 its Redis in all is a target: ≤ 100 MiB at 256 instances.
 
@@ -147,21 +147,22 @@ class Writer:
     the rollups summed here first when filling history (one HSET per period instead of one script
     call per snapshot: the same hash, much sooner)."""
 
-    def __init__(self, client, pool: str):
+    def __init__(self, client, pool: str, history: str = "redis"):
         from relay_engine.core.wire import PoolKeys
 
         self.client = client
         self.keys = PoolKeys(pool)
+        self.history = history  # what the streams keep (``wire.tier_kept``)
         self.previous: dict[tuple[str, str], object] = {}
         self.started_at = time.time() - 25 * 3600  # one run per instance, begun before the history
 
     def fill(self, names: list[str], now: float, rng: random.Random, tiers: tuple[str, ...]) -> int:
         from relay_engine.core.telemetry import rollup_contribution
-        from relay_engine.core.wire import TELEMETRY_TIERS, rollup_period
+        from relay_engine.core.wire import TELEMETRY_TIERS, rollup_period, tier_kept
 
         written = 0
         for tier in tiers:
-            step_s, kept = TELEMETRY_TIERS[tier]
+            step_s, kept = TELEMETRY_TIERS[tier][0], tier_kept(tier, self.history)
             count = min(kept, 1440) if tier == "60s" else kept
             rollups: dict[int, Counter] = {}
             for index, name in enumerate(names):
@@ -187,9 +188,9 @@ class Writer:
     def append(self, names: list[str], tier: str, ts: float, rng: random.Random) -> None:
         """One live snapshot from every instance into ``tier``, as the publisher writes it."""
         from relay_engine.core.telemetry import ROLLUP_SUM_FIELD, rollup_contribution
-        from relay_engine.core.wire import TELEMETRY_TIERS, rollup_period
+        from relay_engine.core.wire import rollup_period, tier_kept
 
-        kept = TELEMETRY_TIERS[tier][1]
+        kept = tier_kept(tier, self.history)
         pipe = self.client.pipeline(transaction=False)
         for name in names:
             snap = _snapshot(name, ts, self.started_at, rng)
@@ -375,7 +376,7 @@ def bench_reads(instances: int, requests: int, redis_client, rng: random.Random,
     user = account_services.user_create(username=f"bench{instances}", role=Role.VIEWER, actor="bench")
     client = Client(HTTP_AUTHORIZATION=f"Token {account_services.token_create(user=user, actor='bench').key}")
     names = [instance_name(pool, i) for i in range(instances)]
-    writer = Writer(redis_client, pool)
+    writer = Writer(redis_client, pool, history)
     now = time.time()
     started = time.perf_counter()
     written = writer.fill(names, now, rng, tiers)

@@ -22,7 +22,7 @@ import redis
 from django.conf import settings
 
 from controlplane.common.redis import get_redis, redis_unreachable
-from relay_engine.core.wire import HISTORY_TIERS, LIVE_TIER, TELEMETRY_TIERS
+from relay_engine.core.wire import HISTORY_TIERS, LIVE_TIER, TELEMETRY_TIERS, tier_kept
 
 from .cache import telemetry_cache
 from .history import N_COLUMNS, stream_histories
@@ -34,9 +34,10 @@ from .summaries import WindowTotals, window_totals
 
 T = TypeVar("T")
 
-# The live window: what the live tier spans (10 min at 1 s). Longer windows are history, read from
-# Prometheus when there is one.
-LIVE_WINDOW_S = TELEMETRY_TIERS[LIVE_TIER][0] * TELEMETRY_TIERS[LIVE_TIER][1]
+# The live window where Prometheus holds the history: what the live tier then spans (6 min at 1 s,
+# ``wire.tier_kept``). Longer windows are history, read from Prometheus. (Without Prometheus, Redis holds
+# every tier and every window.)
+LIVE_WINDOW_S = TELEMETRY_TIERS[LIVE_TIER][0] * tier_kept(LIVE_TIER, "prometheus")
 
 
 def prometheus_holds_history() -> bool:

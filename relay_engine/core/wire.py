@@ -84,14 +84,23 @@ LIVE_TIER = "1s"
 # tier, the embedded default) or "prometheus" (it scrapes the control plane's /metrics and holds the
 # history; Redis keeps only the live tier, a tenth of the memory at fleet scale).
 HISTORY_TIERS: dict[str, tuple[str, ...]] = {"redis": tuple(TELEMETRY_TIERS), "prometheus": (LIVE_TIER,)}
+# Where Prometheus holds the history, the live tier keeps 6 min, not 10: the live view's 5 min window and
+# the sample before it, with a minute to spare (the control plane reads anything longer from Prometheus,
+# ``controlplane.telemetry.sources.LIVE_WINDOW_S``). At 256 instances that is 33 MiB of Redis less.
+PROMETHEUS_LIVE_KEPT = 360
+
+
+def tier_kept(tier: str, history: str = "redis") -> int:
+    """How many entries of ``tier`` a worker writing the tiers of ``history`` (``HISTORY_TIERS``) keeps."""
+    return PROMETHEUS_LIVE_KEPT if history == "prometheus" and tier == LIVE_TIER else TELEMETRY_TIERS[tier][1]
 
 # Each instance's forward times (``forward_times.ForwardTimesRecord``, cumulative): a record every 30 s
 # into a short stream of its own, and one every 10 min into a long one. A window is two records'
 # difference, so a reader needs a record at each end, not every one between: the short stream gives
 # windows up to 2.5 min to the nearest 30 s, the long one windows up to an hour to the nearest 10 min.
 # A busy instance's record is ~3.7 KB (83 length buckets of 7 sums, deflated): an hour of records at
-# 30 s would be 120 of them, 111 MiB at 256 instances, against 13 (~12 MiB; the 1 s telemetry tier
-# is ~330 KiB an instance, 83 MiB).
+# 30 s would be 120 of them, ~111 MiB at 256 instances, against 13 (~12 MiB; beside them the live
+# telemetry tier, ~200 KiB an instance where Prometheus holds the history).
 FORWARD_TIMES_EVERY_S = 30
 FORWARD_TIMES_KEPT = 6
 FORWARD_TIMES_COARSE_EVERY_S = 600
