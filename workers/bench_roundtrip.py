@@ -215,6 +215,10 @@ def backlog_ratio(s: dict) -> float:
     return p99(s["backlog"]) / p99(s["direct"])
 
 
+def unread_ratio(s: dict) -> float:
+    return p99(s["unread"]) / p99(s["direct"])
+
+
 def other_backlog_ratio(suffix: str):
     return lambda s: p99(s["backlog" + suffix]) / p99(s["direct" + suffix])
 
@@ -248,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare-prefill", action=argparse.BooleanOptionalAction, default=True,
                         help="also time an instance whose prefills run the other way: in a child process, or "
                              "on the lane thread (default: on)")
+    parser.add_argument("--unread-control", action=argparse.BooleanOptionalAction, default=False,
+                        help="also time 'unread': direct while the same signal stream goes to a list no instance "
+                             "reads (what sending it and Redis cost this host, without the instance's part)")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
     if args.requests < 10 * args.blocks or args.blocks < 1:
@@ -292,6 +299,18 @@ def main(argv: list[str] | None = None) -> int:
             modes["direct" + suffix] = timed(other_client, None)
             modes["backlog" + suffix] = lambda n: _with(other_backlog,
                                                         lambda: timed(other_client, "backlog" + suffix)(n))
+        if args.unread_control:
+            nobody = instance_name(settings.pool, 999)  # a list no instance reads
+            unread = Backlog(client, nobody, args.backlog, 500.0, args.seq_len, args.backlog_lead_s, None)
+            legs["unread"] = []
+
+            def unread_mode(n: int) -> list[float]:
+                try:
+                    return _with(unread, lambda: timed(client, "unread")(n))
+                finally:
+                    rc.delete(settings.keys.preinfer_signals(nobody))
+
+            modes["unread"] = unread_mode
         for run in modes.values():  # warm-up: caches, allocator, connections
             run(WARMUP)
         timing[0] = True
@@ -319,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         "celery_overhead_p99_ms_95ci": bootstrap(samples, celery_overhead_p99),
         "backlog_p99_ratio": round(backlog_ratio(samples), 3),
         "backlog_p99_ratio_95ci": bootstrap(samples, backlog_ratio),
+        **({"unread_p99_ratio": round(unread_ratio(samples), 3),
+            "unread_p99_ratio_95ci": bootstrap(samples, unread_ratio)} if "unread" in samples else {}),
         **({f"backlog_p99_ratio{suffix}": round(other_backlog_ratio(suffix)(samples), 3),
             f"backlog_p99_ratio{suffix}_95ci": bootstrap(samples, other_backlog_ratio(suffix))} if other_name else {}),
         "legs_ms": {mode: leg_percentiles(v) for mode, v in legs.items()},
