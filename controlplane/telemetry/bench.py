@@ -235,6 +235,8 @@ class Writer:
         """The pool's traffic capture full (``CAPTURE_MAX_RECORDS`` over the last minutes), as the
         instances' capture writers keep it: one stream per pool, whatever its size."""
         from relay_engine.core.capture import CAPTURE_MAX_RECORDS, CaptureRecord, user_hash
+        from relay_engine.core.outcomes import Outcome
+        from relay_engine.core.telemetry import MissReason
 
         key = b"bench-capture-key"
         pipe = self.client.pipeline(transaction=False)
@@ -244,8 +246,8 @@ class Writer:
             record = CaptureRecord(ts_ms=ts_ms, user=user_hash(key, f"user-{rng.randrange(10**6)}"),
                                    prefix_len=rng.randrange(32, 8192), short_len=32, candidates=128,
                                    gap_ms=rng.uniform(20, 60) if hit else None,
-                                   outcome="hbm" if hit else "miss", latency_ms=rng.uniform(5, 40),
-                                   miss_reason="" if hit else "first_visit", instance=rng.choice(names),
+                                   outcome=Outcome.HBM if hit else Outcome.MISS, latency_ms=rng.uniform(5, 40),
+                                   miss_reason="" if hit else MissReason.FIRST_VISIT, instance=rng.choice(names),
                                    cpu_ms=rng.uniform(4, 30), signal_delay_ms=rng.uniform(0.1, 2))
             pipe.xadd(self.keys.traffic, record.to_fields(), id=f"{int(ts_ms)}-{k}")
             if k % 5000 == 4999:
