@@ -43,6 +43,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from contextlib import ExitStack
 
 import numpy as np
@@ -101,7 +102,8 @@ def time_client(client: RelayClient, payload: dict, n: int, legs: list[dict] | N
         reply = client.rank(deadline_s=time.time() + 2.0, **payload)
         out.append(reply.round_trip_ms)
         if legs is not None and reply.legs_ms:
-            legs.append({**reply.legs_ms, "engine": reply.engine_ms})
+            legs.append({**reply.legs_ms, "engine": reply.engine_ms, "source": reply.source,
+                         "round_trip": reply.round_trip_ms})
     return out
 
 
@@ -109,7 +111,7 @@ def leg_percentiles(legs: list[dict]) -> dict[str, dict[str, float]]:
     """P50/P99 of each leg of the round trip; ``in_worker`` less the engine is the task's own work."""
     if not legs:
         return {}
-    names = [*legs[0], "task_not_engine"]
+    names = [*(k for k in legs[0] if k not in ("source", "round_trip")), "task_not_engine"]
     values = {k: [leg[k] if k != "task_not_engine" else leg["in_worker"] - leg["engine"] for leg in legs]
               for k in names}
     return {k: {"p50_ms": round(float(np.percentile(v, 50)), 3), "p99_ms": round(float(np.percentile(v, 99)), 3)}
@@ -343,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
         **({f"backlog_p99_ratio{suffix}": round(other_backlog_ratio(suffix)(samples), 3),
             f"backlog_p99_ratio{suffix}_95ci": bootstrap(samples, other_backlog_ratio(suffix))} if other_name else {}),
         "legs_ms": {mode: leg_percentiles(v) for mode, v in legs.items()},
+        # Where each mode's timed ranks found the prefix: a backlog that fills HBM demotes the timed user's
+        # (read) prefix, and its next rank reads it back from DRAM.
+        "sources": {mode: dict(Counter(leg.get("source", "?") for leg in v)) for mode, v in legs.items()},
+        # The backlog's ranks the flood left in HBM against direct's: ranking beside the backlog without the
+        # DRAM reloads its demotions cost (what isolation alone leaves).
+        **_hbm_only(legs, samples),
         "backlog_signals_sent": backlog.sent, "signal_list_depth_at_end": depth,
         "backlog_drain_s": {"max": round(max(backlog.drain_s, default=0.0), 2),
                             "mean": round(statistics.fmean(backlog.drain_s), 2) if backlog.drain_s else 0.0},
@@ -353,6 +361,16 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
     return 0
+
+
+def _hbm_only(legs: dict[str, list[dict]], samples: dict[str, list[float]]) -> dict:
+    hbm = [leg["round_trip"] for leg in legs.get("backlog", []) if leg.get("source") == "hbm"]
+    if len(hbm) < 100:  # a P99 needs a hundred
+        return {}
+    ratio = p99(hbm) / p99(samples["direct"])
+    interval = bootstrap({"hbm": hbm, "direct": samples["direct"]}, lambda s: p99(s["hbm"]) / p99(s["direct"]))
+    return {"backlog_hbm_hits": len(hbm), "backlog_hbm_p99_ms": round(p99(hbm), 3),
+            "backlog_hbm_p99_ratio": round(ratio, 3), "backlog_hbm_p99_ratio_95ci": interval}
 
 
 def _with(context, body):
