@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,21 @@ def json_value(raw: str | bytes, what: str, error: type[Exception] = FieldValueE
         return json.loads(raw)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise error(f"{what} is not JSON: {exc}") from None
+
+
+def inflated(packed: bytes, max_bytes: int, *, wbits: int = -15, zdict: bytes | None = None) -> bytes:
+    """Raw-deflated ``packed`` inflated, refused (ValueError saying why) when it is corrupt, truncated,
+    followed by other bytes, or would inflate past ``max_bytes`` (a bomb costs this much, not more)."""
+    try:
+        inflater = zlib.decompressobj(wbits, zdict=zdict) if zdict is not None else zlib.decompressobj(wbits)
+        text = inflater.decompress(packed, max_bytes)
+    except zlib.error as exc:
+        raise ValueError(str(exc)) from None
+    if inflater.unconsumed_tail:
+        raise ValueError(f"inflates past {max_bytes} bytes")
+    if not inflater.eof or inflater.unused_data:
+        raise ValueError("truncated or followed by other bytes")
+    return text
 
 
 def join(path: str, key: str | int) -> str:

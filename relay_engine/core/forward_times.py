@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .fields import json_value
+from .fields import inflated, json_value
 
 if TYPE_CHECKING:  # the record format is the control plane's too, which never loads torch (its first request would)
     import torch
@@ -277,23 +277,19 @@ class ForwardTimesRecord:
                 raise ForwardTimesError("forward-times entry was read as text: read forwards streams with a client "
                                         "that does not decode answers (its bytes are deflated)")
             try:
-                inflater = zlib.decompressobj(_WBITS)
-                text = inflater.decompress(packed, MAX_RECORD_JSON_BYTES)
-            except zlib.error as exc:
-                raise ForwardTimesError(f"forward-times entry is not a deflated record: {exc}") from None
-            if inflater.unconsumed_tail:
-                raise ForwardTimesError(f"forward-times entry inflates past {MAX_RECORD_JSON_BYTES} bytes")
-            if not inflater.eof or inflater.unused_data:
-                raise ForwardTimesError("forward-times entry is not a deflated record: truncated or followed by "
-                                        "other bytes")
-            return cls.from_json(text)
+                return cls.from_json(inflated(packed, MAX_RECORD_JSON_BYTES, wbits=_WBITS))
+            except ForwardTimesError:
+                raise
+            except ValueError as exc:
+                what = "" if str(exc).startswith("inflates past") else " is not a deflated record:"
+                raise ForwardTimesError(f"forward-times entry{what} {exc}") from None
         if "d" in fields:
             return cls.from_json(fields["d"])
         raise ForwardTimesError("forward-times entry has neither field z (a deflated record) nor d (its JSON)")
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> ForwardTimesRecord:
-        """The one decoder of a forwards stream entry (field ``d``); ForwardTimesError names the field."""
+        """A record from its JSON (``from_entry`` reads a stream entry); ForwardTimesError names the field."""
         data = json_value(raw, "forward-times record", ForwardTimesError)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ForwardTimesError(f"forward-times record must be an object with format {FORMAT!r}")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from relay_engine.core.fields import json_value
+from relay_engine.core.fields import inflated, json_value
 from relay_engine.core.outcomes import (
     LOWER_TIER_MODULES,
     OUTCOME_COUNTERS,
@@ -425,15 +425,13 @@ def entry_json(raw: str | bytes) -> str | bytes:
         return raw
     try:
         packed = base64.b64decode(raw[len(prefix):], validate=True)
-        inflater = zlib.decompressobj(_PACKED_WBITS, zdict=_PACKED_ZDICT_V1)
-        text = inflater.decompress(packed, MAX_ENTRY_JSON_BYTES)
-    except (ValueError, zlib.error) as exc:  # binascii.Error is a ValueError
+    except ValueError as exc:  # binascii.Error is a ValueError
         raise ValueError(f"snapshot entry is not packed JSON: {exc}") from None
-    if inflater.unconsumed_tail:
-        raise ValueError(f"snapshot entry inflates past {MAX_ENTRY_JSON_BYTES} bytes")
-    if not inflater.eof or inflater.unused_data:
-        raise ValueError("snapshot entry is not packed JSON: truncated or followed by other bytes")
-    return text
+    try:
+        return inflated(packed, MAX_ENTRY_JSON_BYTES, wbits=_PACKED_WBITS, zdict=_PACKED_ZDICT_V1)
+    except ValueError as exc:
+        what = "snapshot entry" if str(exc).startswith("inflates past") else "snapshot entry is not packed JSON:"
+        raise ValueError(f"{what} {exc}") from None
 
 
 # --- pool rollups: what every instance adds to its pool's per-tier buckets --------------------
