@@ -294,6 +294,13 @@ class Traffic:
         if self._thread is not None:
             self._thread.join(10)
 
+    def __enter__(self) -> Traffic:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
     def _run(self) -> None:
         rng = random.Random(11)
         with RelayClient(self.settings) as client:

@@ -29,7 +29,7 @@ from tests.controlplane.fleet_helpers import FakeWorker, snapshot
 from tests.models import random_lowrank
 
 from .conftest import Session, login, watch_csp
-from .stack import LARGE_POOL, LARGE_POOL_SIZE, POOL, POOL_NOTE
+from .stack import LARGE_POOL, LARGE_POOL_SIZE, POOL, POOL_NOTE, Traffic
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 
@@ -646,11 +646,13 @@ def stalling(pid: int, stop_s: float = 2.5, run_s: float = 0.15):
 
 def test_a_canary_that_burns_its_error_budget_is_rolled_back_within_its_bake(sre, stack, screenshot):
     """A canary judged on the stable revision's SLO: its instance stalls (the revision may not change the
-    SLO, which would be judged on its own yardstick), so its requests run late."""
+    SLO, which would be judged on its own yardstick), so its requests run late. A second client beside the
+    stack's: a request the stall holds keeps its client waiting up to the deadline, so one client alone
+    brings the canary the evidence it is judged on (RELAYGR_ROLLOUT_MIN_REQUESTS) in ~30 s, two in ~15 s."""
     stable = pool_state(stack)["desired_generation"]
     generation = new_revision(stack, "canary: a threshold change on an instance that stalls", at_risk_seq_len=640)
-    with stalling(stack.workers[f"{POOL}.0"].pid):
-        started = start_canary(stack, generation, bake_s=120)  # ample: the evidence comes within ~30 s
+    with Traffic(stack.worker_settings), stalling(stack.workers[f"{POOL}.0"].pid):
+        started = start_canary(stack, generation, bake_s=120)  # ample: the evidence comes within ~15 s
         sre.goto(LIVE)
         card = sre.locator(f'{CANARY_CARD}[data-state="rolled_back"]')
         card.wait_for(timeout=115_000)
