@@ -2,8 +2,9 @@
 each block) and the minutes at the window's edges equal the window's minutes summed, on a real Prometheus:
 26 hours of two instances' recorded minutes (the first rules group's records, at a phase of their own)
 backfilled through ``promtool``, the summed blocks and the rolled sums backfilled over them by the shipped
-rules in their two passes, and day-long windows whose edges fall anywhere in a minute. A rolled sum whose
-blocks are not one run of the window's is never read."""
+rules in their two passes, and day-long windows whose edges fall anywhere in a minute; a third instance stopped
+reporting half a day ago, so the window's newest minutes do not hold it. A rolled sum whose blocks are not one
+run of the window's is never read."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 POOL_NAME = "rolled"
 INSTANCES = 2
+GONE = f"{POOL_NAME}-gone"  # reports only until GONE_FOR_H before now
+GONE_FOR_H = 12
 HOURS = 26
 PHASE_S = 17.25  # the minutes' evaluation phase: anywhere in the minute
 LES = [*(f"{ms / 1000:g}" for ms in LATENCY_BUCKETS_MS), "+Inf"]
@@ -45,9 +48,9 @@ READ = {column for _, _, column in COUNTED if column in ("counter:rank_requests"
 
 def _minutes(first: float, last: float) -> str:
     """OpenMetrics of the recorded minutes of ``READ``'s counts, per instance and for the pool, every minute
-    from ``first`` to ``last``: random counts, the buckets cumulative."""
+    from ``first`` to ``last`` (``GONE``'s to ``GONE_FOR_H`` before it): random counts, the buckets cumulative."""
     rng = random.Random(5)
-    names = [f"{POOL_NAME}-{i}" for i in range(INSTANCES)]
+    names = [*(f"{POOL_NAME}-{i}" for i in range(INSTANCES)), GONE]
     lines: dict[str, list[str]] = {}
     [requests] = [(s, split) for s, split, column in COUNTED if column == "counter:rank_requests"]
     [bucket] = [(s, split) for s, split, column in COUNTED if column == "bucket"]
@@ -55,6 +58,8 @@ def _minutes(first: float, last: float) -> str:
     for ts in np.arange(first, last, 60.0).tolist():
         pool_requests = 0.0
         for name in names:
+            if name == GONE and ts > last - GONE_FOR_H * 3600:
+                continue
             labels = f'pool="{POOL_NAME}",instance="{name}"'
             count = rng.randint(0, 40) + rng.random()
             pool_requests += count
@@ -119,11 +124,21 @@ def test_a_days_counts_over_a_rolled_sum_equal_the_recorded_minutes_summed(serve
                                                            columns=frozenset(READ)), at))
         rolled = _by_labels(history._instant(counts_query(selector, ("instance",), since, recorded=True,
                                                           columns=frozenset(READ), span=span), at))
-        assert len(minutes) == INSTANCES * (2 + len(LES)) and rolled.keys() == minutes.keys()
+        assert len(minutes) == (INSTANCES + 1) * (2 + len(LES)) and rolled.keys() == minutes.keys()
         assert rolled == pytest.approx(minutes, rel=1e-9, abs=1e-6)
         p99 = _by_labels(history._instant(quantile_query(0.99, selector, since, recorded=True), at))
         p99_rolled = _by_labels(history._instant(quantile_query(0.99, selector, since, recorded=True, span=span), at))
-        assert len(p99) == INSTANCES and p99_rolled == pytest.approx(p99, rel=1e-9)
+        assert len(p99) == INSTANCES + 1 and p99_rolled == pytest.approx(p99, rel=1e-9)
+        # Added part by part, the instances with every part are the same; the one gone lacks the newest edge.
+        matched = _by_labels(history._instant(quantile_query(0.99, selector, since, recorded=True, span=span,
+                                                             matched=True), at))
+        assert {dict(key)["instance"] for key in matched} == {f"{POOL_NAME}-{i}" for i in range(INSTANCES)}
+        assert matched == pytest.approx({key: value for key, value in p99.items()
+                                         if dict(key)["instance"] != GONE}, rel=1e-9)
+        # The ranking asks those left out over whichever parts they have: every instance, as the minutes give it.
+        names = sorted(dict(key)["instance"] for key in p99)
+        ranked = history._quantiles_at(POOL_NAME, start, at, 0.99, names)
+        assert ranked == pytest.approx({dict(key)["instance"]: value * 1000 for key, value in p99.items()}, rel=1e-9)
     assert kinds_seen == {"rolled", "blocks"}
 
 
