@@ -137,7 +137,7 @@ def test_a_days_counts_over_a_rolled_sum_equal_the_recorded_minutes_summed(serve
                                          if dict(key)["instance"] != GONE}, rel=1e-9)
         # The ranking asks those left out over whichever parts they have: every instance, as the minutes give it.
         names = sorted(dict(key)["instance"] for key in p99)
-        ranked = history._quantiles_at(POOL_NAME, start, at, 0.99, names)
+        ranked = history._quantiles_at(POOL_NAME, start, at, 0.99, names.copy)
         assert ranked == pytest.approx({dict(key)["instance"]: value * 1000 for key, value in p99.items()}, rel=1e-9)
     assert kinds_seen == {"rolled", "blocks"}
 
