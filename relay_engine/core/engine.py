@@ -44,7 +44,7 @@ from relay_engine.core.config import PolicySpec, default_policy
 from relay_engine.core.features import EventDedup
 from relay_engine.core.forward_times import ForwardTimes, TimedForwards, clock_for
 from relay_engine.core.kvcache import CacheKey, HBMCache
-from relay_engine.core.lane import Lane, PreInferLane, SharePacer, YieldEveryOp
+from relay_engine.core.lane import Lane, PreInferLane, ShareAccount, SharePacer, YieldEveryOp
 from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
 from relay_engine.core.outcomes import OUTCOME_COUNTERS, Outcome
 from relay_engine.core.prefill_process import PrefillProcess, PrefillProcessError, ProcessPrefillForwards
@@ -216,6 +216,8 @@ class RankingGate:
         self._idle = threading.Condition()
         self._depth = threading.local()
         self._mirror = mirror  # a shared counter a prefill process reads (``prefill_process``), or None
+        self._account: ShareAccount | None = None  # the credit this instance's pre-inference threads share
+        self._account_lock = threading.Lock()
 
     def _add(self, n: int) -> None:
         with self._idle:
@@ -277,9 +279,15 @@ class RankingGate:
     def pacer(self, share: float, *, cpu: Callable[[], float] = time.thread_time) -> SharePacer:
         """The yield points of one pre-inference thread at the given compute share, made on that
         thread (``cpu``: the clock of its compute, the calling thread's CPU time by default; wall time
-        is the gate's clock)."""
+        is the gate's clock). Every pacer of the gate draws on one account, so the instance's
+        pre-inference as a whole (the lane's prefills and the signal reader) gets ``share``, not each
+        thread; a new share starts a new account."""
+        with self._account_lock:
+            if self._account is None or self._account.share != share:
+                self._account = ShareAccount(share, now_s=self._clock())
+            account = self._account
         return SharePacer(share, self.ranking, self.wait_idle, wall=self._clock, cpu=cpu,
-                          busy_since=lambda: self._busy_since)
+                          busy_since=lambda: self._busy_since, account=account)
 
 
 class RelayEngine:

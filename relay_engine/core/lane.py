@@ -54,39 +54,82 @@ def nice_for_share(share: float) -> int:
 QUANTUM_S = 0.005
 
 
+class ShareAccount:
+    """The compute credit that all of one instance's pre-inference threads draw on: earned at ``share``
+    of the wall time while requests are being ranked, spent by each thread's own CPU time, capped at a
+    quantum. One account, not one per thread: the lane's prefills and the signal reader each paced at
+    the share on their own took up to twice it between them (bench_roundtrip's steady backlog: the
+    lane used its 25 %, the reader ~17 %, and ranking P99 rose by ~1 ÷ (1 − 0.42) ≈ 1.7×)."""
+
+    def __init__(self, share: float, *, quantum_s: float = QUANTUM_S, now_s: float = 0.0):
+        self.share, self.quantum_s = share, quantum_s
+        self.credit_s = 0.0
+        self._earned_to_s = now_s  # wall time up to which the share has been credited
+        self._lock = threading.Lock()
+
+    def spend(self, spent_s: float, ranking: bool, now_s: float, busy_since_s: float | None) -> float | None:
+        """Debit ``spent_s`` of a thread's CPU time at wall time ``now_s``; returns how long that thread
+        must wait for a quantum to be due again (``inf`` at share 0), or None when it may go on."""
+        with self._lock:
+            if not ranking:
+                self.credit_s, self._earned_to_s = 0.0, now_s
+                return None
+            # Credit is earned in the busy period only (``busy_since_s``: when it began), not over time
+            # before it, blocked or not.
+            since_s = self._earned_to_s if busy_since_s is None else max(self._earned_to_s, busy_since_s)
+            self.credit_s = min(self.quantum_s, self.credit_s + self.share * max(0.0, now_s - since_s) - spent_s)
+            self._earned_to_s = max(self._earned_to_s, now_s)
+            if self.credit_s >= 0:
+                return None
+            return (self.quantum_s - self.credit_s) / self.share if self.share > 0 else float("inf")
+
+    def resumed(self, idle: bool, now_s: float) -> None:
+        """A thread's wait is over: ranking ended (``idle``: the busy period's credit goes) or a quantum
+        is due (it runs that quantum now; threads that wake together share it)."""
+        with self._lock:
+            self.credit_s = 0.0 if idle else self.quantum_s
+            self._earned_to_s = max(self._earned_to_s, now_s)
+
+
 class SharePacer:
     """The yield points of one pre-inference thread: call it often (between a prefill's layers and
     steps, before each of its torch operations, between signals). While ``ranking()`` says requests
-    are being ranked, the thread earns ``share`` of the wall time as CPU credit and spends its own
-    CPU time (``cpu``: the calling thread's); when the credit runs out it waits until ranking ends
-    (``wait_idle(timeout_s)`` → True) or until its credit is back to a quantum (→ False), then runs
-    that quantum at once. Alone, it never waits and earns nothing: a busy period starts from zero,
-    so a rank shorter than ``quantum_s ÷ share`` runs with pre-inference paused from its first yield
-    point on, and a long one still leaves pre-inference its share (work-conserving priority)."""
+    are being ranked, the thread's ``account`` earns ``share`` of the wall time as CPU credit and the
+    thread spends its own CPU time (``cpu``: the calling thread's) from it; when the credit runs out
+    it waits until ranking ends (``wait_idle(timeout_s)`` → True) or until the credit is back to a
+    quantum (→ False), then runs that quantum at once. Alone, it never waits and earns nothing: a busy
+    period starts from zero, so a rank shorter than ``quantum_s ÷ share`` runs with pre-inference
+    paused from its first yield point on, and a long one still leaves pre-inference its share
+    (work-conserving priority). Pacers that share an account (an instance's lane and signal reader,
+    ``RankingGate.pacer``) share the share; without one, a pacer has an account of its own."""
 
     def __init__(self, share: float, ranking: Callable[[], bool], wait_idle: Callable[[float | None], bool], *,
                  wall: Callable[[], float] = time.perf_counter, cpu: Callable[[], float] = time.thread_time,
-                 busy_since: Callable[[], float] | None = None, quantum_s: float = QUANTUM_S):
-        self.share, self.ranking, self.wait_idle = share, ranking, wait_idle
-        self.wall, self.cpu, self.busy_since, self.quantum_s = wall, cpu, busy_since, quantum_s
-        self.credit_s = 0.0
-        self._wall_s, self._cpu_s = wall(), cpu()
+                 busy_since: Callable[[], float] | None = None, quantum_s: float = QUANTUM_S,
+                 account: ShareAccount | None = None):
+        self.ranking, self.wait_idle = ranking, wait_idle
+        self.wall, self.cpu, self.busy_since = wall, cpu, busy_since
+        self.account = account if account is not None else ShareAccount(share, quantum_s=quantum_s, now_s=wall())
+        self._cpu_s = cpu()
+
+    @property
+    def share(self) -> float:
+        return self.account.share
+
+    @property
+    def credit_s(self) -> float:
+        return self.account.credit_s
 
     def __call__(self) -> None:
-        wall_s, cpu_s = self.wall(), self.cpu()
-        if not self.ranking():
-            self.credit_s = 0.0
-        else:
-            # Credit is earned in the busy period only (``busy_since``: when it began, on ``wall``),
-            # not over time the thread spent before it, blocked or not.
-            since_s = self._wall_s if self.busy_since is None else max(self._wall_s, self.busy_since())
-            self.credit_s = min(self.quantum_s, self.credit_s + self.share * max(0.0, wall_s - since_s)
-                                - (cpu_s - self._cpu_s))
-            if self.credit_s < 0:
-                timeout_s = (self.quantum_s - self.credit_s) / self.share if self.share > 0 else None
-                self.credit_s = 0.0 if self.wait_idle(timeout_s) else self.quantum_s
-                wall_s, cpu_s = self.wall(), self.cpu()
-        self._wall_s, self._cpu_s = wall_s, cpu_s
+        cpu_s = self.cpu()
+        spent_s, self._cpu_s = cpu_s - self._cpu_s, cpu_s
+        busy_since = None if self.busy_since is None else self.busy_since()
+        wait_s = self.account.spend(spent_s, self.ranking(), self.wall(), busy_since)
+        if wait_s is None:
+            return
+        idle = self.wait_idle(None if wait_s == float("inf") else wait_s)
+        self.account.resumed(idle, self.wall())
+        self._cpu_s = self.cpu()
 
 
 class YieldEveryOp(TorchFunctionMode):

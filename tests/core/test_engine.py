@@ -475,6 +475,29 @@ def test_under_continuous_ranking_a_prefill_resumes_by_its_share_in_whole_quanta
         gate.leave()
 
 
+def test_the_pre_inference_threads_of_one_gate_share_one_share():
+    """The lane's prefill and the signal reader draw on one credit: once the prefill has spent the
+    share, the reader waits too, though it has spent nothing itself."""
+    gate, clocks = _gate_and_clocks()
+    reader_cpu_s = [0.0]
+    prefill = gate.pacer(0.001, cpu=lambda: clocks.cpu_s)
+    reader = gate.pacer(0.001, cpu=lambda: reader_cpu_s[0])
+    assert prefill.account is reader.account
+    gate.enter()
+    try:
+        clocks.layer(wall_s=0.01, cpu_s=0.01)  # the prefill ran a layer at full speed: ~15 s owed
+        waiting_prefill = _pace_in_thread(prefill)
+        waiting_reader = _pace_in_thread(reader)
+        waiting_reader.join(0.5)
+        assert waiting_reader.is_alive(), "the reader went on while the prefill had spent the share for both"
+    finally:
+        gate.leave()
+    for thread in (waiting_prefill, waiting_reader):
+        thread.join(10)
+        assert not thread.is_alive(), "a pre-inference thread still waits after ranking ended"
+    assert gate.pacer(0.5).account is not reader.account, "a new share starts a new account"
+
+
 def test_the_gate_counts_threads_not_nesting_and_a_thread_can_step_out():
     gate = RankingGate()
     with gate.running(), gate.running():  # the request, then the engine's forward: one thread ranking
