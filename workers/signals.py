@@ -9,7 +9,8 @@ wake-up and a worker thread's time for the whole task protocol (py-spy under a b
 process's GIL time in Celery's pool and main threads, against 6 % in the pre-infer bodies), all on
 the threads that ranking requests need. Here one thread takes signals in batches (``LRANGE``/``LTRIM``
 of up to ``BATCH`` in one transaction, ``BLPOP`` when the list is empty, ``COALESCE_S`` between
-batches), yields the GIL after each signal, and Celery consumes only the ranking queue.
+batches), yields to ranking before each read and each signal (the engine's ``yield_to_ranking``: the lane's
+share and nice), and Celery consumes only the ranking queue.
 
 An entry is ``{"p": payload, "t": unix seconds sent}``. One older than ``SIGNAL_TTL_S`` is dropped
 unread (its ranking request has come and gone); the list is trimmed to its newest ``MAX_QUEUED``
@@ -131,11 +132,14 @@ class SignalConsumer:
                     self.invalid += 1
                 else:
                     self.handled += 1
-            time.sleep(0)  # let a ranking thread in between signals
+            if self.yield_point is None:
+                time.sleep(0)  # let a ranking thread in between signals (the yield point does, where there is one)
 
     def _run(self) -> None:
         backoff = ReadBackoff(self._stop, "pre-infer signals")
         while not self._stop.is_set():
+            if self.yield_point is not None:
+                self.yield_point()  # the next read, and its parsing, waits for a gap in ranking (or a quantum)
             try:
                 raws = self.take()
                 backoff.succeeded()

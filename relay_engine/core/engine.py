@@ -44,7 +44,7 @@ from relay_engine.core.config import PolicySpec, default_policy
 from relay_engine.core.features import EventDedup
 from relay_engine.core.forward_times import ForwardTimes, TimedForwards, clock_for
 from relay_engine.core.kvcache import CacheKey, HBMCache
-from relay_engine.core.lane import Lane, PreInferLane, ShareAccount, SharePacer, YieldEveryOp
+from relay_engine.core.lane import Lane, PreInferLane, ShareAccount, SharePacer, YieldEveryOp, nice_for_share
 from relay_engine.core.model import EditTensors, History, HSTUModel, ModelConfig, ModelInputError, PrefixKV
 from relay_engine.core.outcomes import OUTCOME_COUNTERS, Outcome
 from relay_engine.core.prefill_process import PrefillProcess, PrefillProcessError, ProcessPrefillForwards
@@ -426,10 +426,16 @@ class RelayEngine:
 
     def yield_to_ranking(self) -> None:
         """A yield point for a pre-inference thread other than the lane (the instance's signal reader):
-        paced at the policy's compute share, as the lane's prefills are (``RankingGate``)."""
+        paced at the policy's compute share, on the same account as the lane's prefills
+        (``RankingGate``), and at the lane's CPU priority. At nice 0 the signal reader was the thread
+        that most often took a rank thread's core from it (``perf sched`` under bench_roundtrip's
+        steady backlog: ~1,800 of ~4,000 preemptions of rank threads in 4 s, before Redis and the
+        lane), each time it woke to read or to yield."""
         share = self._state.policy.trigger.preinfer_compute_share
         pacer = getattr(self._yielding, "pacer", None)
         if pacer is None or pacer.share != share:
+            # A larger share is a lower nice, which an unprivileged thread cannot take: logged, kept.
+            devices.lower_thread_priority(nice_for_share(share), f"{self.name}: pre-infer signals")
             pacer = self._yielding.pacer = self.ranking_gate.pacer(share)
         pacer()
 
