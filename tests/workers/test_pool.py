@@ -26,6 +26,13 @@ def latest_snapshot(fleet, name: str) -> Snapshot:
     return Snapshot.from_entry(entries[0][1]["d"])
 
 
+def snapshot_after(fleet, name: str, at_s: float) -> Snapshot:
+    """The first snapshot taken after ``at_s`` (unix seconds): what the instance had counted by then,
+    not by the last publish before it (a snapshot is up to a second old)."""
+    wait_for(lambda: latest_snapshot(fleet, name).ts > at_s, 5.0, what=f"a snapshot of {name} after {at_s:.3f}")
+    return latest_snapshot(fleet, name)
+
+
 def test_instances_join_the_live_set_and_report_their_status(fleet):
     assert fleet.client.live_instances() == tuple(fleet.names)
     for name, status in fleet.statuses().items():
@@ -108,7 +115,8 @@ def test_task_called_with_the_wrong_arguments_gets_an_error_result(fleet):
 
 def test_bad_pre_infer_signals_are_skipped_and_the_good_one_after_them_is_taken(fleet):
     name = fleet.names[0]
-    before = latest_snapshot(fleet, name).counters["preinfer_signals"]
+    # The test before may have sent a signal whose count the last snapshot does not hold yet.
+    before = snapshot_after(fleet, name, time.time()).counters["preinfer_signals"]
     fleet.redis.rpush(fleet.keys.preinfer_signals(name), "not json", "[1, 2]", json.dumps({"p": "x", "t": time.time()}),
                       json.dumps({"p": {"user_id": "u", "seq_len": 600}, "t": "yesterday"}),
                       signals.entry({"user_id": "u", "seq_len": "long"}),  # refused by validation
