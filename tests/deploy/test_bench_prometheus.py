@@ -1,38 +1,33 @@
 """The Prometheus history benchmark end to end at a tiny size (2 instances, 1 h): the backfill through
 promtool, the real prometheus on it, every history view read through the control plane. What it checks
 is that each answer carried data, so the benchmark cannot quietly time empty reads, and that the server,
-scraping the benchmark's live exporter, recorded a new minute for the pages' turn poll; never its timings."""
+scraping the benchmark's live exporter, recorded a new minute for the pages' turn poll; never its timings.
+The run itself (its arguments, and its start beside the history test) is tests/deploy/conftest.py's."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from controlplane.telemetry.selectors import WINDOWS
 from controlplane.telemetry.sources import LIVE_WINDOW_S
+from tests.deploy.conftest import BENCH_INSTANCES
 from tests.promtool import prometheus_binary
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
-INSTANCES = 2
+INSTANCES = BENCH_INSTANCES
 VIEWS = ("live", "overview", "table", "instance")
 
 
-def test_every_history_view_of_the_prometheus_benchmark_answers_with_data(tmp_path, redis_url):
+def test_every_history_view_of_the_prometheus_benchmark_answers_with_data(request):
     prometheus_binary("prometheus")
     prometheus_binary("promtool")
-    report = tmp_path / "readings.json"
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("DJANGO_", "RELAYGR_"))}
-    result = subprocess.run(
-        [sys.executable, "-m", "controlplane.telemetry.bench_prometheus", "--instances", str(INSTANCES),
-         "--hours", "1", "--requests", "2", "--colds", "2", "--turns", "1", "--no-merge-wait", "--json", str(report)],
-        cwd=ROOT, env={**env, "REDIS_URL": redis_url}, capture_output=True, text=True, timeout=240, check=False)
+    # The run (tests/deploy/conftest.py) began beside the history test where that one runs too, else now.
+    run = request.getfixturevalue("prometheus_bench")
+    result = run.result()
+    report = run.report
     # 1 is a missed timing target (this machine's business, not the test's); anything else is a failure.
     assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
 
