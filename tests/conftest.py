@@ -29,6 +29,20 @@ def redis_url(tmp_path_factory) -> str:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def bench_smoke_runs(request, tmp_path_factory):
+    """The bench smoke's runs (tests/lab/smoke_runs.py), started together at their first use: test name →
+    (its run, its output file)."""
+    from tests.lab import smoke_runs
+
+    running = smoke_runs.start(request.session.items, tmp_path_factory)
+    try:
+        yield running
+    finally:
+        for run, _ in running.values():
+            run.stop()
+
+
 @pytest.fixture
 def key_prefix(monkeypatch) -> str:
     prefix = f"test-{uuid.uuid4().hex[:10]}"

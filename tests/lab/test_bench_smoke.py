@@ -1,9 +1,10 @@
 """The benchmark and the simulator run end to end (``--quick``) and write the figures the issue asks for.
 
 Shape only: a timed test on a shared machine would be flaky, so no assertion here is about speed. The runs
-over the shared trace start together, once per module: each replays in real time and leaves the cores idle
-much of the while, so side by side they take about the longest one's time, not the sum, and none of what
-they are asked to show depends on how fast it ran.
+over the shared trace start together, once per session (tests/lab/smoke_runs.py; beside the history test of
+tests/deploy where that one runs too): each replays in real time and leaves the cores idle much of the while,
+so side by side they take about the longest one's time, not the sum, and none of what they are asked to show
+depends on how fast it ran.
 """
 
 from __future__ import annotations
@@ -11,21 +12,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from relay_engine.core.trace import write_trace
 from relay_engine.lab.bench.modes import MODES
 from relay_engine.lab.traffic import TraceSpec, generate_trace
+from tests.lab.smoke_runs import REPO, RUN_TIMEOUT_S, Run
 
-REPO = Path(__file__).resolve().parents[2]
 POINT_KEYS = {"qps", "qps_unscaled", "cap", "n", "p50_ms", "p99_ms", "p99_ci_ms", "p99_ms_unscaled", "passed",
               "within_slo_share", "hit_ratio", "hbm_hit_rate", "dram_hit_rate", "miss_rate", "preinfer",
               "deadline_missed", "hbm_peak_bytes", "hbm_budget_bytes", "dram_peak_bytes", "dram_budget_bytes",
               "within_budget", "host", "redone"}
-RUN_TIMEOUT_S = 280
 
 
 def run_module(module: str, *args: str, timeout: int = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -33,67 +31,10 @@ def run_module(module: str, *args: str, timeout: int = RUN_TIMEOUT_S) -> subproc
                           timeout=timeout)
 
 
-class Run:
-    """``python -m module args`` started now, its output kept in files (a pipe nobody reads would stall it)."""
-
-    def __init__(self, folder: Path, module: str, *args: str):
-        self.args = [sys.executable, "-m", module, *args]
-        self.stdout, self.stderr = folder / "stdout.txt", folder / "stderr.txt"
-        with self.stdout.open("w") as out, self.stderr.open("w") as err:
-            self.process = subprocess.Popen(self.args, cwd=REPO, stdout=out, stderr=err)
-
-    def result(self) -> subprocess.CompletedProcess:
-        self.process.wait(timeout=RUN_TIMEOUT_S)
-        return subprocess.CompletedProcess(self.args, self.process.returncode, self.stdout.read_text(),
-                                           self.stderr.read_text())
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
-@pytest.fixture(scope="module")
-def trace(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("trace") / "trace.jsonl"
-    write_trace(path, generate_trace(TraceSpec(queries=1500, seed=3)))
-    return path
-
-
-# Each test's run over the shared trace: its command's arguments after the trace, given its output file.
-RUNS = {
-    "test_quick_run_writes_every_mode_the_ratios_with_intervals_a_table_and_plots":
-        lambda trace, out: ("relay_engine.bench", "--quick", "--trace", str(trace), "--out", str(out)),
-    "test_the_simulator_replays_a_trace_per_mode_and_writes_its_figures":
-        lambda trace, out: ("relay_engine.sim", "run", "--trace", str(trace), "--instances", "3",
-                            "--modes", "baseline,relay,relay_cache_only", "--out", str(out)),
-    "test_validation_reports_the_simulators_error_at_every_point":
-        lambda trace, out: ("relay_engine.sim", "validate", "--quick", "--trace", str(trace), "--out", str(out)),
-}
-
-
-@pytest.fixture(scope="module")
-def runs(request, trace, tmp_path_factory) -> Iterator[dict[str, tuple[Run, Path]]]:
-    """The runs of the tests this session will run (a deselected one starts nothing), all started at once:
-    test name → (its run, its output file)."""
-    wanted = {item.name for item in request.session.items if item.module is request.module}
-    running = {}
-    try:
-        for name, command in RUNS.items():
-            if name in wanted:
-                folder = tmp_path_factory.mktemp("run")
-                out = folder / "out.json"
-                running[name] = (Run(folder, *command(trace, out)), out)
-        yield running
-    finally:
-        for run, _ in running.values():
-            run.stop()
-
-
 @pytest.fixture
-def started(request, runs) -> tuple[Run, Path]:
-    """This test's run, started with the module's others, and its output file."""
-    return runs[request.node.name]
+def started(request, bench_smoke_runs) -> tuple[Run, Path]:
+    """This test's run, started with the session's others (tests/conftest.py), and its output file."""
+    return bench_smoke_runs[request.node.name]
 
 
 @pytest.mark.slow
