@@ -65,31 +65,21 @@ class ShareAccount:
         self.share, self.quantum_s = share, quantum_s
         self.credit_s = 0.0
         self._earned_to_s = now_s  # wall time up to which the share has been credited
-        self._granted = False  # a quantum is being run (while ranking)
         self._lock = threading.Lock()
 
     def spend(self, spent_s: float, ranking: bool, now_s: float, busy_since_s: float | None) -> float | None:
         """Debit ``spent_s`` of a thread's CPU time at wall time ``now_s``; returns how long that thread
-        must wait for a quantum to be due again (``inf`` at share 0), or None when it may go on.
-
-        While ranking, pre-inference runs only inside a granted quantum: it starts one when a whole
-        quantum of credit is there, and runs until the credit is spent. Without that rule it ran in
-        the slivers it had earned since the busy period began, a few of its operations at a time, and
-        each of those operations cost the rank an interpreter-lock hand-off (bench_roundtrip's
-        backlog: ~7 of the lane's context switches per rank, a rank ~2.5 ms long)."""
+        must wait for a quantum to be due again (``inf`` at share 0), or None when it may go on."""
         with self._lock:
             if not ranking:
-                self.credit_s, self._earned_to_s, self._granted = 0.0, now_s, False
+                self.credit_s, self._earned_to_s = 0.0, now_s
                 return None
             # Credit is earned in the busy period only (``busy_since_s``: when it began), not over time
             # before it, blocked or not.
             since_s = self._earned_to_s if busy_since_s is None else max(self._earned_to_s, busy_since_s)
             self.credit_s = min(self.quantum_s, self.credit_s + self.share * max(0.0, now_s - since_s) - spent_s)
             self._earned_to_s = max(self._earned_to_s, now_s)
-            if self._granted and self.credit_s >= 0:
-                return None
-            self._granted = self.credit_s >= self.quantum_s
-            if self._granted:
+            if self.credit_s >= 0:
                 return None
             return (self.quantum_s - self.credit_s) / self.share if self.share > 0 else float("inf")
 
@@ -98,7 +88,6 @@ class ShareAccount:
         is due (it runs that quantum now; threads that wake together share it)."""
         with self._lock:
             self.credit_s = 0.0 if idle else self.quantum_s
-            self._granted = not idle
             self._earned_to_s = max(self._earned_to_s, now_s)
 
 

@@ -475,23 +475,6 @@ def test_under_continuous_ranking_a_prefill_resumes_by_its_share_in_whole_quanta
         gate.leave()
 
 
-def test_while_ranking_a_prefill_starts_only_with_a_whole_quantum():
-    """Credit for less than a quantum is not spent a few operations at a time beside a rank (each one
-    an interpreter-lock hand-off the rank pays for): the prefill waits for the quantum or the end."""
-    gate, clocks = _gate_and_clocks()
-    pace = gate.pacer(0.001, cpu=lambda: clocks.cpu_s)
-    gate.enter()
-    try:
-        clocks.layer(wall_s=1.0, cpu_s=0.0)  # a fifth of a quantum earned, nothing spent: ~4 s to the rest
-        waiting = _pace_in_thread(pace)
-        waiting.join(0.5)
-        assert waiting.is_alive(), "the prefill spent a sliver of a quantum beside the rank"
-    finally:
-        gate.leave()
-    waiting.join(10)
-    assert not waiting.is_alive(), "the prefill still waits after ranking ended"
-
-
 def test_the_pre_inference_threads_of_one_gate_share_one_share():
     """The lane's prefill and the signal reader draw on one credit: once the prefill has spent the
     share, the reader waits too, though it has spent nothing itself."""
