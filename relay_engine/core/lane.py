@@ -98,9 +98,9 @@ class SharePacer:
     thread spends its own CPU time (``cpu``: the calling thread's) from it; when the credit runs out
     it waits until ranking ends (``wait_idle(timeout_s)`` → True) or until the credit is back to a
     quantum (→ False), then runs that quantum at once. Alone, it never waits and earns nothing: a busy
-    period starts from zero, so a rank shorter than ``quantum_s ÷ share`` runs with pre-inference
-    paused from its first yield point on, and a long one still leaves pre-inference its share
-    (work-conserving priority). Pacers that share an account (an instance's lane and signal reader,
+    period starts from zero, so beside a rank pre-inference runs only as far as the share the busy
+    period has earned it, and a long rank still leaves pre-inference its share (work-conserving
+    priority). Pacers that share an account (an instance's lane and signal reader,
     ``RankingGate.pacer``) share the share; without one, a pacer has an account of its own."""
 
     def __init__(self, share: float, ranking: Callable[[], bool], wait_idle: Callable[[float | None], bool], *,

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from relay_engine.core.lifetime import die_with_parent
+from tests.background import BackgroundRun
 from tests.controlplane.fixtures import (  # noqa: F401 - fixtures are found by name
     _fresh_caches,
     redis_client,
@@ -34,7 +32,6 @@ from tests.controlplane.fixtures import (  # noqa: F401 - fixtures are found by 
 from tests.lab import smoke_runs
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 BENCH_MODULE = "test_bench_prometheus.py"
 BENCH_TEST = "test_every_history_view_of_the_prometheus_benchmark_answers_with_data"
 BESIDE = "test_prometheus_history.py"  # the test whose minute waits the background runs share
@@ -42,31 +39,17 @@ BENCH_INSTANCES = 2
 BENCH_TIMEOUT_S = 240
 
 
-class BenchRun:
-    """``python -m controlplane.telemetry.bench_prometheus`` at a tiny size, started now; its output kept in
-    files (a pipe nobody reads would stall it) and its readings in ``report``."""
+class BenchRun(BackgroundRun):
+    """``python -m controlplane.telemetry.bench_prometheus`` at a tiny size, started now; its readings in
+    ``report``."""
 
     def __init__(self, folder: Path, redis_url: str):
         self.report = folder / "readings.json"
-        self.stdout, self.stderr = folder / "stdout.txt", folder / "stderr.txt"
-        self.args = [sys.executable, "-m", "controlplane.telemetry.bench_prometheus",
-                     "--instances", str(BENCH_INSTANCES), "--hours", "1", "--requests", "2", "--colds", "2",
-                     "--turns", "1", "--no-merge-wait", "--json", str(self.report)]
         env = {key: value for key, value in os.environ.items() if not key.startswith(("DJANGO_", "RELAYGR_"))}
-        with self.stdout.open("w") as out, self.stderr.open("w") as err:
-            self.process = subprocess.Popen(self.args, cwd=ROOT, env={**env, "REDIS_URL": redis_url},
-                                            stdout=out, stderr=err, text=True,
-                                            preexec_fn=die_with_parent())
-
-    def result(self) -> subprocess.CompletedProcess:
-        self.process.wait(timeout=BENCH_TIMEOUT_S)
-        return subprocess.CompletedProcess(self.args, self.process.returncode, self.stdout.read_text(),
-                                           self.stderr.read_text())
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        super().__init__(folder, "controlplane.telemetry.bench_prometheus",
+                         "--instances", str(BENCH_INSTANCES), "--hours", "1", "--requests", "2", "--colds", "2",
+                         "--turns", "1", "--no-merge-wait", "--json", str(self.report),
+                         timeout_s=BENCH_TIMEOUT_S, env={**env, "REDIS_URL": redis_url})
 
 
 def _bench_selected(session: pytest.Session) -> bool:

@@ -8,33 +8,12 @@ while, and none of what the smoke asks of them depends on how fast it ran."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.background import BackgroundRun
+
 MODULE = "test_bench_smoke.py"
 RUN_TIMEOUT_S = 280
-
-
-class Run:
-    """``python -m module args`` started now, its output kept in files (a pipe nobody reads would stall it)."""
-
-    def __init__(self, folder: Path, module: str, *args: str):
-        self.args = [sys.executable, "-m", module, *args]
-        self.stdout, self.stderr = folder / "stdout.txt", folder / "stderr.txt"
-        with self.stdout.open("w") as out, self.stderr.open("w") as err:
-            self.process = subprocess.Popen(self.args, cwd=REPO, stdout=out, stderr=err)
-
-    def result(self) -> subprocess.CompletedProcess:
-        self.process.wait(timeout=RUN_TIMEOUT_S)
-        return subprocess.CompletedProcess(self.args, self.process.returncode, self.stdout.read_text(),
-                                           self.stderr.read_text())
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 # Each test's run over the shared trace: its command's arguments after the trace, given its output file.
@@ -54,13 +33,13 @@ def selected(items) -> set[str]:
     return {item.name for item in items if item.path.name == MODULE and item.name in RUNS}
 
 
-def start(items, tmp_path_factory) -> dict[str, tuple[Run, Path]]:
+def start(items, tmp_path_factory) -> dict[str, tuple[BackgroundRun, Path]]:
     """The runs of the selected tests, all started now: test name → (its run, its output file)."""
     from relay_engine.core.trace import write_trace
     from relay_engine.lab.traffic import TraceSpec, generate_trace
 
     wanted = selected(items)
-    running: dict[str, tuple[Run, Path]] = {}
+    running: dict[str, tuple[BackgroundRun, Path]] = {}
     if not wanted:
         return running
     trace = tmp_path_factory.mktemp("trace") / "trace.jsonl"
@@ -70,7 +49,7 @@ def start(items, tmp_path_factory) -> dict[str, tuple[Run, Path]]:
             if name in wanted:
                 folder = tmp_path_factory.mktemp("run")
                 out = folder / "out.json"
-                running[name] = (Run(folder, *command(trace, out)), out)
+                running[name] = (BackgroundRun(folder, *command(trace, out), timeout_s=RUN_TIMEOUT_S), out)
     except BaseException:
         for run, _ in running.values():
             run.stop()

@@ -18,7 +18,8 @@ import pytest
 
 from relay_engine.lab.bench.modes import MODES
 from relay_engine.lab.traffic import TraceSpec, generate_trace
-from tests.lab.smoke_runs import REPO, RUN_TIMEOUT_S, Run
+from tests.background import REPO, BackgroundRun
+from tests.lab.smoke_runs import RUN_TIMEOUT_S
 
 POINT_KEYS = {"qps", "qps_unscaled", "cap", "n", "p50_ms", "p99_ms", "p99_ci_ms", "p99_ms_unscaled", "passed",
               "within_slo_share", "hit_ratio", "hbm_hit_rate", "dram_hit_rate", "miss_rate", "preinfer",
@@ -32,7 +33,7 @@ def run_module(module: str, *args: str, timeout: int = RUN_TIMEOUT_S) -> subproc
 
 
 @pytest.fixture
-def started(request, bench_smoke_runs) -> tuple[Run, Path]:
+def started(request, bench_smoke_runs) -> tuple[BackgroundRun, Path]:
     """This test's run, started with the session's others (tests/conftest.py), and its output file."""
     return bench_smoke_runs[request.node.name]
 
