@@ -268,8 +268,10 @@ class HSTUModel(nn.Module):
     def embed(self, items: torch.Tensor, actions: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Input embeddings [T, E] of tokens at absolute ``positions`` [T] (counted from the start of
         the history; they matter only with ``ModelConfig.input_positions``)."""
-        x = (self.item_emb[items] + self.action_emb[actions]) * math.sqrt(self.config.embed_dim)  # [T, E]
-        return x if self.pos_emb is None else x + self.pos_emb[positions]
+        # index_select: a plain row gather, several times faster than advanced indexing on CPU
+        x = self.item_emb.index_select(0, items).add_(self.action_emb.index_select(0, actions))
+        x.mul_(math.sqrt(self.config.embed_dim))  # [T, E]
+        return x if self.pos_emb is None else x.add_(self.pos_emb.index_select(0, positions))
 
     def _forward(self, cached: PrefixKV | None, history: History, candidates: torch.Tensor | None,
                  query_timestamp: int | None, edit: EditTensors, head_capture: list[torch.Tensor] | None = None,
@@ -306,7 +308,7 @@ class HSTUModel(nn.Module):
             if li and between_layers is not None:
                 between_layers()
             normed = F.layer_norm(x, (E,), eps=c.ln_eps)
-            uvqk = F.silu(torch.addmm(layer.uvqk_bias, normed, layer.uvqk_weight))  # [rows, 4·H·D]
+            uvqk = F.silu(torch.addmm(layer.uvqk_bias, normed, layer.uvqk_weight), inplace=True)  # [rows, 4·H·D]
             u, v, q, k = (t.reshape(rows, H, D).transpose(0, 1) for t in uvqk.split(c.attn_dim, dim=1))
             # v, q, k: [H, rows, D], contiguous; the score scale is folded into q once
             q, k, v = q * scale, k.contiguous(), v.contiguous()
@@ -371,7 +373,7 @@ class HSTUModel(nn.Module):
 
     def _item_vectors(self, items: torch.Tensor) -> torch.Tensor:
         """[C, E]: the embeddings candidates are scored against (L2-normalised with ``item_l2_norm``)."""
-        e = self.item_emb[items]
+        e = self.item_emb.index_select(0, items)
         if self.config.item_l2_norm:
             e = e / torch.linalg.vector_norm(e, dim=-1, keepdim=True).clamp(min=self.config.ln_eps)
         return e

@@ -191,8 +191,9 @@ def _attend_visible(bias: RelativeBias, q: torch.Tensor, first_diff: int, ts_q: 
         if ts_q is not None and ts_k is not None:
             time = bias.time_tile(ts_q[:, None] - ts_k[None, j0:j1])  # [H, n|1, w]
             b = time if b is None else b + time
-        k_t = k[:, j0:j1].transpose(1, 2)  # [H, D, w]
-        s = torch.bmm(q, k_t) if b is None else torch.baddbmm(b.expand(H, n, j1 - j0), q, k_t)
+        s = torch.bmm(q, k[:, j0:j1].transpose(1, 2))  # [H, n, w]
+        if b is not None:  # added after the GEMM: baddbmm would first copy the broadcast bias into s
+            s.add_(b)
         out.baddbmm_(F.silu(s, inplace=True), v[:, j0:j1])
     return out
 
