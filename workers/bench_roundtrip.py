@@ -49,6 +49,7 @@ from contextlib import ExitStack
 import numpy as np
 import torch
 
+from relay_engine.core import devices
 from relay_engine.core.config import parse_policy
 from relay_engine.core.engine import RelayEngine
 from relay_engine.core.features import SyntheticFeatures
@@ -79,6 +80,7 @@ def percentiles(values_ms: list[float]) -> dict[str, float]:
 
 
 def in_process_runtime(settings: Settings) -> InstanceRuntime:
+    devices.keep_freed_host_memory()  # as the instance does
     torch.set_num_threads(settings.torch_threads or torch.get_num_threads())  # as the instance runs
     cpu = torch.device("cpu")
     engine = RelayEngine(model=settings.build_model(cpu), device=cpu, name="in-process")

@@ -76,6 +76,7 @@ def celery_argv(settings: Settings, name: str, loglevel: str) -> list[str]:
 
 def run(settings: Settings, index: int, loglevel: str = "INFO") -> int:
     name = instance_name(settings.pool, index)
+    devices.keep_freed_host_memory()
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     sys.setswitchinterval(settings.gil_switch_ms / 1000)

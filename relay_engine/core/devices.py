@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import logging
 import os
+import sys
 import threading
 
 import torch
@@ -130,5 +132,35 @@ def lower_thread_priority(nice: int, what: str) -> bool:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
     except OSError as exc:
         log.warning("%s: cannot set nice %d (%s); it keeps its priority", what, nice, exc)
+        return False
+    return True
+
+
+# glibc's mallopt parameters (malloc.h) and the largest mmap threshold it accepts on 64-bit.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 * 2**20
+_TRIM_THRESHOLD = 256 * 2**20
+
+
+def keep_freed_host_memory() -> bool:
+    """Let glibc's malloc keep the memory a forward frees, so that the next forward reuses it.
+
+    By default an allocation above glibc's mmap threshold gets fresh pages from the kernel and gives
+    them back when freed; a forward's temporaries (a 2048-token prefill's [2048, 512] projection is
+    4 MiB) then cost a page fault per 4 KiB every time, ~10 % of a CPU forward. Raising the mmap
+    threshold to its maximum (32 MiB) and the trim threshold to 256 MiB keeps them in the heap: a
+    process holds up to 256 MiB of freed memory per arena instead of returning it. Call once, at
+    the start of a process that runs forwards; False (and nothing changed) where the C library is
+    not glibc.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    if mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) != 1 or mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) != 1:
+        log.info("malloc: this C library refuses glibc's mmap and trim thresholds; forwards keep paying page faults")
         return False
     return True

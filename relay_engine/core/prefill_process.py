@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as torch_mp
 
+from relay_engine.core import devices
 from relay_engine.core.lane import SharePacer, YieldEveryOp, nice_for_share
 from relay_engine.core.model import EditTensors, History, HSTUModel, PrefixKV
 
@@ -103,6 +104,7 @@ def _child(conn, model: HSTUModel, nice: int, threads: int, ranking_active) -> N
     # warm shutdown that finishes the prefill in hand); the parent's exit closes the pipe, and this ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    devices.keep_freed_host_memory()
     torch.set_num_threads(threads)
     if nice:
         os.setpriority(os.PRIO_PROCESS, 0, nice)

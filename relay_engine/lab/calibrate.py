@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from relay_engine.core import devices
 from relay_engine.core.fields import argument
 from relay_engine.core.model import HSTUModel, ModelConfig, WeightsFileError
 from relay_engine.lab.bench.settings import REFERENCE_PROFILE
@@ -72,6 +73,7 @@ def pool_model(weights: str | None, config_json: str | None) -> HSTUModel | None
 
 
 def calibrate(*, threads: int, model: HSTUModel | None, repeats: int, profile_out: Path) -> dict:
+    devices.keep_freed_host_memory()
     torch.set_num_threads(threads)
     started = time.monotonic()
     default = HSTUModel(ModelConfig())

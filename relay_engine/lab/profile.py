@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--threads must be ≥ 1, got {args.threads}")
         torch.set_num_threads(args.threads)
 
+    devices.keep_freed_host_memory()
     device = devices.select_device(args.device)
     config = ModelConfig()
     model = HSTUModel(config, device)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from relay_engine.core import devices
 from relay_engine.core.config import PolicySpec
 from relay_engine.core.engine import DeadlineExceeded, PreInferRequest, RankRequest, RelayEngine
 from relay_engine.core.features import SyntheticFeatures
@@ -159,6 +160,7 @@ class Instance:
 def _instance_main(conn, index: int, settings: BenchSettings, parent_pid: int) -> None:
     follow_parent(parent_pid)  # a killed benchmark leaves no instance behind (daemon=True covers only exits)
     cores = pin(cores_for(index, settings.threads_per_instance))
+    devices.keep_freed_host_memory()
     torch.set_num_threads(settings.threads_per_instance)
     model = HSTUModel(settings.model)
     features = SyntheticFeatures(settings.model, with_timestamps=settings.with_timestamps, seed=settings.seed)

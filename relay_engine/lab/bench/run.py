@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from relay_engine.core import devices
 from relay_engine.core.model import HSTUModel
 from relay_engine.core.trace import TraceQuery
 from relay_engine.lab.bench import report
@@ -76,6 +77,7 @@ def calibrate(settings: BenchSettings, queries: Sequence[TraceQuery], fleet: Fle
         if fleet is not None:
             cost = CostModel.from_dict(fleet.call(0, profile_here, s, short, cands, lengths))
         else:
+            devices.keep_freed_host_memory()  # as the instances do
             torch.set_num_threads(s.threads_per_instance)
             cost = CostModel.from_dict(profile_here(s, short, cands, lengths))
     k, k_how = time_scale(s, cost, short, cands)
