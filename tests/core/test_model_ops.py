@@ -12,6 +12,7 @@ from relay_engine.core.model.ops import (
     ATTENTION_KERNELS,
     KERNEL_BY_DEVICE_TYPE,
     AttentionRows,
+    BucketMemo,
     RelativeBias,
     attention_kernel,
     position_buckets,
@@ -83,6 +84,24 @@ def test_every_kernel_computes_the_dense_definition(kernel, Tp, Tn, C, timestamp
     got = ATTENTION_KERNELS[kernel](*args)
     assert got.shape == (CONFIG.num_heads, Tn + C, CONFIG.head_dim)
     torch.testing.assert_close(got, dense_attention(*args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("budget_bytes", [16 * 2**20, 0, 600])
+@pytest.mark.parametrize(("Tp", "Tn", "C"), [(0, 33, 1), (13, 30, 4), (4, 0, 2)])
+def test_layers_sharing_one_bucket_memo_each_compute_the_dense_definition_with_their_own_weights(Tp, Tn, C,
+                                                                                              budget_bytes):
+    # As the model runs them: every layer of a forward shares one memo (the first layer's buckets
+    # reused by the next), whatever part of them fits its budget (0: none; 600 bytes: a few tiles).
+    q, k, v, prefix_k, prefix_v, rows, first = inputs(Tp, Tn, C, timestamps=True, use_position=True,
+                                                      time_kind="sqrt2")
+    memo = BucketMemo(budget_bytes)
+    g = torch.Generator().manual_seed(7)
+    second = RelativeBias(torch.randn(first.position.shape, generator=g), torch.randn(first.time.shape, generator=g),
+                          first.bucket_of_diff, first.time_buckets, memo)
+    first = RelativeBias(first.position, first.time, first.bucket_of_diff, first.time_buckets, memo)
+    for bias in (first, second):
+        got = pytorch_attention(q, k, v, prefix_k, prefix_v, rows, bias)
+        torch.testing.assert_close(got, dense_attention(q, k, v, prefix_k, prefix_v, rows, bias), rtol=1e-5, atol=1e-5)
 
 
 def test_every_device_kind_the_engine_binds_to_has_a_registered_kernel():

@@ -54,7 +54,13 @@ from relay_engine.core.model.checkpoint import (
     weights_version,
     write_weights,
 )
-from relay_engine.core.model.ops import AttentionRows, RelativeBias, attention_kernel, position_buckets
+from relay_engine.core.model.ops import (
+    AttentionRows,
+    BucketMemo,
+    RelativeBias,
+    attention_kernel,
+    position_buckets,
+)
 from relay_engine.core.model.options import ModelConfig
 from relay_engine.core.model.values import History, ModelInputError, PrefixKV
 
@@ -304,6 +310,7 @@ class HSTUModel(nn.Module):
         attend = attention_kernel(self.device)
         new_kv = torch.empty(c.num_layers, 2, H, Tn, D, device=self.device)
         scale = 1.0 / math.sqrt(D) if c.attn_scale == "rsqrt_dim" else 1.0
+        memo = BucketMemo()  # the bias tiles' bucket indices, computed by the first layer for all of them
         for li, layer in enumerate(self.layers):
             if li and between_layers is not None:
                 between_layers()
@@ -315,7 +322,7 @@ class HSTUModel(nn.Module):
             new_kv[li, 0] = k[:, :Tn]
             new_kv[li, 1] = v[:, :Tn]
             prefix_k, prefix_v = (None, None) if cached is None else (cached.kv[li, 0], cached.kv[li, 1])
-            bias = RelativeBias(layer.pos_bias, layer.time_bias, self.pos_bucket_of_diff, c.time_buckets)
+            bias = RelativeBias(layer.pos_bias, layer.time_bias, self.pos_bucket_of_diff, c.time_buckets, memo)
             if between_layers is not None:
                 between_layers()
             attn = attend(q, k, v, prefix_k, prefix_v, attn_rows, bias, between_steps=between_layers)  # [H, rows, D]

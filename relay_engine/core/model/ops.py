@@ -29,6 +29,9 @@ from relay_engine.core.model.options import ModelConfig
 _SCORE_TILE_ELEMS = 1 << 20
 # Rows (and keys) per tile of the causal part; ``ModelConfig.block_rows`` may ask for fewer.
 _CAUSAL_TILE_ROWS = 128
+# Bucket indices one forward keeps for its later layers (``BucketMemo``): a 2048-token prefill's time
+# buckets are 9 MiB; a longer one keeps its first tiles' and computes the rest in every layer.
+_MEMO_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,30 @@ class AttentionRows:
     max_tile_rows: int  # ``ModelConfig.block_rows``
 
 
+class BucketMemo:
+    """The bucket indices of one forward's bias tiles, kept by its first layer for the others.
+
+    They depend only on positions and times, which every layer of a forward shares (each layer has
+    its own weights per bucket); recomputing them was most of the time bias's cost (a log per score,
+    in every layer). Keeps up to ``budget_bytes``; past it, a tile's indices are computed each time.
+    One per forward: never shared between forwards or threads.
+    """
+
+    def __init__(self, budget_bytes: int = _MEMO_BYTES):
+        self._tiles: dict[tuple, torch.Tensor] = {}
+        self._left = budget_bytes
+
+    def get(self, key: tuple, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        found = self._tiles.get(key)
+        if found is not None:
+            return found
+        found = compute()
+        nbytes = found.numel() * found.element_size()
+        if nbytes <= self._left:
+            self._tiles[key], self._left = found, self._left - nbytes
+        return found
+
+
 @dataclass(frozen=True)
 class RelativeBias:
     """One layer's relative attention bias: per head, a weight per position bucket and per time bucket."""
@@ -55,21 +82,30 @@ class RelativeBias:
     time: torch.Tensor  # [H, num_time_buckets]
     bucket_of_diff: torch.Tensor  # [max_seq_len + 2]: the position bucket of each distance (``position_buckets``)
     time_buckets: str  # ``ModelConfig.time_buckets``
+    memo: BucketMemo | None = None  # the forward's, shared by its layers; None: computed every time
 
     def position_tile(self, first_diff: int, n_rows: int, n_keys: int) -> torch.Tensor:
         """[H, n_rows, n_keys]: the position bias of row i against key j, first_diff + i − j positions
         apart (negative differences, masked pairs, read difference 0). A Toeplitz matrix, so it is
         one strided copy of a short vector rather than a gather per element."""
-        table = self.bucket_of_diff
-        diffs = torch.arange(first_diff - n_keys + 1, first_diff + n_rows, device=table.device)
-        w = self.position.index_select(1, table[diffs.clamp_(0, table.numel() - 1)])  # [H, n_rows + n_keys − 1]
+        def buckets() -> torch.Tensor:
+            table = self.bucket_of_diff
+            diffs = torch.arange(first_diff - n_keys + 1, first_diff + n_rows, device=table.device)
+            return table.index_select(0, diffs.clamp_(0, table.numel() - 1))  # [n_rows + n_keys − 1]
+
+        idx = buckets() if self.memo is None else self.memo.get(("position", first_diff, n_rows, n_keys), buckets)
+        w = self.position.index_select(1, idx)  # [H, n_rows + n_keys − 1]
         # hankel[h, i, j'] = w[h, i + j']; with j' = n_keys − 1 − j that is the bias at first_diff + i − j
         return w.as_strided((w.shape[0], n_rows, n_keys), (w.stride(0), 1, 1)).flip(-1)
 
-    def time_tile(self, dt: torch.Tensor) -> torch.Tensor:
-        """[H, *dt.shape]: the time bias of each time difference (s) between a query and a key."""
-        buckets = time_buckets(dt, self.time.shape[1], self.time_buckets)
-        return self.time.index_select(1, buckets.reshape(-1)).view(-1, *dt.shape)
+    def time_tile(self, ts_q: torch.Tensor, ts_k: torch.Tensor, key: tuple) -> torch.Tensor:
+        """[H, *(ts_q − ts_k).shape]: the time bias of each time difference (s) between a query and a
+        key (``ts_q`` and ``ts_k`` broadcast); ``key`` names the tile within its forward (the memo's)."""
+        def buckets() -> torch.Tensor:
+            return time_buckets(ts_q - ts_k, self.time.shape[1], self.time_buckets).int()  # int32: half the memo
+
+        idx = buckets() if self.memo is None else self.memo.get(("time", *key), buckets)
+        return self.time.index_select(1, idx.reshape(-1)).view(-1, *idx.shape)
 
 
 class AttentionKernel(Protocol):
@@ -95,17 +131,18 @@ def pytorch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_
         hist = _attend_causal(bias, q[:, :Tn], k[:, :Tn], v[:, :Tn], rows.ts_query, rows.ts_history, use_pos,
                               rows.max_tile_rows, between_steps)
         if Tp:
-            hist += _attend_visible(bias, q[:, :Tn], Tp, rows.ts_query, prefix_k, prefix_v, rows.ts_prefix, use_pos)
+            hist += _attend_visible(bias, q[:, :Tn], Tp, rows.ts_query, prefix_k, prefix_v, rows.ts_prefix, use_pos,
+                                    "history rows, prefix keys")
         parts.append(hist)  # [H, Tn, D]
     if C:
         qc = q[:, Tn:]  # [H, C, D]
         cand = torch.zeros(H, C, D, device=q.device)  # every history key, ...
         if Tp:
             cand += _attend_visible(bias, qc, L, rows.ts_candidates, prefix_k, prefix_v, rows.ts_prefix, use_pos,
-                                    one_position=True)
+                                    "candidates, prefix keys", one_position=True)
         if Tn:
             cand += _attend_visible(bias, qc, L - Tp, rows.ts_candidates, k[:, :Tn], v[:, :Tn], rows.ts_history,
-                                    use_pos, one_position=True)
+                                    use_pos, "candidates, history keys", one_position=True)
         # ... and itself: distance 0, time difference 0 (bucket 0 under every bucket function)
         s_self = (qc * k[:, Tn:]).sum(-1)  # [H, C]
         if use_pos:
@@ -161,8 +198,8 @@ def _attend_causal(bias: RelativeBias, q: torch.Tensor, k: torch.Tensor, v: torc
             if pos is not None:
                 s.add_(pos)
             if tq_t is not None:
-                dt = tq_t[i0:i1, :, None] - tk_t[i0 - d:i1 - d, None, :]  # [m, b, b]
-                s.add_(bias.time_tile(dt).transpose(0, 1))
+                time = bias.time_tile(tq_t[i0:i1, :, None], tk_t[i0 - d:i1 - d, None, :], ("causal", b, d, i0, i1))
+                s.add_(time.transpose(0, 1))  # [H, m, b, b] → [m, H, b, b]
             F.silu(s, inplace=True)
             if d == 0:
                 s.mul_(causal)
@@ -171,14 +208,14 @@ def _attend_causal(bias: RelativeBias, q: torch.Tensor, k: torch.Tensor, v: torc
 
 
 def _attend_visible(bias: RelativeBias, q: torch.Tensor, first_diff: int, ts_q: torch.Tensor | None,
-                    k: torch.Tensor, v: torch.Tensor, ts_k: torch.Tensor | None, use_pos: bool, *,
+                    k: torch.Tensor, v: torch.Tensor, ts_k: torch.Tensor | None, use_pos: bool, which: str, *,
                     one_position: bool = False) -> torch.Tensor:
     """Un-normalised A·V of rows over keys that every row sees whole.
 
     q (pre-scaled): [H, n, D]; k, v: [H, T, D] → [H, n, D]. Row i and key j are first_diff + i − j
     positions apart, or first_diff − j for every row when ``one_position`` (the candidates: one
     position and one timestamp, ts_q [1], so their bias is one row, broadcast). Keys are taken in
-    chunks so the [H, n, chunk] scores stay cache-sized.
+    chunks so the [H, n, chunk] scores stay cache-sized. ``which`` names the rows and keys (the memo's key).
     """
     H, n, D = q.shape
     bias_rows = 1 if one_position else n
@@ -189,7 +226,7 @@ def _attend_visible(bias: RelativeBias, q: torch.Tensor, first_diff: int, ts_q: 
         j1 = min(T, j0 + chunk)
         b = bias.position_tile(first_diff - j0, bias_rows, j1 - j0) if use_pos else None  # [H, n|1, w]
         if ts_q is not None and ts_k is not None:
-            time = bias.time_tile(ts_q[:, None] - ts_k[None, j0:j1])  # [H, n|1, w]
+            time = bias.time_tile(ts_q[:, None], ts_k[None, j0:j1], (which, j0, j1))  # [H, n|1, w]
             b = time if b is None else b + time
         s = torch.bmm(q, k[:, j0:j1].transpose(1, 2))  # [H, n, w]
         if b is not None:  # added after the GEMM: baddbmm would first copy the broadcast bias into s
