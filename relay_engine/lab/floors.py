@@ -12,6 +12,13 @@ peak, or its unavoidable bytes at the device's memory bandwidth, whichever is lo
   few copies of a ``BANDWIDTH_MIB`` tensor (read + write bytes). A ratio of a forward to its floor is
   only as good as these two: they are printed beside it.
 
+* **The GEMMs at their shapes**: every matmul the forward runs is recorded (``TorchDispatchMode``)
+  and replayed alone, on fresh operands of the same sizes and strides, warm, the fastest of a few.
+  Their sum is what this GEMM library does for these shapes at best; the forward's time beyond it
+  is everything else (pointwise passes, copies, dispatch). It splits the distance to the floor in
+  two: the GEMMs' own distance from the 1024³ peak (attention's inner dimension is ``head_dim``, far
+  too short for it), and the rest.
+
 ``python -m relay_engine.profile --floors`` prints the table (``make profile ARGS="--floors --threads 1"``
 for one core).
 """
@@ -23,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from relay_engine.core import devices
@@ -82,6 +90,56 @@ def matmul_flops(fn: Callable[[], object]) -> int:
     return int(counter.get_total_flops())
 
 
+_GEMMS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_, torch.ops.aten.bmm,
+                    torch.ops.aten.baddbmm, torch.ops.aten.baddbmm_})
+
+
+@dataclass(frozen=True)
+class GemmCall:
+    """One matmul of a forward: its op and its arguments, tensors kept as (size, stride)."""
+
+    op: object  # an aten OpOverload
+    args: tuple
+    kwargs: dict
+
+    def replay(self, device: torch.device) -> Callable[[], object]:
+        """The same call on fresh operands of the same layouts (random values: a GEMM's time does not
+        depend on them, but zeros could hit a shortcut)."""
+        def fresh(a):
+            if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], torch.Size):
+                return torch.empty_strided(a[0], a[1], device=device).normal_()
+            return a
+        args, kwargs = tuple(map(fresh, self.args)), {k: fresh(v) for k, v in self.kwargs.items()}
+        return lambda: self.op(*args, **kwargs)
+
+
+class _GemmRecorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[GemmCall] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket in _GEMMS:
+            def layout(a):
+                return (a.size(), a.stride()) if isinstance(a, torch.Tensor) else a
+            self.calls.append(GemmCall(func, tuple(map(layout, args)), {k: layout(v) for k, v in kwargs.items()}))
+        return func(*args, **kwargs)
+
+
+def gemm_calls(fn: Callable[[], object]) -> list[GemmCall]:
+    """Every matmul one call of ``fn`` runs, in order."""
+    recorder = _GemmRecorder()
+    with recorder:
+        fn()
+    return recorder.calls
+
+
+def gemms_alone_ms(calls: list[GemmCall], device: torch.device, repeats: int = ROOFLINE_REPEATS) -> float:
+    """The forward's matmuls, each run alone and warm at its own shape (the fastest of ``repeats``), summed."""
+    return sum(fastest_s(call.replay(device), device, repeats) for call in calls) * 1000
+
+
 def layer_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the weights every forward reads whole: all parameters but the item-embedding table."""
     table = getattr(model, "item_emb", None)
@@ -99,6 +157,7 @@ class FloorRow:
     compute_ms: float
     memory_ms: float
     measured_ms: float
+    gemms_ms: float  # the forward's matmuls alone at their shapes (``gemms_alone_ms``)
 
     @property
     def floor_ms(self) -> float:
@@ -112,19 +171,29 @@ class FloorRow:
     def times_floor(self) -> float:
         return self.measured_ms / self.floor_ms if self.floor_ms > 0 else float("inf")
 
+    @property
+    def gemms_times_floor(self) -> float:
+        return self.gemms_ms / self.floor_ms if self.floor_ms > 0 else float("inf")
+
 
 def floor_row(op: str, tokens: int, fn: Callable[[], object], nbytes: int, roofline: Roofline,
-              measured_ms: float) -> FloorRow:
-    """``fn`` run once under the FLOP counter; ``nbytes``: what it cannot avoid moving."""
+              measured_ms: float, device: torch.device | None = None) -> FloorRow:
+    """``fn`` run once under the FLOP counter and once recording its matmuls, which are then timed
+    alone; ``nbytes``: what it cannot avoid moving."""
     flops = matmul_flops(fn)
+    gemms_ms = gemms_alone_ms(gemm_calls(fn), device or torch.device(roofline.device))
     return FloorRow(op, tokens, flops, nbytes, flops / roofline.matmul_flops_per_s * 1000,
-                    nbytes / roofline.bytes_per_s * 1000, measured_ms)
+                    nbytes / roofline.bytes_per_s * 1000, measured_ms, gemms_ms)
 
 
 def markdown(rows: list[FloorRow], roofline: Roofline) -> str:
     lines = [f"arithmetic floors: {roofline.describe()}", "",
-             "| operation | prefix tokens | MFLOP | floor bytes (MiB) | floor (ms) | bound by | measured (ms) | × floor |",
-             "|---|---:|---:|---:|---:|---|---:|---:|"]
+             "| operation | prefix tokens | MFLOP | floor bytes (MiB) | floor (ms) | bound by "
+             "| GEMMs alone (ms) | × floor | measured (ms) | × floor | GEMMs' share |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r.op} | {r.tokens} | {r.flops / 1e6:.0f} | {r.nbytes / 2**20:.1f} | {r.floor_ms:.2f} "
-              f"| {r.bound_by} | {r.measured_ms:.2f} | {r.times_floor:.1f}× |" for r in rows]
+              f"| {r.bound_by} | {r.gemms_ms:.2f} | {r.gemms_times_floor:.1f}× | {r.measured_ms:.2f} "
+              f"| {r.times_floor:.1f}× | {r.gemms_ms / r.measured_ms:.0%} |" for r in rows]
+    lines += ["", "GEMMs alone: the forward's matmuls replayed one by one at their own shapes, warm (the best "
+              "this library does for them); the rest of the measured time is pointwise passes, copies and dispatch."]
     return "\n".join(lines)

@@ -90,7 +90,7 @@ def floor_rows(model: HSTUModel, features: SyntheticFeatures, lengths, n_short: 
         kv_bytes = {"rank_full": 0, "prefill": kv.nbytes, "rank": kv.nbytes}
         for op, fn in operations(model, prefix, short, cands, kv).items():
             rows.append(floors.floor_row(op, length, fn, weights + kv_bytes[op], roofline,
-                                         median_ms(fn, repeats, model.device)))
+                                         median_ms(fn, repeats, model.device), model.device))
     return rows
 
 
