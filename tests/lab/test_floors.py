@@ -44,3 +44,13 @@ def test_floors_and_fit_are_separate_runs(capsys):
         main(["--floors", "--fit", "--out", "x.json"])
     assert exc.value.code == 2
     assert "--floors and --fit" in capsys.readouterr().err
+
+
+def test_the_gemms_of_a_forward_are_recorded_with_their_layouts_and_replay_at_the_same_shapes():
+    a, b = torch.randn(3, 8, 4), torch.randn(3, 16, 4).transpose(1, 2)  # b: a transposed view, as k.transpose
+    c = torch.randn(3, 8, 16)
+    calls = floors.gemm_calls(lambda: (torch.bmm(a, b).add_(1), c.baddbmm_(a, b), torch.randn(2, 2) @ torch.randn(2, 2)))
+    assert [call.op.overloadpacket for call in calls] == [torch.ops.aten.bmm, torch.ops.aten.baddbmm_, torch.ops.aten.mm]
+    assert calls[0].args[1] == (b.size(), b.stride())  # the transposed layout, not a contiguous copy
+    assert calls[0].replay(torch.device("cpu"))().shape == (3, 8, 16)
+    assert floors.gemms_alone_ms(calls, torch.device("cpu"), repeats=1) > 0
