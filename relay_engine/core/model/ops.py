@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -126,31 +126,32 @@ def pytorch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_
     Tp, Tn, C = rows.n_prefix, rows.n_history, rows.n_candidates
     L = Tp + Tn
     use_pos = rows.use_position
-    parts = []  # A·V, before normalisation, of the history rows then the candidate rows
+    # A·V before normalisation, of the history rows then the candidate rows. Every row sees the whole
+    # prefix: history rows and candidates take it in one GEMM per chunk of keys, each with its own bias.
+    if Tp:
+        runs = [_QueryRun(0, Tn, Tp, False, rows.ts_query, "history rows, prefix keys"),
+                _QueryRun(Tn, Tn + C, L, True, rows.ts_candidates, "candidates, prefix keys")]
+        out = _attend_visible(bias, q, [r for r in runs if r.stop > r.start], prefix_k, prefix_v, rows.ts_prefix,
+                              use_pos)
+    else:
+        out = torch.zeros(H, Tn + C, D, device=q.device)
     if Tn:
-        hist = _attend_causal(bias, q[:, :Tn], k[:, :Tn], v[:, :Tn], rows.ts_query, rows.ts_history, use_pos,
-                              rows.max_tile_rows, between_steps)
-        if Tp:
-            hist += _attend_visible(bias, q[:, :Tn], Tp, rows.ts_query, prefix_k, prefix_v, rows.ts_prefix, use_pos,
-                                    "history rows, prefix keys")
-        parts.append(hist)  # [H, Tn, D]
+        out[:, :Tn].add_(_attend_causal(bias, q[:, :Tn], k[:, :Tn], v[:, :Tn], rows.ts_query, rows.ts_history,
+                                        use_pos, rows.max_tile_rows, between_steps))
     if C:
-        qc = q[:, Tn:]  # [H, C, D]
-        cand = torch.zeros(H, C, D, device=q.device)  # every history key, ...
-        if Tp:
-            cand += _attend_visible(bias, qc, L, rows.ts_candidates, prefix_k, prefix_v, rows.ts_prefix, use_pos,
-                                    "candidates, prefix keys", one_position=True)
+        qc, cand = q[:, Tn:], out[:, Tn:]  # [H, C, D]: the candidates see every history key, ...
         if Tn:
-            cand += _attend_visible(bias, qc, L - Tp, rows.ts_candidates, k[:, :Tn], v[:, :Tn], rows.ts_history,
-                                    use_pos, "candidates, history keys", one_position=True)
+            cand += _attend_visible(bias, qc, [_QueryRun(0, C, L - Tp, True, rows.ts_candidates,
+                                                         "candidates, history keys")],
+                                    k[:, :Tn], v[:, :Tn], rows.ts_history, use_pos)
         # ... and itself: distance 0, time difference 0 (bucket 0 under every bucket function)
         s_self = (qc * k[:, Tn:]).sum(-1)  # [H, C]
         if use_pos:
             s_self = s_self + bias.position[:, bias.bucket_of_diff[0], None]
         if rows.ts_candidates is not None:
             s_self = s_self + bias.time[:, 0:1]
-        parts.append(cand + F.silu(s_self)[..., None] * v[:, Tn:])
-    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)) / rows.n_keys[None, :, None]
+        cand += F.silu(s_self)[..., None] * v[:, Tn:]
+    return out.div_(rows.n_keys[None, :, None])
 
 
 # Kernels by name, and the one each device type runs (a type not named runs "pytorch").
@@ -207,30 +208,43 @@ def _attend_causal(bias: RelativeBias, q: torch.Tensor, k: torch.Tensor, v: torc
     return acc.transpose(0, 1).reshape(H, n_tiles * b, D)[:, :T]
 
 
-def _attend_visible(bias: RelativeBias, q: torch.Tensor, first_diff: int, ts_q: torch.Tensor | None,
-                    k: torch.Tensor, v: torch.Tensor, ts_k: torch.Tensor | None, use_pos: bool, which: str, *,
-                    one_position: bool = False) -> torch.Tensor:
+class _QueryRun(NamedTuple):
+    """Rows start…stop − 1 of a forward's queries, which see a run of keys whole: row i and key j are
+    first_diff + (i − start) − j positions apart, or first_diff − j for every row when ``one_position``
+    (the candidates: one position and one timestamp, ts_q [1], so their bias is one row, broadcast).
+    ``which`` names the rows and the keys (the bucket memo's key)."""
+
+    start: int
+    stop: int
+    first_diff: int
+    one_position: bool
+    ts_q: torch.Tensor | None
+    which: str
+
+
+def _attend_visible(bias: RelativeBias, q: torch.Tensor, runs: list[_QueryRun], k: torch.Tensor, v: torch.Tensor,
+                    ts_k: torch.Tensor | None, use_pos: bool) -> torch.Tensor:
     """Un-normalised A·V of rows over keys that every row sees whole.
 
-    q (pre-scaled): [H, n, D]; k, v: [H, T, D] → [H, n, D]. Row i and key j are first_diff + i − j
-    positions apart, or first_diff − j for every row when ``one_position`` (the candidates: one
-    position and one timestamp, ts_q [1], so their bias is one row, broadcast). Keys are taken in
-    chunks so the [H, n, chunk] scores stay cache-sized. ``which`` names the rows and keys (the memo's key).
+    q (pre-scaled): [H, n, D]; k, v: [H, T, D] → [H, n, D]; ``runs`` cover the rows, each with its
+    own bias. Keys are taken in chunks so the [H, n, chunk] scores stay cache-sized; each chunk is
+    one GEMM for every row, the biases added after it (baddbmm would first copy a broadcast bias
+    into the scores).
     """
     H, n, D = q.shape
-    bias_rows = 1 if one_position else n
     T = k.shape[1]
     out = torch.zeros(H, n, D, device=q.device)
     chunk = max(1, _SCORE_TILE_ELEMS // (H * n))
     for j0 in range(0, T, chunk):
         j1 = min(T, j0 + chunk)
-        b = bias.position_tile(first_diff - j0, bias_rows, j1 - j0) if use_pos else None  # [H, n|1, w]
-        if ts_q is not None and ts_k is not None:
-            time = bias.time_tile(ts_q[:, None], ts_k[None, j0:j1], (which, j0, j1))  # [H, n|1, w]
-            b = time if b is None else b + time
         s = torch.bmm(q, k[:, j0:j1].transpose(1, 2))  # [H, n, w]
-        if b is not None:  # added after the GEMM: baddbmm would first copy the broadcast bias into s
-            s.add_(b)
+        for run in runs:
+            rows = s[:, run.start:run.stop]
+            if use_pos:
+                rows.add_(bias.position_tile(run.first_diff - j0, 1 if run.one_position else run.stop - run.start,
+                                             j1 - j0))  # [H, n|1, w]
+            if run.ts_q is not None and ts_k is not None:
+                rows.add_(bias.time_tile(run.ts_q[:, None], ts_k[None, j0:j1], (run.which, j0, j1)))  # [H, n|1, w]
         out.baddbmm_(F.silu(s, inplace=True), v[:, j0:j1])
     return out
 
