@@ -14,7 +14,7 @@ from relay_engine.core.model import ModelConfig
 from relay_engine.core.outcomes import Outcome
 from relay_engine.core.wire import ACK
 from relay_engine.lab.bench.modes import MODES_BY_NAME, Regime, served_policy
-from relay_engine.lab.bench.product import ERROR, ProductFleet, ProductMeasure
+from relay_engine.lab.bench.product import ERROR, ProductFleet, ProductMeasure, newest_that_fit
 from relay_engine.lab.bench.settings import BenchSettings
 from relay_engine.lab.bench.stats import CACHED
 from relay_engine.lab.bench.workload import paired_windows
@@ -68,3 +68,26 @@ def test_every_instance_runs_the_policy_the_bench_published_last(product):
     expected = served_policy(mode, REGIME).sha256()
     assert {(s.applied_generation, s.applied_sha256, s.config_state) for s in statuses.values()} == \
         {(fleet.generation, expected, ACK)}
+
+
+def test_priming_keeps_the_newest_distinct_prefixes_that_fill_the_budget_oldest_first():
+    seen = [("a", 10), ("b", 10), ("a", 10), ("c", 20), ("b", 10), ("d", 10)]
+    # newest first: d (10), b (10), c (20) reaches 40; the older a is left out
+    assert newest_that_fit(seen, 40, lambda n: n) == [("c", 20), ("b", 10), ("d", 10)]
+    assert newest_that_fit(seen, 35, lambda n: n) == [("c", 20), ("b", 10), ("d", 10)]  # c crosses it: kept
+    assert newest_that_fit(seen, 0, lambda n: n) == []
+    assert newest_that_fit(seen, 10**6, lambda n: n) == [("a", 10), ("c", 20), ("b", 10), ("d", 10)]  # by last use
+
+
+def test_a_primed_window_finds_prefixes_of_users_it_has_not_served_yet(product):
+    # Without pre-inference (relay_cache_only) a user's first request in a window can only be served
+    # from a cache if priming left the user's prefix there, as serving the primed part would have.
+    fleet, measure = product
+    primed = paired_windows(len(measure.queries), 1, SETTINGS.warmup_queries, SETTINGS.measured_queries, 40)[0]
+    assert primed.primed == 40
+    reports = measure._window(MODES_BY_NAME["relay_cache_only"], CAP, QPS, primed)
+    outcome = {query: out for r in reports for (query, _, out, measured) in r.ranks if measured}
+    firsts = [i for i in range(primed.first_measured, primed.end)
+              if measure.queries[i].user_id not in {measure.queries[j].user_id for j in range(primed.start, i)}]
+    assert firsts and len(outcome) == SETTINGS.measured_queries
+    assert sum(outcome[i] in CACHED for i in firsts) > 0

@@ -15,16 +15,26 @@ the mode routes at random (``workload.route``'s choice, then sent to that instan
 request's latency runs from its scheduled arrival to its answer at the client, so the dispatcher's
 lateness and every Redis hop count; a deadline error counts at its latency, as on the lab fleet.
 
+Priming: the lab fleet starts a relay mode's window with its tiers as serving the window's primed
+part (one entry TTL of the trace before it) would leave them, inserted without a forward pass. The
+workers have no such door, and should not: here the primed part's prefixes are left behind the way
+serving leaves them, by a ranking request each (a miss keeps the prefix it computed), one token of
+short-term history and one candidate, sent to the instance its router picks (``prime``). Only the
+newest distinct prefixes that fill an instance's HBM and DRAM budgets are sent: older ones would be
+evicted by these anyway. Without it every window started cold, and 17 points fewer of the measured
+requests found their user's prefix seen before (the default trace: 45 % against 62 % primed).
+
 What differs from the lab fleet, by design or not yet done: instances are long-lived, so each window
 starts by publishing the baseline policy (no cache: the tiers are freed) and then the mode's, instead
-of a fresh engine; the primed part of a window is not replayed (the warm-up part is, in full), so the
-tiers start cold; instances are not pinned to cores; pre-infer admissions and the tiers' peaks stay
-in the workers' telemetry and are not read back into the point.
+of a fresh engine; priming fills HBM and DRAM, never the disk tier below them; instances are not
+pinned to cores; pre-infer admissions and the tiers' peaks stay in the workers' telemetry and are not
+read back into the point.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -32,7 +42,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -44,7 +54,15 @@ from relay_engine.lab.bench.instances import START_MARGIN_S
 from relay_engine.lab.bench.measure import RealMeasure
 from relay_engine.lab.bench.modes import MODES_BY_NAME, Mode, served_policy
 from relay_engine.lab.bench.settings import BenchSettings
-from relay_engine.lab.bench.workload import Event, InstanceReport, Window, route, schedule, window_rng
+from relay_engine.lab.bench.workload import (
+    Event,
+    InstanceReport,
+    Window,
+    primed_routes,
+    route,
+    schedule,
+    window_rng,
+)
 from workers.app import redis_client
 from workers.client import PendingRank, RankDeadlineExceeded, RelayClient, RelayError
 from workers.embedded_redis import EmbeddedRedis
@@ -53,6 +71,8 @@ from workers.pool import PoolSupervisor, wait_until_live
 from workers.settings import Settings
 
 START_TIMEOUT_S = 120.0
+PRIME_DEADLINE_S = 120.0  # a priming request's deadline: it must leave its prefix, not be fast
+PRIME_SETTLE_S = 1.0  # after the last priming answer: demotions down the tiers finish in the background
 CONVERGE_TIMEOUT_S = 30.0
 PUBLISHED_BY = "relay_engine.bench"
 WAITERS = 64  # threads awaiting answers: ranking requests in flight at once
@@ -83,6 +103,7 @@ class ProductFleet:
         weights = self.workdir / "model.pt"
         model.save(weights, source={"written_by": PUBLISHED_BY})
         self.model_version = model.version
+        self.prefix_nbytes = functools.partial(model.prefix_nbytes, with_timestamps=s.with_timestamps)
         self.worker = Settings.from_env(
             {}, redis_url=redis_url, key_prefix=f"bench-{uuid.uuid4().hex[:10]}", pool="bench",
             pool_size=s.instances, device="cpu", model=str(weights), rank_threads=s.rank_threads,
@@ -193,6 +214,30 @@ class ProductFleet:
                     record(ev, arrival, ERROR, where)
         return list(reports.values())
 
+    def prime(self, prefixes: dict[str, Sequence[tuple[str, int]]]) -> int:
+        """Leave each (user, prefix tokens) in its instance's tiers, in order, the way serving it does:
+        a ranking request each, answered as a miss that keeps its prefix (at most the instance's rank
+        threads at once, so the order holds). Returns how many were answered; waits for all of them."""
+        deadline_s = time.time() + PRIME_DEADLINE_S
+
+        def rank(instance: str, user_id: str, n: int) -> bool:
+            payload = RankPayload(user_id, deadline_s=deadline_s, seq_len=n, short_len=1, n_candidates=1)
+            try:
+                self.client.send_rank(payload, instance=instance).wait()
+            except RelayError:
+                return False
+            return True
+
+        def prime_one(instance: str) -> int:
+            with ThreadPoolExecutor(max_workers=self.settings.rank_threads) as pool:
+                return sum(pool.map(lambda un: rank(instance, *un), prefixes.get(instance, ())))
+
+        with ThreadPoolExecutor(max_workers=max(1, len(prefixes))) as per_instance:
+            answered = sum(per_instance.map(prime_one, list(prefixes)))
+        if answered:
+            time.sleep(PRIME_SETTLE_S)
+        return answered
+
     # --- teardown ------------------------------------------------------------------------------
 
     def _forget_keys(self) -> None:
@@ -209,16 +254,53 @@ class ProductFleet:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def newest_that_fit(prefixes: Sequence[tuple[str, int]], budget_bytes: int, nbytes: Callable[[int], int]
+                    ) -> list[tuple[str, int]]:
+    """Of (user, prefix tokens) in trace order, the newest distinct ones whose caches fill
+    ``budget_bytes`` (the one that crosses it included), oldest first: what an LRU tier stack of
+    that size holds after serving them all, in the order that leaves it so."""
+    seen: set[tuple[str, int]] = set()
+    kept: list[tuple[str, int]] = []
+    used = 0
+    for prefix in reversed(prefixes):
+        if used >= budget_bytes:
+            break
+        if prefix not in seen:
+            seen.add(prefix)
+            kept.append(prefix)
+            used += nbytes(prefix[1])
+    return kept[::-1]
+
+
 class ProductMeasure(RealMeasure):
     """``sweeps.Measure`` through the product's path: ``RealMeasure``'s points (windows, contention
     check, redo), each window replayed on ``ProductFleet`` under the mode's published policy."""
 
     fleet: ProductFleet
 
+    def primed_prefixes(self, mode: Mode, policy: PolicySpec, cap: int, window: Window) -> dict[str, list]:
+        """Each instance's share of the window's primed part, as its router sends it (the client's for
+        affinity, the lab's random choices otherwise), cut to what its HBM and DRAM budgets hold."""
+        names = self.fleet.names
+        if mode.affinity:
+            by_instance: dict[str, list[tuple[str, int]]] = {n: [] for n in names}
+            for i in range(window.prime_start, window.start):
+                q = self.queries[i]
+                by_instance[self.fleet.client.route(q.user_id)].append((q.user_id, min(q.seq_len, cap)))
+        else:
+            routes = primed_routes(self.queries, window, names, False, window_rng(self.s.seed, window))
+            by_instance = {n: [(self.queries[i].user_id, min(self.queries[i].seq_len, cap)) for i in idx]
+                           for n, idx in routes.items()}
+        budget = policy.cache.hbm_budget_bytes + policy.cache.dram_budget_bytes
+        return {n: newest_that_fit(p, budget, self.fleet.prefix_nbytes) for n, p in by_instance.items()}
+
     def _window(self, mode: Mode, cap: int, qps: float, window: Window) -> list[InstanceReport]:
-        # Long-lived instances: the baseline (no cache) frees every tier, so each window starts cold.
+        # Long-lived instances: the baseline (no cache) frees every tier, then the primed part refills them.
         self.fleet.publish(served_policy(BASELINE, self.regime))
-        self.fleet.publish(served_policy(mode, self.regime))
+        policy = served_policy(mode, self.regime)
+        self.fleet.publish(policy)
+        if mode.relay and window.primed:
+            self.fleet.prime(self.primed_prefixes(mode, policy, cap, window))
         events = schedule(self.queries, window, cap=cap, qps=qps, trace_rate=self.rate,
                           time_scale=self.regime.time_scale, with_preinfer=mode.preinfer)
         instances = None
