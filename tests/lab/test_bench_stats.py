@@ -202,3 +202,38 @@ def test_cpu_parts_split_a_real_instances_process_time_into_ranks_prefills_and_t
     del reports[1].cpu_ms["cores_busy"]  # where /proc cannot tell for one, no share is claimed for any
     assert "others_share" not in cpu_parts(reports)
     assert cpu_parts([InstanceReport()]) == {}  # the simulator's reports have none
+
+
+def test_a_refined_load_sweep_measures_once_more_between_its_crossing_pair_and_interpolates_there():
+    from relay_engine.lab.bench.modes import MODES_BY_NAME
+    from relay_engine.lab.bench.sweeps import sweep
+
+    def measure(mode, cap, qps):  # P99 convex in the load: 100 ms (the SLO) at 10.5 QPS
+        p = point(np.full(200, 100.0 * (qps / 10.5) ** 4))
+        p.cap, p.qps = cap, qps
+        return p
+
+    grid = [8.0, 8.0 * 2 ** 0.5, 16.0]
+    plain = sweep(measure, MODES_BY_NAME["relay"], "qps", grid, 512, 100.0)
+    refined = sweep(measure, MODES_BY_NAME["relay"], "qps", grid, 512, 100.0, refine=True)
+    assert sorted(plain.x(p) for p in plain.points) == [8.0, 8.0 * 2 ** 0.5]  # bisection: the pair only
+    assert len(refined.points) == len(plain.points) + 1
+    assert refined.x(refined.points[-1]) == pytest.approx(8.0 * 2 ** 0.25)  # between 8 (pass) and 11.3 (fail)
+    # closer to the true 10.5 than the plain sweep's interpolation across the whole √2 step
+    assert abs(refined.crossing.value - 10.5) < abs(plain.crossing.value - 10.5)
+
+
+def test_a_refined_cap_sweep_measures_a_multiple_of_64_tokens_and_nothing_where_none_fits_between():
+    from relay_engine.lab.bench.modes import MODES_BY_NAME
+    from relay_engine.lab.bench.sweeps import sweep
+
+    def measure(mode, cap, qps):  # passes up to 700 tokens
+        p = point(np.full(200, 50.0 if cap <= 700 else 150.0))
+        p.cap, p.qps = cap, qps
+        return p
+
+    found = sweep(measure, MODES_BY_NAME["relay"], "cap", [256, 512, 768, 1024], 10.0, 100.0, refine=True)
+    assert sorted(found.x(p) for p in found.points)[-3:] == [512, 640, 768]
+    assert found.best_passing == 640
+    tight = sweep(measure, MODES_BY_NAME["relay"], "cap", [640, 704], 10.0, 100.0, refine=True)
+    assert len(tight.points) == 2  # √(640·704) rounds to 704: no cap in between

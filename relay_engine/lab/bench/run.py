@@ -45,15 +45,16 @@ from relay_engine.lab.traffic import describe
 
 
 def guided_sweep(measure: Measure, predict: Measure | None, mode: Mode, variable: str, grid: Sequence[float],
-                 fixed: float, slo_ms: float) -> tuple[Sweep, dict | None]:
-    """The real sweep, started where the simulator's sweep crossed (when there is a simulator)."""
+                 fixed: float, slo_ms: float, refine: bool = False) -> tuple[Sweep, dict | None]:
+    """The real sweep, started where the simulator's sweep crossed (when there is a simulator);
+    with ``refine``, one more point between its crossing's pair (``sweeps.refine_crossing``)."""
     start, predicted = None, None
     if predict is not None:
         sim = sweep(predict, mode, variable, grid, fixed, slo_ms)
         start = nearest_index(grid, sim.crossing.value)
         predicted = {"crossing": round(sim.crossing.value, 3), "bound": sim.crossing.bound,
                      "points": [{"x": sim.x(p), "p99_ms": p.summary()["p99_ms"]} for p in sim.points]}
-    return sweep(measure, mode, variable, grid, fixed, slo_ms, start), predicted
+    return sweep(measure, mode, variable, grid, fixed, slo_ms, start, refine=refine), predicted
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ def measure_sweeps(s: BenchSettings, measure: Measure, predict: Measure | None, 
     if s.seq_len_sweeps:
         baseline, relay = by_name["baseline"], by_name["relay"]
         for mode in (baseline, relay):
-            sweeps[mode.name]["cap"] = guided_sweep(measure, predict, mode, "cap", s.caps, ref_qps, slo_ms)
+            sweeps[mode.name]["cap"] = guided_sweep(measure, predict, mode, "cap", s.caps, ref_qps, slo_ms,
+                                                    s.refine_crossings)
         headline = s.headline_cap or int(sweeps["baseline"]["cap"][0].best_passing) or min(s.caps)
     else:
         assert s.headline_cap, "without the max-sequence-length sweeps the headline cap must be given"
@@ -105,12 +107,14 @@ def measure_sweeps(s: BenchSettings, measure: Measure, predict: Measure | None, 
     loads = [ref_qps * step for step in s.load_steps]
     for mode in modes:
         if s.ablations or mode.name in ("baseline", "relay"):
-            sweeps[mode.name][f"qps@{headline}"] = guided_sweep(measure, predict, mode, "qps", loads, headline, slo_ms)
+            sweeps[mode.name][f"qps@{headline}"] = guided_sweep(measure, predict, mode, "qps", loads, headline,
+                                                                slo_ms, s.refine_crossings)
     if s.cap_sweep:
         for cap in s.throughput_caps:
             if cap != headline:
                 for mode in (by_name["baseline"], by_name["relay"]):
-                    sweeps[mode.name][f"qps@{cap}"] = guided_sweep(measure, predict, mode, "qps", loads, cap, slo_ms)
+                    sweeps[mode.name][f"qps@{cap}"] = guided_sweep(measure, predict, mode, "qps", loads, cap,
+                                                                   slo_ms, s.refine_crossings)
     return sweeps, headline
 
 

@@ -42,6 +42,7 @@ class BenchSettings:
     seq_len_sweeps: bool = True
     cap_sweep: bool = False  # measure SLO throughput at every throughput cap (baseline and relay)
     sim_guided: bool = True  # start each sweep at the simulator's predicted crossing
+    refine_crossings: bool = True  # one more point per sweep, between its crossing's pair (sweeps.refine_crossing)
     max_redo: int = 2  # a point whose host was busy is measured again, at most this often
     busy_other_share: float = 0.05  # other processes' mean CPU use over a point (share of the machine)
     busy_window_share: float = 0.25  # … or in any 2-second window
@@ -67,5 +68,5 @@ def quick_settings(base: BenchSettings) -> BenchSettings:
         load_steps=(0.5, 1.0, 2.0, 4.0), windows=1, warmup_queries=20, measured_queries=60, prime_ttls=0.05,
         hbm_budget_mb=16.0, dram_budget_mb=64.0, overhead_queries=6, overhead_repeats=3, profile_repeats=1,
         bootstrap_replicates=200, model=ModelConfig(embed_dim=64, num_layers=2, num_heads=2, head_dim=32),
-        ablations=True, cap_sweep=False, max_redo=0,
+        ablations=True, cap_sweep=False, max_redo=0, refine_crossings=False,
     )
