@@ -2,7 +2,8 @@
 instances started by the pool supervisor, each mode a published policy.
 
 Shapes and invariants only (no timing): every measured request is answered or counted, the relay finds
-prefixes the baseline never looks for, and the instances run the policy the bench published.
+prefixes the baseline never looks for, admissions come back from the workers' counters, priming leaves
+prefixes where serving would, and the instances run the policy the bench published.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def test_every_measured_request_of_the_baseline_is_answered_and_none_from_a_cach
     assert sum(point.outcomes.values()) == point.n and set(point.outcomes) <= ANSWERED
     assert point.outcomes.get(Outcome.MISS, 0) > 0
     assert not any(point.outcomes.get(o, 0) for o in CACHED)
+    assert point.preinfer_signals == 0  # read back from the workers' counters: the baseline sends none
 
 
 def test_the_relay_finds_prefixes_its_signals_pre_inferred(product):
@@ -57,6 +59,9 @@ def test_the_relay_finds_prefixes_its_signals_pre_inferred(product):
     assert point.n == SETTINGS.measured_queries
     assert sum(point.outcomes.values()) == point.n and set(point.outcomes) <= ANSWERED
     assert sum(point.outcomes.get(o, 0) for o in CACHED) > 0
+    # admissions read back from the workers' counters: every prefix is at risk, so signals are admitted
+    assert point.preinfer_admitted > 0
+    assert point.preinfer_signals == point.preinfer_admitted + sum(point.preinfer_refused.values())
 
 
 def test_every_instance_runs_the_policy_the_bench_published_last(product):

@@ -27,8 +27,11 @@ requests found their user's prefix seen before (the default trace: 45 % against 
 What differs from the lab fleet, by design or not yet done: instances are long-lived, so each window
 starts by publishing the baseline policy (no cache: the tiers are freed) and then the mode's, instead
 of a fresh engine; priming fills HBM and DRAM, never the disk tier below them; instances are not
-pinned to cores; pre-infer admissions and the tiers' peaks stay in the workers' telemetry and are not
-read back into the point.
+pinned to cores; the tiers' peaks stay in the workers' telemetry. Pre-infer admissions and refusals
+are read back from it (``admissions_between``): the difference of each instance's cumulative counters
+between its last one-second snapshot before the window's first measured event and its first after the
+last answer, so they count to within a second of the measured part (the lab fleet counts each
+measured signal).
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ from pathlib import Path
 
 from relay_engine.core.config import PolicySpec
 from relay_engine.core.model import HSTUModel
-from relay_engine.core.wire import ACK, NACK, DesiredRevision, InstanceStatus, instance_name
+from relay_engine.core.telemetry import Snapshot
+from relay_engine.core.wire import ACK, LIVE_TIER, NACK, DesiredRevision, InstanceStatus, instance_name
 from relay_engine.lab.bench.instances import START_MARGIN_S
 from relay_engine.lab.bench.measure import RealMeasure
 from relay_engine.lab.bench.modes import MODES_BY_NAME, Mode, served_policy
@@ -73,6 +77,7 @@ from workers.settings import Settings
 START_TIMEOUT_S = 120.0
 PRIME_DEADLINE_S = 120.0  # a priming request's deadline: it must leave its prefix, not be fast
 PRIME_SETTLE_S = 1.0  # after the last priming answer: demotions down the tiers finish in the background
+SNAPSHOT_WAIT_S = 5.0  # for each instance's first telemetry snapshot after a window (one a second)
 CONVERGE_TIMEOUT_S = 30.0
 PUBLISHED_BY = "relay_engine.bench"
 WAITERS = 64  # threads awaiting answers: ranking requests in flight at once
@@ -165,6 +170,40 @@ class ProductFleet:
                                    f"{CONVERGE_TIMEOUT_S:g} s (instances' log: {self.log_path})")
             time.sleep(0.01)
 
+    def snapshots(self, instance: str, count: int = 300) -> list[Snapshot]:
+        """The instance's newest one-second telemetry snapshots, oldest first (undecodable ones skipped)."""
+        found = []
+        for _, fields in reversed(self.redis.xrevrange(self.keys.telemetry(LIVE_TIER, instance), count=count)):
+            try:
+                found.append(Snapshot.from_entry(fields["d"]))
+            except (KeyError, ValueError):
+                continue
+        return found
+
+    def admissions_between(self, since_s: float, until_s: float) -> dict[str, tuple[int, dict[str, int]]]:
+        """Per instance: pre-inferences admitted and refusals by reason between its last snapshot at or
+        before ``since_s`` and its first at or after ``until_s`` (unix s; waits for that one up to
+        ``SNAPSHOT_WAIT_S``). An instance without both, or whose counters went back (a restart), is left out."""
+        found: dict[str, tuple[int, dict[str, int]]] = {}
+        deadline = time.monotonic() + SNAPSHOT_WAIT_S
+        for name in self.names:
+            while True:
+                snaps = self.snapshots(name)
+                before = [sn for sn in snaps if sn.ts <= since_s]
+                after = [sn for sn in snaps if sn.ts >= until_s]
+                if (before and after) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            if not (before and after):
+                continue
+            a, b = before[-1], after[0]
+            admitted = b.counters.get("preinfer_admitted", 0) - a.counters.get("preinfer_admitted", 0)
+            refused = {r: b.refusals.get(r, 0) - a.refusals.get(r, 0) for r in b.refusals}
+            if admitted < 0 or any(n < 0 for n in refused.values()):
+                continue
+            found[name] = (admitted, {r: n for r, n in refused.items() if n})
+        return found
+
     # --- a window ------------------------------------------------------------------------------
 
     def replay(self, events: Sequence[Event], deadline_ms: float,
@@ -212,6 +251,12 @@ class ProductFleet:
                     record(ev, arrival, "deadline", exc.instance)
                 except RelayError:
                     record(ev, arrival, ERROR, where)
+        measured_at = next((ev.at_s for ev in events if ev.measured), None)
+        if measured_at is not None:  # the measured part's admissions, from the workers' own counters
+            for name, (admitted, refused) in self.admissions_between(wall_start + measured_at, time.time()).items():
+                # as the lab fleet records a signal: (query, admitted, reason, measured); the query is unknown here
+                reports[name].preinfers += [(-1, True, None, True)] * admitted + \
+                    [(-1, False, reason, True) for reason, n in refused.items() for _ in range(n)]
         return list(reports.values())
 
     def prime(self, prefixes: dict[str, Sequence[tuple[str, int]]]) -> int:

@@ -49,13 +49,14 @@ def markdown(result: dict) -> str:
         + "".join(f"| peak {t.upper()} / budget (MiB) " for t in TIER_OUTCOMES) + "|",
         "|---|---:|---:|---:|---:|---|---:|---|" + "---:|" * len(TIER_OUTCOMES),
     ]
-    # The product path's admissions and tier peaks stay in the workers' telemetry: not 0, unknown here.
+    # The product path's tier peaks stay in the workers' telemetry: not 0, unknown here. (Its admissions
+    # are read back from the workers' counters: ``product.ProductFleet.admissions_between``.)
     from_workers = result.get("fleet") == "product"
     for name, m in result["modes"].items():
         r = m.get("reference") or {}
         pre = r.get("preinfer", {})
         refused = ", ".join(f"{key} {v}" for key, v in sorted(pre.get("refused", {}).items())) or "0"
-        admissions = "not read back" if from_workers else f"{pre.get('admitted', 0)} / {refused}"
+        admissions = f"{pre.get('admitted', 0)} / {refused}"
         thr = "–" if m["slo_throughput_qps"] is None else \
             f"{m['slo_throughput_qps']:g} / {m['slo_throughput_qps_unscaled']:g}"
         lines.append(
