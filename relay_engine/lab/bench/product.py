@@ -170,15 +170,17 @@ class ProductFleet:
                                    f"{CONVERGE_TIMEOUT_S:g} s (instances' log: {self.log_path})")
             time.sleep(0.01)
 
-    def snapshots(self, instance: str, count: int = 300) -> list[Snapshot]:
-        """The instance's newest one-second telemetry snapshots, oldest first (undecodable ones skipped)."""
-        found = []
-        for _, fields in reversed(self.redis.xrevrange(self.keys.telemetry(LIVE_TIER, instance), count=count)):
-            try:
-                found.append(Snapshot.from_entry(fields["d"]))
-            except (KeyError, ValueError):
-                continue
-        return found
+    def _snapshot_at(self, instance: str, *, before_ms: int | None = None, after_ms: int | None = None
+                     ) -> Snapshot | None:
+        """The instance's last one-second telemetry snapshot at or before ``before_ms``, or its first at
+        or after ``after_ms`` (stream ids are the publishing time, as the control plane reads them)."""
+        key = self.keys.telemetry(LIVE_TIER, instance)
+        entries = self.redis.xrevrange(key, max=str(before_ms), min="-", count=1) if before_ms is not None \
+            else self.redis.xrange(key, min=str(after_ms), max="+", count=1)
+        try:
+            return Snapshot.from_entry(entries[0][1]["d"]) if entries else None
+        except (KeyError, ValueError):
+            return None
 
     def admissions_between(self, since_s: float, until_s: float) -> dict[str, tuple[int, dict[str, int]]]:
         """Per instance: pre-inferences admitted and refusals by reason between its last snapshot at or
@@ -187,16 +189,13 @@ class ProductFleet:
         found: dict[str, tuple[int, dict[str, int]]] = {}
         deadline = time.monotonic() + SNAPSHOT_WAIT_S
         for name in self.names:
-            while True:
-                snaps = self.snapshots(name)
-                before = [sn for sn in snaps if sn.ts <= since_s]
-                after = [sn for sn in snaps if sn.ts >= until_s]
-                if (before and after) or time.monotonic() > deadline:
-                    break
+            a = self._snapshot_at(name, before_ms=int(since_s * 1000))
+            b = self._snapshot_at(name, after_ms=int(until_s * 1000))
+            while a is not None and b is None and time.monotonic() < deadline:
                 time.sleep(0.2)
-            if not (before and after):
+                b = self._snapshot_at(name, after_ms=int(until_s * 1000))
+            if a is None or b is None:
                 continue
-            a, b = before[-1], after[0]
             admitted = b.counters.get("preinfer_admitted", 0) - a.counters.get("preinfer_admitted", 0)
             refused = {r: b.refusals.get(r, 0) - a.refusals.get(r, 0) for r in b.refusals}
             if admitted < 0 or any(n < 0 for n in refused.values()):
