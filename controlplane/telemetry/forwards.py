@@ -103,7 +103,7 @@ def pool_forward_times(client: redis.Redis, *, pool: str, window_s: int = DEFAUL
         "model_version": model_version, "device_kind": devices.most_common(1)[0][0] if devices else None,
         "clock": clocks[0] if len(clocks) == 1 else (clocks or None),
         "other_models": sorted(set(windows) - set(kept)), "unreadable": unreadable,
-        "forwards": times.count, "ops": times.to_dict(),
+        "forwards": times.count, "ops": times.to_dict(), "drift": times.drift.to_dict(),
         "summary": summary(times),
     }
 

@@ -12,6 +12,13 @@ leaves out the time the thread waited for a core (the simulator models that shar
 counting it here would count it twice); on an accelerator, the wall time of the call. The wall time
 is kept beside it: wall − CPU is what the thread lost to the other threads and processes of its host.
 
+Beside the buckets, ``Drift`` keeps how a forward's time moves with time: each forward's log deviation
+from its bucket's mean so far, and the products of pairs of deviations by the lag between the two
+forwards (up to ``DRIFT_LAG_EDGES_S``'s last edge). On a shared CPU the speed of an instance drifts over
+fractions of a second to seconds (consecutive forwards' deviations correlate 0.65-0.74 on this project's
+2-core host), and a queue builds in the slow stretches: the simulator draws forward times with that
+correlation (``relay_engine.lab.livefit.fit_drift``), not independently.
+
 The sums are cumulative since the instance started (``started_at``), like the telemetry snapshots:
 a reader takes the difference of two records of one run to get a window. Records travel as JSON
 (``ForwardTimes.to_dict``) and are checked field by field when read (``from_dict``).
@@ -19,11 +26,13 @@ a reader takes the difference of two records of one run to get a window. Records
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -53,8 +62,88 @@ MAX_RECORD_JSON_BYTES = 256 * 1024
 _WBITS = -15
 
 
+# The lags (seconds) at which pairs of one instance's forwards are compared: the edges of the bins.
+DRIFT_LAG_EDGES_S = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+DRIFT_RECENT = 64  # the newest forwards a new one is paired with (bounds the work per forward)
+DRIFT_MIN_COUNT = 8  # a forward's deviation is taken once its bucket has this many before it
+DRIFT_SUMS = ("count", "sum_dev", "sum_sq_dev")
+PAIR_SUMS = ("pairs", "sum_product", "sum_lag_s")
+
+
 class ForwardTimesError(ValueError):
     """A forward-times record that breaks the contract; the message names the field."""
+
+
+class Drift:
+    """Cumulative sums of how forward times drift: ``dev`` (count, sum, sum of squares of each forward's
+    log deviation from its bucket's mean so far) and ``pairs``, one row per lag bin of
+    ``DRIFT_LAG_EDGES_S`` (pairs of forwards that far apart, the sum of their deviations' products and
+    of their lags). A window's covariance at a lag is its pairs' mean product less the mean deviation
+    squared. Not thread-safe: ``ForwardTimes`` records under its lock."""
+
+    def __init__(self, dev: list[float] | None = None, pairs: list[list[float]] | None = None):
+        self.dev = dev if dev is not None else [0.0] * len(DRIFT_SUMS)
+        self.pairs = pairs if pairs is not None else [[0.0] * len(PAIR_SUMS) for _ in DRIFT_LAG_EDGES_S[1:]]
+        self._recent: deque[tuple[float, float]] = deque(maxlen=DRIFT_RECENT)
+
+    def add(self, at_s: float, deviation: float) -> None:
+        last = DRIFT_LAG_EDGES_S[-1]
+        for t, other in self._recent:
+            lag = at_s - t
+            if 0 <= lag < last:
+                row = self.pairs[bisect.bisect_right(DRIFT_LAG_EDGES_S, lag) - 1]
+                row[0] += 1
+                row[1] += deviation * other
+                row[2] += lag
+        self._recent.append((at_s, deviation))
+        self.dev[0] += 1
+        self.dev[1] += deviation
+        self.dev[2] += deviation * deviation
+
+    def copy(self) -> Drift:
+        return Drift(list(self.dev), [list(row) for row in self.pairs])
+
+    def merge(self, other: Drift) -> None:
+        self.dev = [a + b for a, b in zip(self.dev, other.dev, strict=True)]
+        self.pairs = [[a + b for a, b in zip(mine, theirs, strict=True)]
+                      for mine, theirs in zip(self.pairs, other.pairs, strict=True)]
+
+    def minus(self, earlier: Drift) -> Drift:
+        """These sums less an earlier record's of the same run (one that went down counts whole)."""
+        if earlier.dev[0] > self.dev[0]:
+            return self.copy()
+        return Drift([max(0.0, a - b) for a, b in zip(self.dev, earlier.dev, strict=True)],
+                     [[max(0.0, a - b) for a, b in zip(mine, before, strict=True)]
+                      for mine, before in zip(self.pairs, earlier.pairs, strict=True)])
+
+    def to_dict(self) -> dict:
+        return {"lag_edges_s": list(DRIFT_LAG_EDGES_S), "dev": [_wire_number(v) for v in self.dev],
+                "pairs": [[_wire_number(v) for v in row] for row in self.pairs]}
+
+    @classmethod
+    def from_dict(cls, data: object, where: str = "drift") -> Drift:
+        """Sums written by ``to_dict`` (None or {}: none); ForwardTimesError names the field."""
+        if data is None or data == {}:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise ForwardTimesError(f"{where} must be an object, got {type(data).__name__}")
+        if list(data.get("lag_edges_s") or []) != list(DRIFT_LAG_EDGES_S):
+            raise ForwardTimesError(f"{where}.lag_edges_s must be {list(DRIFT_LAG_EDGES_S)} (this release's lag bins)")
+
+        def row_of(value: object, names: tuple[str, ...], at: str) -> list[float]:
+            if not isinstance(value, list) or len(value) != len(names):
+                raise ForwardTimesError(f"{at} must be a list of {len(names)} numbers ({', '.join(names)})")
+            for name, x in zip(names, value, strict=True):
+                low = 0 if name in ("count", "pairs", "sum_sq_dev", "sum_lag_s") else -_MAX_SUM
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or not low <= x <= _MAX_SUM:
+                    raise ForwardTimesError(f"{at}.{name} must be a number in [{low:g}, 2**53], got {str(x)[:40]!r}")
+            return [float(x) for x in value]
+
+        pairs = data.get("pairs")
+        if not isinstance(pairs, list) or len(pairs) != len(DRIFT_LAG_EDGES_S) - 1:
+            raise ForwardTimesError(f"{where}.pairs must be a list of {len(DRIFT_LAG_EDGES_S) - 1} rows, one per lag bin")
+        return cls(row_of(data.get("dev"), DRIFT_SUMS, f"{where}.dev"),
+                   [row_of(row, PAIR_SUMS, f"{where}.pairs[{i}]") for i, row in enumerate(pairs)])
 
 
 def length_bucket(n: int) -> int:
@@ -90,26 +179,35 @@ class ForwardTimes:
     """Cumulative sums by (op, bucket); thread-safe to record into."""
 
     sums: dict[str, dict[int, list[float]]] = field(default_factory=lambda: {op: {} for op in OPS})
+    drift: Drift = field(default_factory=Drift)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:  # pickled (a benchmark instance's report crosses a pipe): the sums alone
-        return {"sums": self.copy().sums}
+        copied = self.copy()
+        return {"sums": copied.sums, "drift": copied.drift}
 
     def __setstate__(self, state: dict) -> None:
         self.sums = state["sums"]
+        self.drift = state.get("drift") or Drift()
         self._lock = threading.Lock()
 
-    def record(self, op: str, n: int, s: int, c: int, ms: float, wall_ms: float | None = None) -> None:
+    def record(self, op: str, n: int, s: int, c: int, ms: float, wall_ms: float | None = None, *,
+               at_s: float | None = None) -> None:
+        """One forward: ``ms`` its own time, ``wall_ms`` the call's, ``at_s`` when it ended (monotonic
+        seconds, ``time.perf_counter``; default now), for ``drift``."""
         wall_ms = ms if wall_ms is None else wall_ms
         if not (math.isfinite(ms) and math.isfinite(wall_ms)) or ms < 0 or wall_ms < 0:
             return
         b = length_bucket(n)
+        at_s = time.perf_counter() if at_s is None else at_s
         with self._lock:
             row = self.sums[op].get(b)
             if row is None:
                 row = self.sums[op][b] = [0.0] * len(SUMS)
+            if row[0] >= DRIFT_MIN_COUNT and row[1] > 0 and ms > 0:
+                self.drift.add(at_s, math.log(ms * row[0] / row[1]))
             row[0] += 1
             row[1] += ms
             row[2] += ms * ms
@@ -124,7 +222,8 @@ class ForwardTimes:
 
     def copy(self) -> ForwardTimes:
         with self._lock:
-            return ForwardTimes({op: {b: list(row) for b, row in per_op.items()} for op, per_op in self.sums.items()})
+            return ForwardTimes({op: {b: list(row) for b, row in per_op.items()} for op, per_op in self.sums.items()},
+                                self.drift.copy())
 
     def merge(self, other: ForwardTimes) -> None:
         for op, per_op in other.sums.items():
@@ -132,6 +231,7 @@ class ForwardTimes:
                 mine = self.sums[op].setdefault(b, [0.0] * len(SUMS))
                 for i, value in enumerate(row):
                     mine[i] += value
+        self.drift.merge(other.drift)
 
     def minus(self, earlier: ForwardTimes) -> ForwardTimes:
         """This record less an earlier one of the same run (a bucket that went down counts whole)."""
@@ -142,6 +242,7 @@ class ForwardTimes:
                 diff = row if before is None or before[0] > row[0] else [x - y for x, y in zip(row, before, strict=True)]
                 if diff[0] > 0:
                     out.sums[op][b] = [max(0.0, x) for x in diff]
+        out.drift = self.drift.minus(earlier.drift)
         return out
 
     def means(self, min_count: int = 1) -> list[BucketMean]:
@@ -218,7 +319,8 @@ class TimedForwards:
     def _timed(self, op: str, n: int, s: int, c: int, call: Callable[[], object]):
         started, wall = self.clock(), time.perf_counter()
         result = call()
-        self.times.record(op, n, s, c, (self.clock() - started) * 1000, (time.perf_counter() - wall) * 1000)
+        ended = time.perf_counter()
+        self.times.record(op, n, s, c, (self.clock() - started) * 1000, (ended - wall) * 1000, at_s=ended)
         return result
 
     def prefill(self, prefix: History, edit: EditTensors | None = None, *,
@@ -259,7 +361,7 @@ class ForwardTimesRecord:
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, "instance": self.instance, "ts": self.ts, "started_at": self.started_at,
                            "device": self.device, "model_version": self.model_version, "clock": self.clock,
-                           "ops": self.times.to_dict()}, separators=(",", ":"))
+                           "ops": self.times.to_dict(), "drift": self.times.drift.to_dict()}, separators=(",", ":"))
 
     def to_entry(self) -> dict[str, bytes]:
         """The record as a stream entry: its JSON deflated, in field ``z`` (``from_entry`` reads it)."""
@@ -305,4 +407,6 @@ class ForwardTimesRecord:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1e11:
                 raise ForwardTimesError(f"forward-times record.{name} must be a unix time in seconds")
             numbers[name] = float(value)
-        return cls(times=ForwardTimes.from_dict(data.get("ops") or {}, "forward-times record.ops"), **texts, **numbers)
+        times = ForwardTimes.from_dict(data.get("ops") or {}, "forward-times record.ops")
+        times.drift = Drift.from_dict(data.get("drift"), "forward-times record.drift")  # absent: an older worker's
+        return cls(times=times, **texts, **numbers)

@@ -62,6 +62,37 @@ class CostModelError(ValueError):
     pass
 
 
+MAX_DRIFT_VARIANCE = 1.0
+MAX_DRIFT_TAU_S = 3600.0
+
+
+@dataclass(frozen=True)
+class SpeedDrift:
+    """A slow factor on every forward of an instance: exp(y), y an Ornstein-Uhlenbeck process of
+    stationary ``variance`` and correlation time ``tau_s`` (cov(y(t), y(t + d)) = variance · e^(−d/tau))."""
+
+    variance: float
+    tau_s: float
+
+    def to_dict(self) -> dict:
+        return {"variance": round(self.variance, 6), "tau_s": round(self.tau_s, 4)}
+
+    @classmethod
+    def from_dict(cls, raw: object) -> SpeedDrift | None:
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise CostModelError(f"drift must be an object with variance and tau_s, got {str(raw)[:60]!r}")
+        bounds = {"variance": (0.0, MAX_DRIFT_VARIANCE), "tau_s": (1e-3, MAX_DRIFT_TAU_S)}
+        values = {}
+        for name, (lo, hi) in bounds.items():
+            x = raw.get(name)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not lo <= x <= hi:
+                raise CostModelError(f"drift.{name} must be a number in [{lo:g}, {hi:g}], got {str(x)[:40]!r}")
+            values[name] = float(x)
+        return cls(**values)
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Standalone times (ms) of prefill, cached rank and full rank on one instance's compute."""
@@ -75,6 +106,10 @@ class CostModel:
     # Per operation, the coefficient of variation of one forward's time about the fitted mean (what
     # the pool's own forwards measured); absent or 0: every forward takes exactly its mean.
     dispersion: dict[str, float] = field(default_factory=dict)
+    # How an instance's speed drifts (``livefit.fit_drift``): the variance of the log of a slow factor
+    # every forward of the instance shares, and its correlation time (s); the rest of each operation's
+    # dispersion is drawn per forward. None: forward times are drawn independently.
+    drift: SpeedDrift | None = None
 
     def prefill_ms(self, n: int) -> float:
         return self._eval("prefill", n, 0, 0)
@@ -96,7 +131,7 @@ class CostModel:
         return CostModel({op: tuple(a * factor for a in coef) for op, coef in self.coefficients.items()},
                          self.device, self.threads, self.model,
                          tuple(ProfilePoint(p.op, p.n, p.s, p.c, p.ms * factor) for p in self.points),
-                         note or self.note, dict(self.dispersion))
+                         note or self.note, dict(self.dispersion), self.drift)
 
     def full_inference_model(self, short: int, candidates: int,
                              lengths: Sequence[int] = (128, 256, 512, 1024, 2048, 4096, 8192)) -> LatencyModel:
@@ -126,6 +161,7 @@ class CostModel:
                 "coefficients": {op: list(self.coefficients[op]) for op in OPS},
                 "fit_max_relative_error": self.fit_errors(),
                 **({"dispersion": dict(self.dispersion)} if self.dispersion else {}),
+                **({"drift": self.drift.to_dict()} if self.drift else {}),
                 "points": [asdict(p) for p in self.points]}
 
     def save(self, path: str | Path) -> None:
@@ -150,7 +186,7 @@ class CostModel:
         points = tuple(_point(p, i) for i, p in enumerate(data.get("points") or []))
         meta = dict(device=str(data.get("device", "unknown")), threads=int(data.get("threads", 1)),
                     model=data.get("model") or {}, note=str(data.get("note", "")),
-                    dispersion=_dispersion(data.get("dispersion")))
+                    dispersion=_dispersion(data.get("dispersion")), drift=SpeedDrift.from_dict(data.get("drift")))
         coefficients = data.get("coefficients")
         if coefficients is None:
             return fit(points, **meta)

@@ -8,7 +8,10 @@ the offline profile's terms scaled by the geometric mean of measured ÷ profile 
 The result says, per operation, which it is, how many forwards it rests on, its largest relative
 error at its points, the dispersion of its forwards (mean coefficient of variation, which the
 simulator then draws each forward's time with: ``CostModel.dispersion``) and how it compares with
-the offline profile at 512–4096 tokens.
+the offline profile at 512–4096 tokens. ``fit_drift`` takes the slow part of that dispersion from how
+the forwards' deviations correlate with each other over lags of 0.1-4 s (``core.forward_times.Drift``):
+a speed factor every forward of an instance shares, which the simulator draws as an Ornstein-Uhlenbeck
+process (``CostModel.drift``) so that slow stretches come in runs, as they do on a shared host.
 
     python -m relay_engine.sim fit --forward-times pool-forwards.json [--profile FILE] [--out cost.json]
 """
@@ -20,8 +23,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relay_engine.core.forward_times import BucketMean, ForwardTimes, ForwardTimesError
-from relay_engine.lab.costmodel import MAX_DISPERSION, OPS, CostModel, ProfilePoint, fit_op
+from relay_engine.core.forward_times import BucketMean, Drift, ForwardTimes, ForwardTimesError
+from relay_engine.lab.costmodel import MAX_DISPERSION, OPS, CostModel, ProfilePoint, SpeedDrift, fit_op
 
 MIN_FORWARDS = 5  # forwards a bucket needs to count as a point
 MIN_BUCKETS = 3  # points an operation needs to be fitted on its own
@@ -41,10 +44,63 @@ class OpFit:
     vs_profile: dict[int, float] = field(default_factory=dict)  # n → fitted ÷ profile at COMPARE_SHAPE
 
 
+MIN_DRIFT_PAIRS = 30  # pairs a lag bin needs to count
+MIN_DRIFT_BINS = 3  # lag bins the drift fit needs
+DRIFT_TAU_GRID_S = tuple(0.02 * 1.15 ** i for i in range(60))  # 20 ms … ~90 s
+
+
+@dataclass(frozen=True)
+class DriftFit:
+    """The slow part of the forwards' dispersion (``SpeedDrift``) fitted to their lag covariances, with
+    what it rests on: ``variance`` of all deviations, ``covariances`` (mean lag s, covariance, pairs) per
+    lag bin, and ``error``, the fit's largest miss at a bin as a share of ``variance``."""
+
+    drift: SpeedDrift
+    variance: float
+    covariances: tuple[tuple[float, float, int], ...]
+    error: float
+
+    def to_dict(self) -> dict:
+        return {**self.drift.to_dict(), "share_of_variance": round(self.drift.variance / self.variance, 3)
+                if self.variance > 0 else None, "deviation_variance": round(self.variance, 5),
+                "covariances": [[round(lag, 3), round(cov, 5), n] for lag, cov, n in self.covariances],
+                "error": round(self.error, 3)}
+
+
+def fit_drift(drift: Drift) -> DriftFit | None:
+    """``SpeedDrift`` from ``core.forward_times.Drift`` sums: cov(d) = variance · e^(−d/tau) fitted by
+    weighted least squares (weights: pairs) over the lag bins with ``MIN_DRIFT_PAIRS`` or more, tau on a
+    grid, the variance in closed form for each and capped at the deviations' own. None when the sums
+    are too few or the covariances show no correlation (every forward then drawn on its own)."""
+    count, total, squares = drift.dev
+    if count < 2:
+        return None
+    mean = total / count
+    variance = max(0.0, squares / count - mean * mean)
+    bins = [(row[2] / row[0], row[1] / row[0] - mean * mean, int(row[0])) for row in drift.pairs
+            if row[0] >= MIN_DRIFT_PAIRS]
+    if len(bins) < MIN_DRIFT_BINS or variance <= 0:
+        return None
+    best: tuple[float, float, float] | None = None  # (weighted squared error, variance, tau)
+    for tau in DRIFT_TAU_GRID_S:
+        shape = [math.exp(-lag / tau) for lag, _, _ in bins]
+        den = sum(n * e * e for (_, _, n), e in zip(bins, shape, strict=True))
+        v = min(variance, max(0.0, sum(n * c * e for (_, c, n), e in zip(bins, shape, strict=True)) / den))
+        sse = sum(n * (c - v * e) ** 2 for (_, c, n), e in zip(bins, shape, strict=True))
+        if best is None or sse < best[0]:
+            best = (sse, v, tau)
+    _, v, tau = best
+    if v <= 0:
+        return None
+    error = max(abs(c - v * math.exp(-lag / tau)) for lag, c, _ in bins) / variance
+    return DriftFit(SpeedDrift(v, tau), variance, tuple(bins), error)
+
+
 @dataclass(frozen=True)
 class LiveFit:
     cost: CostModel
     ops: dict[str, OpFit]
+    drift: DriftFit | None = None
 
     @property
     def live_ops(self) -> list[str]:
@@ -115,10 +171,11 @@ def fit_live(times: ForwardTimes, base: CostModel, *, min_forwards: int = MIN_FO
         vs = {n: candidate.op_ms(op, n, s, c) / base.op_ms(op, n, s, c) for n in COMPARE_LENGTHS}
         ops[op] = OpFit(op, how, forwards, len(points), error, cv, scale, vs)
         kept_points += points
+    drift = fit_drift(times.drift)
     cost = CostModel(coefficients, device=base.device, threads=base.threads, model=base.model,
                      points=tuple(kept_points), note=note or "fitted from the pool's own forward times",
-                     dispersion=dispersion)
-    return LiveFit(cost, ops)
+                     dispersion=dispersion, drift=drift.drift if drift else base.drift)
+    return LiveFit(cost, ops, drift)
 
 
 def read_pool_forwards(path: str | Path) -> tuple[ForwardTimes, dict]:
@@ -131,6 +188,7 @@ def read_pool_forwards(path: str | Path) -> tuple[ForwardTimes, dict]:
     if not isinstance(data, dict):
         raise ForwardTimesError(f"{path}: the pool's forward times must be an object")
     times = ForwardTimes.from_dict(data.get("ops") or {}, f"{path}: ops")
+    times.drift = Drift.from_dict(data.get("drift"), f"{path}: drift")  # absent in an older answer
     meta = {k: data.get(k) for k in ("pool", "window_s", "to", "instances", "model_version", "device_kind", "clock")}
     return times, meta
 
@@ -142,7 +200,8 @@ def window_words(meta: dict) -> str:
     return f"{span} on {len(instances)} instance{'s' if len(instances) != 1 else ''}"
 
 
-__all__ = ["COMPARE_LENGTHS", "LiveFit", "OpFit", "fit_live", "read_pool_forwards", "window_words"]
+__all__ = ["COMPARE_LENGTHS", "DriftFit", "LiveFit", "OpFit", "fit_drift", "fit_live", "read_pool_forwards",
+           "window_words"]
 
 
 @dataclass(frozen=True)

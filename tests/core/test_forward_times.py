@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from relay_engine.core.config import parse_policy
 from relay_engine.core.engine import PreInferRequest, RankRequest, RelayEngine
 from relay_engine.core.forward_times import (
+    DRIFT_MIN_COUNT,
     MAX_BUCKET,
     MAX_RECORD_JSON_BYTES,
     SUMS,
@@ -140,3 +141,55 @@ def test_the_real_model_times_every_forward_with_its_shape():
         assert all(m.mean_ms > 0 for m in engine.forward_times.means())
     finally:
         engine.close()
+
+
+def _drifting(times: ForwardTimes, *, slow: bool, n: int = 600, seed: int = 3) -> None:
+    """Forwards every 50 ms whose times either drift in runs of 2 s (slow) or vary on their own."""
+    rng = __import__("random").Random(seed)
+    level = 1.0
+    for i in range(n):
+        if slow and i % 40 == 0:
+            level = rng.choice((0.7, 1.3))
+        times.record("rank", 1000, 32, 128, 10.0 * (level if slow else rng.choice((0.7, 1.3))), at_s=i * 0.05)
+
+
+def test_drift_pairs_forwards_by_lag_and_sees_runs_of_slow_forwards():
+    runs, alone = ForwardTimes(), ForwardTimes()
+    _drifting(runs, slow=True)
+    _drifting(alone, slow=False)
+
+    def covariance(times, lag_bin):
+        count, total, _ = times.drift.dev
+        pairs, product, _ = times.drift.pairs[lag_bin]
+        return product / pairs - (total / count) ** 2
+
+    assert runs.drift.dev[0] == 600 - DRIFT_MIN_COUNT  # every forward once its bucket has a mean
+    assert all(row[0] > 0 for row in runs.drift.pairs[:-1])  # 50 ms apart: pairs at 0.05 … 3.15 s (64 recent)
+    assert 0.05 <= runs.drift.pairs[0][2] / runs.drift.pairs[0][0] < 0.1  # the bin [0, 0.1 s)'s mean lag
+    assert covariance(runs, 0) > 0.05 and abs(covariance(alone, 0)) < 0.02  # log(1.3/0.7)²/4 ≈ 0.096 in runs
+
+
+def test_drift_travels_subtracts_and_an_older_record_without_it_reads_as_none():
+    times = ForwardTimes()
+    _drifting(times, slow=True, n=200)
+    record = ForwardTimesRecord("i-0", 1_700_000_000.0, 1_699_999_000.0, "cpu", "v1", "thread_cpu", times)
+    back = ForwardTimesRecord.from_json(record.to_json()).times
+    assert back.drift.dev[0] == times.drift.dev[0] and back.drift.pairs[1][0] == times.drift.pairs[1][0]
+    earlier = ForwardTimes()
+    _drifting(earlier, slow=True, n=100)
+    window = times.minus(earlier)
+    assert window.drift.dev[0] == times.drift.dev[0] - earlier.drift.dev[0]
+    assert window.drift.pairs[0][0] == times.drift.pairs[0][0] - earlier.drift.pairs[0][0]
+    old = json.loads(record.to_json())
+    del old["drift"]
+    assert ForwardTimesRecord.from_json(json.dumps(old)).times.drift.dev == [0.0, 0.0, 0.0]
+    for field, value, named in (("lag_edges_s", [0, 1], "lag_edges_s"), ("pairs", [[1, 2, 3]], "pairs"),
+                                ("dev", [1, 2], "dev")):
+        hostile = json.loads(record.to_json())
+        hostile["drift"][field] = value
+        with pytest.raises(ForwardTimesError, match=f"drift.{named}"):
+            ForwardTimesRecord.from_json(json.dumps(hostile))
+    hostile = json.loads(record.to_json())
+    hostile["drift"]["pairs"][2][0] = -1
+    with pytest.raises(ForwardTimesError, match=r"drift.pairs\[2\].pairs"):
+        ForwardTimesRecord.from_json(json.dumps(hostile))

@@ -11,7 +11,14 @@ import pytest
 from relay_engine.core.forward_times import ForwardTimes
 from relay_engine.core.trace import write_trace
 from relay_engine.lab.costmodel import CostModel
-from relay_engine.lab.livefit import COMPARE_LENGTHS, Interleaving, fit_live, fit_thrash, interleaving
+from relay_engine.lab.livefit import (
+    COMPARE_LENGTHS,
+    Interleaving,
+    fit_drift,
+    fit_live,
+    fit_thrash,
+    interleaving,
+)
 from relay_engine.lab.sim import cli
 from relay_engine.lab.traffic import TraceSpec, generate_trace
 from tests.lab.test_costmodel import true_model
@@ -137,3 +144,37 @@ def test_the_thrash_is_fitted_across_loads_apart_from_the_level_every_load_has()
     # One load cannot tell the two apart: no thrash, the level its inflation.
     single = fit_thrash([Interleaving(2.0, 1.4), Interleaving(2.1, 1.5)])
     assert single.thrash == 0.0 and single.level == pytest.approx(math.sqrt(1.4 * 1.5))
+
+
+def _ou_forwards(variance: float, tau_s: float, *, n: int = 6000, every_s: float = 0.05, seed: int = 5) -> ForwardTimes:
+    """Forwards every ``every_s`` whose times carry a slow Ornstein-Uhlenbeck factor and noise of their own."""
+    rng = random.Random(seed)
+    times, y = ForwardTimes(), 0.0
+    keep = math.exp(-every_s / tau_s)
+    for i in range(n):
+        y = y * keep + rng.gauss(0, math.sqrt(variance * (1 - keep * keep)))
+        times.record("rank", 1000, 32, 128, 10.0 * math.exp(y + rng.gauss(0, 0.1)), at_s=i * every_s)
+    return times
+
+
+def test_the_drift_fit_finds_the_slow_factors_variance_and_correlation_time():
+    fitted = fit_drift(_ou_forwards(0.02, 0.5).drift)
+    assert fitted is not None
+    assert fitted.drift.variance == pytest.approx(0.02, rel=0.3) and fitted.drift.tau_s == pytest.approx(0.5, rel=0.35)
+    assert fitted.to_dict()["share_of_variance"] == pytest.approx(0.02 / 0.03, rel=0.3)  # 0.01 of each forward's own
+    # Independent forwards: no slow factor to speak of; too few pairs: none at all.
+    independent = fit_drift(_ou_forwards(1e-9, 0.5).drift)
+    assert independent is None or independent.drift.variance < 0.002
+    assert fit_drift(_ou_forwards(0.02, 0.5, n=20).drift) is None
+
+
+def test_the_live_fit_carries_the_drift_into_the_cost_model_and_its_file(tmp_path):
+    times = recorded(true_model())
+    times.merge(_ou_forwards(0.02, 0.5))
+    live = fit_live(times, true_model())
+    assert live.drift is not None and live.cost.drift == live.drift.drift
+    path = tmp_path / "cost.json"
+    live.cost.save(path)
+    loaded = CostModel.load(path).drift
+    assert (loaded.variance, loaded.tau_s) == pytest.approx((live.cost.drift.variance, live.cost.drift.tau_s), rel=1e-3)
+    assert live.cost.scaled(2.0).drift == live.cost.drift

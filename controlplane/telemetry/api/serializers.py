@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from controlplane.common.fields import QueryIntegerField, QueryNumberField
 from controlplane.common.urls import INSTANCE_NAME_PATTERN
-from relay_engine.core.forward_times import OPS, SUMS
+from relay_engine.core.forward_times import DRIFT_SUMS, OPS, PAIR_SUMS, SUMS
 from relay_engine.core.outcomes import Outcome
 from relay_engine.core.telemetry import MISS_REASONS, REFUSAL_REASONS
 
@@ -272,6 +272,16 @@ class ForwardSummarySerializer(serializers.Serializer):
     mean_wall_ms = serializers.FloatField()
 
 
+class ForwardDriftSerializer(serializers.Serializer):
+    lag_edges_s = serializers.ListField(child=serializers.FloatField(), help_text="The lag bins' edges (s).")
+    dev = serializers.ListField(child=serializers.FloatField(), help_text=(
+        f"({', '.join(DRIFT_SUMS)}) of each forward's log deviation from its bucket's mean so far."))
+    pairs = serializers.ListField(child=serializers.ListField(child=serializers.FloatField()), help_text=(
+        f"One row per lag bin: ({', '.join(PAIR_SUMS)}) of the pairs of one instance's forwards that far "
+        f"apart. A bin's covariance is sum_product ÷ pairs less the mean deviation squared: how long the "
+        f"instance's speed stays off its mean (what the simulator draws its forward times with)."))
+
+
 class ForwardTimesSerializer(serializers.Serializer):
     pool = serializers.CharField()
     window_s = serializers.IntegerField()
@@ -286,6 +296,7 @@ class ForwardTimesSerializer(serializers.Serializer):
                                        help_text="Instances left out: why their record could not be read.")
     forwards = serializers.IntegerField()
     ops = ForwardOpsSerializer()
+    drift = ForwardDriftSerializer()
     summary = ForwardSummarySerializer(many=True)
 
 

@@ -39,7 +39,7 @@ from relay_engine.lab.costmodel import CostModel
 from relay_engine.lab.livefit import fit_live, fit_thrash, interleaving
 
 P99_TARGET = 0.15
-REPLAYS = 5  # replays of each point with the full model, forward times drawn anew in each
+REPLAYS = 9  # replays of each point with the full model, forward times drawn anew in each
 # (mode, cap, load × the reference load): both sides of the relay/baseline comparison, light and loaded.
 DEFAULT_POINTS = (("baseline", 1024, 1.0), ("baseline", 2048, 0.5), ("relay", 2048, 1.0), ("relay", 4096, 0.5),
                   ("relay_cache_only", 2048, 1.0))
@@ -103,6 +103,7 @@ def validate(settings: BenchSettings, queries: Sequence[TraceQuery], out: Path,
             rows.append({"mode": mode.name, "cap": measured["cap"], "qps": measured["qps"], "n": measured["n"],
                          "real": measured, "sim": simulated, "sim_forwards_only": forwards_only, "sim_profile": alone,
                          "in_service_fit": fit.to_dict(),
+                         "drift": None if fit.drift is None else fit.drift.to_dict(),
                          "in_service_overhead": {"rank_overhead_ms": round(overhead_ms, 3),
                                                  "background_share": round(background, 4)},
                          "interleaving": turns.to_dict(),
@@ -171,6 +172,13 @@ def table(result: dict) -> str:
         lines.append(f"| {r['mode']} | {r['cap']} | {cpu['ranks'] / n:.2f} | {cpu['prefill'] / n:.2f} | "
                      f"{cpu['outside_per_rank']:.2f} | {'–' if others is None else f'{100 * others:.1f} %'} | "
                      f"{shared} |")
+    drifts = [(r["mode"], r["cap"], r.get("drift")) for r in result["points"]]
+    if any(d for *_, d in drifts):
+        lines += ["", "How the real instances' speed drifted (the slow part of the forwards' dispersion, drawn as one "
+                  "Ornstein-Uhlenbeck factor per instance: its log variance, correlation time, share of the "
+                  "deviations' variance):", "| mode | cap | variance | tau (s) | share |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {mode} | {cap} | {d['variance']:.4f} | {d['tau_s']:.2f} | {d['share_of_variance']} |"
+                  if d else f"| {mode} | {cap} | – | – | – |" for mode, cap, d in drifts]
     thrash = result.get("thrash")
     if thrash:
         lines.append(f"\nInterleaving: each further forward on a core adds {thrash['thrash']:g} of a forward's CPU time "

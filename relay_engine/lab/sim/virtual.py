@@ -40,7 +40,10 @@ class CostForwards:
 
     Where the cost model states an operation's dispersion (the coefficient of variation its forwards
     measured), each pass's time is its mean × a log-normal factor of mean 1 and that coefficient of
-    variation, drawn from ``rng`` (seeded: a replay is repeatable); else exactly its mean."""
+    variation, drawn from ``rng`` (seeded: a replay is repeatable); else exactly its mean. Where it also
+    states a drift (``CostModel.drift``), part of that factor's log variance is this instance's slow
+    speed, an Ornstein-Uhlenbeck process on the virtual clock that all its forwards share (so slow
+    forwards come in runs, as on a real host), and only the rest is drawn per forward."""
 
     def __init__(self, cost: CostModel, compute: SharedCompute, config: ModelConfig, model_version: str,
                  rng: random.Random | None = None):
@@ -55,6 +58,29 @@ class CostForwards:
                            for op, cv in cost.dispersion.items() if cv > 0}
         # A process's forwards while something watches it (``watch``): [standalone s, elapsed s].
         self._spent: dict[greenlet.greenlet, list[float]] = {}
+        self._drift = cost.drift
+        self._slow: tuple[float, float] | None = None  # (virtual time, log speed) of the last draw
+
+    def _factor(self, op: str) -> float:
+        """One forward's time factor (mean 1): slow drift × its own dispersion."""
+        spread = self._lognormal.get(op)
+        if spread is None:
+            return 1.0
+        if self._drift is None:
+            return self._rng.lognormvariate(*spread)
+        total = spread[1] ** 2  # the log variance the operation's CV states
+        slow_var = min(self._drift.variance, total)
+        now = self.compute.sim.now
+        if self._slow is None:
+            y = self._rng.gauss(0.0, math.sqrt(self._drift.variance))
+        else:
+            keep = math.exp(-max(0.0, now - self._slow[0]) / self._drift.tau_s)
+            y = self._slow[1] * keep + self._rng.gauss(0.0, math.sqrt(self._drift.variance * (1 - keep * keep)))
+        self._slow = (now, y)
+        # This operation's share of the slow factor: scaled so it never exceeds the operation's own spread.
+        slow = y * math.sqrt(slow_var / self._drift.variance) if self._drift.variance > 0 else 0.0
+        fast_var = total - slow_var
+        return math.exp(slow + self._rng.gauss(0.0, math.sqrt(fast_var)) - (slow_var + fast_var) / 2)
 
     def watch(self) -> list[float]:
         """From now on, the calling process's forwards add their standalone time and the time they took
@@ -66,9 +92,7 @@ class CostForwards:
         self._spent.pop(greenlet.getcurrent(), None)
 
     def _run(self, op: str, ms: float) -> None:
-        spread = self._lognormal.get(op)
-        if spread is not None:
-            ms *= self._rng.lognormvariate(*spread)
+        ms *= self._factor(op)
         spent = self._spent.get(greenlet.getcurrent())
         if spent is None:
             self.compute.run(ms / 1000)
