@@ -66,7 +66,10 @@ _WBITS = -15
 DRIFT_LAG_EDGES_S = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 DRIFT_RECENT = 64  # the newest forwards a new one is paired with (bounds the work per forward)
 DRIFT_MIN_COUNT = 8  # a forward's deviation is taken once its bucket has this many before it
-DRIFT_SUMS = ("count", "sum_dev", "sum_sq_dev")
+# turns: the forward's wall ÷ its own time, less 1 (about how many other threads took turns on its core
+# meanwhile; 0 where the time is the wall time): how the deviation grows with it is the cost of interleaving.
+DRIFT_SUMS = ("count", "sum_dev", "sum_sq_dev", "sum_turns", "sum_sq_turns", "sum_dev_turns")
+_SIGNED = ("sum_dev", "sum_product", "sum_dev_turns")
 PAIR_SUMS = ("pairs", "sum_product", "sum_lag_s")
 
 
@@ -76,7 +79,9 @@ class ForwardTimesError(ValueError):
 
 class Drift:
     """Cumulative sums of how forward times drift: ``dev`` (count, sum, sum of squares of each forward's
-    log deviation from its bucket's mean so far) and ``pairs``, one row per lag bin of
+    log deviation from its bucket's mean so far; sum and sum of squares of its turns, and the sum of
+    deviation × turns, so a window's deviation regresses on its interleaving) and ``pairs``, one row
+    per lag bin of
     ``DRIFT_LAG_EDGES_S`` (pairs of forwards that far apart, the sum of their deviations' products and
     of their lags). A window's covariance at a lag is its pairs' mean product less the mean deviation
     squared. Not thread-safe: ``ForwardTimes`` records under its lock."""
@@ -86,7 +91,7 @@ class Drift:
         self.pairs = pairs if pairs is not None else [[0.0] * len(PAIR_SUMS) for _ in DRIFT_LAG_EDGES_S[1:]]
         self._recent: deque[tuple[float, float]] = deque(maxlen=DRIFT_RECENT)
 
-    def add(self, at_s: float, deviation: float) -> None:
+    def add(self, at_s: float, deviation: float, turns: float = 0.0) -> None:
         last = DRIFT_LAG_EDGES_S[-1]
         for t, other in self._recent:
             lag = at_s - t
@@ -96,9 +101,8 @@ class Drift:
                 row[1] += deviation * other
                 row[2] += lag
         self._recent.append((at_s, deviation))
-        self.dev[0] += 1
-        self.dev[1] += deviation
-        self.dev[2] += deviation * deviation
+        for i, value in enumerate((1.0, deviation, deviation * deviation, turns, turns * turns, deviation * turns)):
+            self.dev[i] += value
 
     def copy(self) -> Drift:
         return Drift(list(self.dev), [list(row) for row in self.pairs])
@@ -134,7 +138,7 @@ class Drift:
             if not isinstance(value, list) or len(value) != len(names):
                 raise ForwardTimesError(f"{at} must be a list of {len(names)} numbers ({', '.join(names)})")
             for name, x in zip(names, value, strict=True):
-                low = 0 if name in ("count", "pairs", "sum_sq_dev", "sum_lag_s") else -_MAX_SUM
+                low = -_MAX_SUM if name in _SIGNED else 0
                 if isinstance(x, bool) or not isinstance(x, (int, float)) or not low <= x <= _MAX_SUM:
                     raise ForwardTimesError(f"{at}.{name} must be a number in [{low:g}, 2**53], got {str(x)[:40]!r}")
             return [float(x) for x in value]
@@ -207,7 +211,7 @@ class ForwardTimes:
             if row is None:
                 row = self.sums[op][b] = [0.0] * len(SUMS)
             if row[0] >= DRIFT_MIN_COUNT and row[1] > 0 and ms > 0:
-                self.drift.add(at_s, math.log(ms * row[0] / row[1]))
+                self.drift.add(at_s, math.log(ms * row[0] / row[1]), max(0.0, wall_ms / ms - 1.0))
             row[0] += 1
             row[1] += ms
             row[2] += ms * ms

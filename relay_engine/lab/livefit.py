@@ -67,12 +67,32 @@ class DriftFit:
                 "error": round(self.error, 3)}
 
 
+MIN_TURNS_FORWARDS = 100  # forwards the within-window interleaving slope needs
+MIN_TURNS_VARIANCE = 0.01  # and the spread of their turns (none on an accelerator's wall clock)
+
+
+def thrash_within(drift: Drift) -> float | None:
+    """What each further forward interleaved on a core adds to a forward's time, from the forwards of one
+    window: the slope of their log deviation on their turns (wall ÷ own time − 1), in [0, MAX_THRASH].
+    Across points, inflation also differs by mode (prefills beside the ranks, longer prefixes), which a
+    fit across the points' averages takes for interleaving; within a window the mode is fixed. None
+    when the forwards are too few or their turns do not vary."""
+    count, total, _, turns, turns_sq, product = drift.dev[:6]
+    if count < MIN_TURNS_FORWARDS:
+        return None
+    variance = turns_sq / count - (turns / count) ** 2
+    if variance < MIN_TURNS_VARIANCE:
+        return None
+    slope = (product / count - total / count * turns / count) / variance
+    return min(MAX_THRASH, max(0.0, slope))
+
+
 def fit_drift(drift: Drift) -> DriftFit | None:
     """``SpeedDrift`` from ``core.forward_times.Drift`` sums: cov(d) = variance · e^(−d/tau) fitted by
     weighted least squares (weights: pairs) over the lag bins with ``MIN_DRIFT_PAIRS`` or more, tau on a
     grid, the variance in closed form for each and capped at the deviations' own. None when the sums
     are too few or the covariances show no correlation (every forward then drawn on its own)."""
-    count, total, squares = drift.dev
+    count, total, squares = drift.dev[:3]
     if count < 2:
         return None
     mean = total / count
@@ -130,6 +150,10 @@ class LiveFit:
                 parts.append(f"{op} the profile's × {f.scale:.2f} ({f.forwards} forwards)")
             else:
                 parts.append(f"{op} the profile's (no forwards)")
+        if self.drift is not None:
+            d = self.drift
+            parts.append(f"speed drifting in runs of ~{d.drift.tau_s:.2g} s "
+                         f"({100 * d.drift.variance / d.variance:.0f} % of the forwards' log variance)")
         return "; ".join(parts)
 
 
@@ -201,7 +225,7 @@ def window_words(meta: dict) -> str:
 
 
 __all__ = ["COMPARE_LENGTHS", "DriftFit", "LiveFit", "OpFit", "fit_drift", "fit_live", "read_pool_forwards",
-           "window_words"]
+           "thrash_within", "window_words"]
 
 
 @dataclass(frozen=True)
@@ -254,11 +278,16 @@ class Thrash:
 MIN_SHARING_SPREAD = 0.25  # the least spread of the points' sharing that can tell thrash from level
 
 
-def fit_thrash(points: list[Interleaving]) -> Thrash:
+def fit_thrash(points: list[Interleaving], within: float | None = None) -> Thrash:
     """``Thrash`` by least squares in log space over a grid of 0–``MAX_THRASH``. Points whose sharing
     spans less than ``MIN_SHARING_SPREAD`` (all lightly loaded, or all alike) cannot tell the two
-    apart: thrash 0, the level their mean inflation."""
+    apart: thrash 0, the level their mean inflation. ``within`` (``thrash_within`` of the points'
+    forwards): the thrash is that, and only the level is fitted."""
     usable = [p for p in points if p.inflation > 0]
+    if within is not None:
+        logs = [math.log(p.inflation) - math.log(1 + within * (p.sharing - 1)) for p in usable]
+        level = math.exp(sum(logs) / len(logs)) if logs else 1.0
+        return Thrash(within, level, _miss(usable, within, level), tuple(points))
     if not usable or max(p.sharing for p in usable) - min(p.sharing for p in usable) < MIN_SHARING_SPREAD:
         level = math.exp(sum(math.log(p.inflation) for p in usable) / len(usable)) if usable else 1.0
         return Thrash(0.0, level, _miss(usable, 0.0, level), tuple(points))

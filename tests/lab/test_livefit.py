@@ -18,6 +18,7 @@ from relay_engine.lab.livefit import (
     fit_live,
     fit_thrash,
     interleaving,
+    thrash_within,
 )
 from relay_engine.lab.sim import cli
 from relay_engine.lab.traffic import TraceSpec, generate_trace
@@ -173,8 +174,25 @@ def test_the_live_fit_carries_the_drift_into_the_cost_model_and_its_file(tmp_pat
     times.merge(_ou_forwards(0.02, 0.5))
     live = fit_live(times, true_model())
     assert live.drift is not None and live.cost.drift == live.drift.drift
+    assert "speed drifting in runs of ~" in live.sentence()  # what a preview's cost note says
     path = tmp_path / "cost.json"
     live.cost.save(path)
     loaded = CostModel.load(path).drift
     assert (loaded.variance, loaded.tau_s) == pytest.approx((live.cost.drift.variance, live.cost.drift.tau_s), rel=1e-3)
     assert live.cost.scaled(2.0).drift == live.cost.drift
+
+
+def test_the_thrash_is_the_slope_of_each_forwards_deviation_on_its_own_interleaving():
+    rng = random.Random(2)
+    times = ForwardTimes()
+    for i in range(3000):  # each forward shared its core with 0-3 others, each costing it 4 % more
+        turns = rng.uniform(0, 3)
+        ms = 10.0 * (1 + 0.04 * turns) * math.exp(rng.gauss(0, 0.05))
+        times.record("rank", 1000, 32, 128, ms, ms * (1 + turns), at_s=i * 0.05)
+    assert thrash_within(times.drift) == pytest.approx(0.04, abs=0.01)
+    fixed = fit_thrash([Interleaving(1.5, 1.3), Interleaving(2.5, 1.6)], within=0.04)
+    assert fixed.thrash == 0.04 and fixed.level == pytest.approx(math.sqrt(1.3 / 1.02 * 1.6 / 1.06), rel=1e-6)
+    on_a_wall_clock = ForwardTimes()  # an accelerator's forwards: wall = own time, no turns to regress on
+    for i in range(300):
+        on_a_wall_clock.record("rank", 1000, 32, 128, 10.0 + i % 3, at_s=i * 0.05)
+    assert thrash_within(on_a_wall_clock.drift) is None and thrash_within(ForwardTimes().drift) is None

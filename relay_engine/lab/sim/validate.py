@@ -9,8 +9,9 @@ the cost model fitted from the real instances' own forwards at that point (``liv
 does with a pool's forwards; a forward costs more CPU in service than alone) and the CPU their
 processes spent outside the forwards, per ranking request (``stats.cpu_parts``: the dispatcher, handing
 requests to rank threads, the interpreter lock changing hands; ``in_service_overhead``), with the cost
-of interleaving forwards on a core made explicit (``livefit.fit_thrash`` over every point's
-``livefit.interleaving``: each point's fitted costs taken at no interleaving, each forward costing more
+of interleaving forwards on a core made explicit (its slope, ``livefit.thrash_within``, from each
+forward's deviation against its own interleaving, pooled over the points; the level at none by
+``livefit.fit_thrash`` over every point's ``livefit.interleaving``: each point's fitted costs taken at no interleaving, each forward costing more
 the more run with it — ``thrash``, per point ``interleaving``);
 ``sim_forwards_only`` (``p99_error_forwards_only`` …) with the fitted forwards alone; ``sim_profile``
 (``p99_error_profile`` …) with the cost model measured inside instance 0 alone before the run. Both
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from relay_engine.core.forward_times import ForwardTimes
+from relay_engine.core.forward_times import Drift, ForwardTimes
 from relay_engine.core.trace import TraceQuery
 from relay_engine.lab.bench.instances import Fleet
 from relay_engine.lab.bench.modes import MODES_BY_NAME
@@ -36,7 +37,7 @@ from relay_engine.lab.bench.report import write_json
 from relay_engine.lab.bench.run import RealMeasure, SimMeasure, calibrate
 from relay_engine.lab.bench.settings import BenchSettings
 from relay_engine.lab.costmodel import CostModel
-from relay_engine.lab.livefit import fit_live, fit_thrash, interleaving
+from relay_engine.lab.livefit import fit_live, fit_thrash, interleaving, thrash_within
 
 P99_TARGET = 0.15
 REPLAYS = 9  # replays of each point with the full model, forward times drawn anew in each
@@ -80,7 +81,13 @@ def validate(settings: BenchSettings, queries: Sequence[TraceQuery], out: Path,
             measured_points.append((mode, cap, qps, real(mode, cap, qps)))
         # What interleaving costs, from every point's ranking forwards at once: a point's own averages
         # cannot tell its load's part of the in-service cost from the part that is there at any load.
-        fitted = fit_thrash([interleaving(p.forward_times or ForwardTimes(), cal.cost) for *_, p in measured_points])
+        # Its slope comes from within the points (each forward's deviation against its own interleaving):
+        # across the points' averages, the modes' inflation (prefills beside ranks) reads as interleaving.
+        pooled = Drift()
+        for *_, p in measured_points:
+            pooled.merge((p.forward_times or ForwardTimes()).drift)
+        fitted = fit_thrash([interleaving(p.forward_times or ForwardTimes(), cal.cost) for *_, p in measured_points],
+                            within=thrash_within(pooled))
         progress.set_description("simulating the points")
         for (mode, cap, qps, point), turns in zip(measured_points, fitted.points, strict=True):
             measured = point.summary()
@@ -181,7 +188,8 @@ def table(result: dict) -> str:
                   if d else f"| {mode} | {cap} | – | – | – |" for mode, cap, d in drifts]
     thrash = result.get("thrash")
     if thrash:
-        lines.append(f"\nInterleaving: each further forward on a core adds {thrash['thrash']:g} of a forward's CPU time "
+        lines.append(f"\nInterleaving: each further forward on a core adds {thrash['thrash']:.3g} of a forward's CPU time "
+                     f"(each forward's deviation against its own turns, pooled over the points) "
                      f"(level at none {thrash['level']:.2f}× the profile, largest miss {100 * thrash['error']:.1f} %).")
     lines += ["", "Where the time went (means, ms: queued — of it, on the real side, dispatched late — / forwards "
               "alone / the rest), all requests and the tail (≥ P99):", "| mode | cap | real, all | sim, all | real, tail | sim, tail |", "|---|---:|---|---|---|---|"]
