@@ -321,10 +321,18 @@ def check(api: Api, pool: str, window: str, at_risk_seq_len: int | None, change:
     say(f"preview done in {preview_s:.1f} s; publishing generation {revision['generation']}")
     api("POST", f"/api/v1/pools/{pool}/revisions/{revision['generation']}/publish/")
     converged_s = wait_converged(api, pool, revision["generation"])
-    say(f"converged in {converged_s:.1f} s; measuring the next {window} under it")
-    time.sleep(window_s + 1)
-    proposed_measured = measured(api("GET", f"/api/v1/pools/{pool}/traffic/?window={window}"))
+    # The next window is the last whole one once the control plane rounds its end down, so it
+    # starts after convergence; the proposed revision is then previewed on it as well ("hindsight"),
+    # which splits the error into the simulator's own and the change of traffic between windows.
+    wait_s = window_s + end_step_s(window_s) + 1
+    say(f"converged in {converged_s:.1f} s; measuring the next {window} under it ({wait_s} s)")
+    time.sleep(wait_s)
+    say(f"previewing generation {revision['generation']} on the window it was measured on")
+    hindsight, hindsight_s = previewed(api, pool, revision["generation"], window)
+    proposed_measured = measured_on(api, pool, window, hindsight)
+    score = score_of(api, pool, preview["id"])
     result = preview["result"]
+    replayed = hindsight["result"]["live"]  # the published revision is the live one now
     return {
         "pool": pool, "window": window, "live_generation": live["generation"], "generation": revision["generation"],
         "change": {"words": words, **values},
@@ -335,8 +343,32 @@ def check(api: Api, pool: str, window: str, at_risk_seq_len: int | None, change:
                     "sampling": result["sampling"], "model_error": result["model_error"],
                     "model_error_note": result["model_error_note"], "profile": result["profile"],
                     "instances": result["instances"]},
+        "hindsight": {"id": hindsight["id"], "wall_s": round(hindsight_s, 1),
+                      "window_from": hindsight["result"]["window_from"], "window_to": hindsight["result"]["window_to"],
+                      "predicted": {k: replayed[k] for k, _ in FIGURES} | {"requests": replayed["requests"]}},
+        "score": score,
         "converged_s": round(converged_s, 1),
     }
+
+
+def end_step_s(window_s: int) -> int:
+    """The control plane's rounding of a window's end: a fifteenth of the window, 1 s to 60 s."""
+    return max(1, min(60, window_s // 15))
+
+
+def score_of(api: Api, pool: str, preview_id: int, timeout_s: float = 180.0) -> dict | None:
+    """The control plane's own score of the preview (its scorecard row) once it is no longer
+    waiting, or None when it is not there within ``timeout_s``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        scores = api("GET", f"/api/v1/pools/{pool}/previews/scores/")["scores"]
+        row = next((s for s in scores if s["preview"]["id"] == preview_id), None)
+        if row is not None and row["status"] != "waiting":
+            return {k: row[k] for k in ("status", "reason", "measure_from", "measure_to", "predicted", "measured",
+                                        "errors")}
+        time.sleep(5)
+    say(f"the scorecard had no finished score of preview {preview_id} within {timeout_s:.0f} s")
+    return None
 
 
 def table(report: dict) -> str:
@@ -345,21 +377,54 @@ def table(report: dict) -> str:
             return "–"
         return f"{value:.1f}" if key.endswith("_ms") else f"{100 * value:.2f} %"
 
+    def error(key: str, predicted, measured) -> str:
+        if predicted is None or measured is None:
+            return "–"
+        if key.endswith("_ms"):
+            return "–" if not measured else f"{100 * (predicted - measured) / measured:+.1f} %"
+        return f"{100 * (predicted - measured):+.2f} pt"
+
+    p, m = report["predicted"], report["measured"]
+    hindsight = (report.get("hindsight") or {}).get("predicted")
     lines = [f"Preview accuracy on pool {report['pool']}, {report['window']} windows "
              f"({report['change']['words']}; "
              f"profile: {report['preview']['profile']['note']})",
-             "| figure | live predicted | live measured | proposed predicted | proposed measured |",
-             "|---|---:|---:|---:|---:|"]
+             "| figure | live predicted | live measured | proposed predicted | proposed measured | error | "
+             "proposed replayed on the measured window | its error |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for key, label in FIGURES:
-        p, m = report["predicted"], report["measured"]
+        replayed = hindsight[key] if hindsight else None
         lines.append(f"| {label} | {show(key, p['live'][key])} | {show(key, m['live'][key])} | "
-                     f"{show(key, p['proposed'][key])} | {show(key, m['proposed'][key])} |")
+                     f"{show(key, p['proposed'][key])} | {show(key, m['proposed'][key])} | "
+                     f"{error(key, p['proposed'][key], m['proposed'][key])} | {show(key, replayed)} | "
+                     f"{error(key, replayed, m['proposed'][key])} |")
     lines.append(f"| requests | {p['live']['requests']} | {m['live']['requests']} | {p['proposed']['requests']} | "
-                 f"{m['proposed']['requests']} |")
-    error = report["preview"]["model_error"]
-    lines.append(f"\nSimulator's validation error: {'unknown' if error is None else f'{100 * error:.1f} %'} "
+                 f"{m['proposed']['requests']} | | {hindsight['requests'] if hindsight else '–'} | |")
+    error_ = report["preview"]["model_error"]
+    lines.append(f"\nSimulator's validation error: {'unknown' if error_ is None else f'{100 * error_:.1f} %'} "
                  f"({report['preview']['model_error_note']}). Preview took {report['preview']['wall_s']} s.")
+    lines.append("The error column is the preview's against the next window (the simulator's error and the change "
+                 "of traffic between the windows); the last column replays the published revision on the measured "
+                 "window itself (the simulator's error alone).")
+    score = report.get("score")
+    if score is None:
+        lines.append("Scorecard: no score of this preview was read back.")
+    elif score["status"] != "done":
+        lines.append(f"Scorecard: {score['status']}: {score['reason']}")
+    else:
+        e = score["errors"]
+        lines.append(f"Scorecard (the control plane's own score, {score['measure_from']} → {score['measure_to']}): "
+                     f"P99 {_pct(e.get('p99'))}, P50 {_pct(e.get('p50'))}, within SLO "
+                     f"{_pt(e.get('within_slo_points'))}, hit ratio {_pt(e.get('hit_ratio_points'))}")
     return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:+.1f} %"
+
+
+def _pt(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.2f} pt"
 
 
 def main(argv: list[str] | None = None) -> int:

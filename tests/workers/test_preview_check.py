@@ -77,3 +77,25 @@ def test_the_curve_table_sets_the_live_revisions_preview_against_the_measured_wi
               "live_previews": [{"p99_ms": 46.0, "p50_ms": 11.0, "within_slo_share": 0.98, "hit_ratio": 0.49}]}
     text = curve_table(report)
     assert "P99 46.0 ms predicted, 40.0 measured (+15 %); within SLO 98.00 % / 99.00 %" in text
+
+
+def test_the_table_splits_the_next_windows_error_and_shows_the_scorecard():
+    live = {"p99_ms": 100.0, "p50_ms": 10.0, "within_slo_share": 0.99, "hit_ratio": 0.70, "requests": 3600}
+    proposed = {"p99_ms": 120.0, "p50_ms": 12.0, "within_slo_share": 0.985, "hit_ratio": 0.60, "requests": 3600}
+    measured = {"p99_ms": 100.0, "p50_ms": 12.0, "within_slo_share": 0.98, "hit_ratio": 0.62, "requests": 3500}
+    replayed = {"p99_ms": 105.0, "p50_ms": 12.5, "within_slo_share": 0.98, "hit_ratio": 0.615, "requests": 3500}
+    report = {"pool": "main", "window": "15m", "change": {"words": "cache.hbm_budget_mb 1024 → 512"},
+              "predicted": {"live": live, "proposed": proposed}, "measured": {"live": live, "proposed": measured},
+              "preview": {"profile": {"note": "fitted"}, "model_error": None, "model_error_note": "n/a", "wall_s": 9.0},
+              "hindsight": {"predicted": replayed},
+              "score": {"status": "done", "reason": "", "measure_from": "a", "measure_to": "b",
+                        "errors": {"p99": 0.183, "p50": -0.02, "within_slo_points": 0.4, "hit_ratio_points": -1.5}}}
+    text = table(report)
+    assert "| P99 (ms) | 100.0 | 100.0 | 120.0 | 100.0 | +20.0 % | 105.0 | +5.0 % |" in text
+    assert "| hit ratio | 70.00 % | 70.00 % | 60.00 % | 62.00 % | -2.00 pt | 61.50 % | -0.50 pt |" in text
+    assert "Scorecard (the control plane's own score, a → b): P99 +18.3 %, P50 -2.0 %, within SLO +0.40 pt, " \
+           "hit ratio -1.50 pt" in text
+    report["score"] = {"status": "failed", "reason": "superseded by generation 9"}
+    assert "Scorecard: failed: superseded by generation 9" in table(report)
+    report["score"] = None
+    assert "Scorecard: no score of this preview was read back." in table(report)
