@@ -118,7 +118,8 @@ def measured_on(api: Api, pool: str, window: str, preview: dict) -> dict:
 
 
 def measured(summary: dict) -> dict:
-    return {"p99_ms": summary["latency_ms"]["p99"], "p50_ms": summary["latency_ms"]["p50"], "within_slo_share": summary["within_slo_share"],
+    return {"p99_ms": summary["latency_ms"]["p99"], "p99_interval_ms": summary["latency_ms"].get("p99_interval"),
+            "p50_ms": summary["latency_ms"]["p50"], "within_slo_share": summary["within_slo_share"],
             "hit_ratio": summary["hit_ratio"], "requests": summary["requests"], "from": summary["from"],
             "to": summary["to"]}
 
@@ -295,6 +296,11 @@ def live_table(report: dict, tolerance: float = 0.25) -> str:
             f"{_ms(p['p50_ms'])} / {_ms(m['p50_ms'])} | {_share(p['within_slo_share'])} / "
             f"{_share(m['within_slo_share'])} | {_share(p['hit_ratio'])} / {_share(m['hit_ratio'])} |")
     lines.append(f"\nP99 within ±{100 * tolerance:.0f} % of the measured in {hits} of {len(report['windows'])} windows.")
+    intervals = [(i, row["measured"]) for i, row in enumerate(report["windows"], 1)
+                 if row["measured"].get("p99_interval_ms")]
+    if intervals:
+        lines.append("Measured P99s' own 95 % intervals (the window's requests alone): " + "; ".join(
+            f"window {i} {m['p99_interval_ms'][0]:.1f}–{m['p99_interval_ms'][1]:.1f}" for i, m in intervals) + ".")
     return "\n".join(lines)
 
 
@@ -400,6 +406,13 @@ def table(report: dict) -> str:
                      f"{error(key, replayed, m['proposed'][key])} |")
     lines.append(f"| requests | {p['live']['requests']} | {m['live']['requests']} | {p['proposed']['requests']} | "
                  f"{m['proposed']['requests']} | | {hindsight['requests'] if hindsight else '–'} | |")
+    for side in ("live", "proposed"):
+        interval = m[side].get("p99_interval_ms")
+        if interval:
+            inside = interval[0] <= p[side]["p99_ms"] <= interval[1] if p[side]["p99_ms"] is not None else None
+            lines.append(f"\nMeasured P99 of the {side} revision: {m[side]['p99_ms']:.1f} ms, 95 % interval "
+                         f"{interval[0]:.1f}–{interval[1]:.1f} from the window's requests alone; the prediction is "
+                         f"{'inside' if inside else 'outside'} it.")
     error_ = report["preview"]["model_error"]
     lines.append(f"\nSimulator's validation error: {'unknown' if error_ is None else f'{100 * error_:.1f} %'} "
                  f"({report['preview']['model_error_note']}). Preview took {report['preview']['wall_s']} s.")

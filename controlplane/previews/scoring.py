@@ -203,8 +203,8 @@ def measure(score: PreviewScore) -> dict:
                           f"(outcomes: {summary['outcomes']}): there is no latency to score")
     counts = telemetry_selectors.pool_counts(pool=score.pool, start_s=start_s, end_s=end_s)
     admitted = counts["preinfer_admitted"] if counts else None
-    return {"p99_ms": summary["latency_ms"]["p99"], "p50_ms": summary["latency_ms"]["p50"],
-            "within_slo_share": summary["within_slo_share"], "hit_ratio": summary["hit_ratio"],
+    return {"p99_ms": summary["latency_ms"]["p99"], "p99_interval_ms": summary["latency_ms"]["p99_interval"],
+            "p50_ms": summary["latency_ms"]["p50"], "within_slo_share": summary["within_slo_share"], "hit_ratio": summary["hit_ratio"],
             "requests": summary["requests"], "skipped_records": window.bad, "admissions": admitted,
             "admitted_per_request": (round(admitted / counts["rank_requests"], 4)
                                      if counts and counts["rank_requests"] else None),
@@ -231,7 +231,11 @@ def _points(predicted, measured) -> float | None:
 def errors_of(predicted: dict, measured: dict) -> dict:
     """Predicted against measured: relative errors for P99, P50 and admissions per request
     ((predicted − measured) / measured), point differences for the within-SLO share and hit ratio."""
+    interval = measured.get("p99_interval_ms")
     return {"p99": _relative(predicted.get("p99_ms"), measured.get("p99_ms")),
+            # inside the measured P99's own 95 % interval (the window's sampling error); None without one
+            "p99_in_interval": (interval[0] <= predicted["p99_ms"] <= interval[1]
+                                if interval and _number(predicted.get("p99_ms")) else None),
             "p50": _relative(predicted.get("p50_ms"), measured.get("p50_ms")),
             "within_slo_points": _points(predicted.get("within_slo_share"), measured.get("within_slo_share")),
             "hit_ratio_points": _points(predicted.get("hit_ratio"), measured.get("hit_ratio")),

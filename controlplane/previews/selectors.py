@@ -51,7 +51,13 @@ def scorecard(*, pool: Pool, last: int = SCORECARD_LAST) -> dict:
            "p99_within_pct": pct(p99, max), "p99_median_abs_pct": pct(p99, statistics.median),
            "p50_within_pct": pct(p50, max), "within_slo_within_points": points(slo),
            "hit_ratio_within_points": points(hits)}
+    inside = [s.errors["p99_in_interval"] for s in done
+              if isinstance(s.errors, dict) and isinstance(s.errors.get("p99_in_interval"), bool)]
+    # how many predictions fell inside the measured P99's own 95 % interval (its sampling error)
+    out["p99_in_interval"] = {"inside": sum(inside), "of": len(inside)}
     figures = [f"P99 within ±{out['p99_within_pct']:.0f} %" if p99 else "P99 not measured"]
+    if inside:
+        figures[0] += f" (inside the measured P99's 95 % interval in {sum(inside)} of {len(inside)})"
     if slo:
         figures.append(f"within-SLO share within ±{out['within_slo_within_points']:.1f} points")
     out["note"] = (f"last {len(done)} scored preview{'s' if len(done) > 1 else ''} of this pool: "

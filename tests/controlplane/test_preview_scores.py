@@ -110,8 +110,9 @@ def test_the_window_after_the_publish_is_measured_against_the_prediction(operato
     assert (measured["requests"], measured["p99_ms"], measured["p50_ms"]) == (100, 99.0, 50.0)
     assert measured["within_slo_share"] == 0.5 and measured["hit_ratio"] == 0.75  # SLO 50 ms; a quarter missed
     assert measured["admissions"] is None and "no instance reported telemetry" in measured["admissions_note"]
-    assert score.errors == {"p99": pytest.approx(11 / 99, abs=1e-4), "p50": -0.1, "within_slo_points": 5.0,
-                            "hit_ratio_points": -5.0, "admissions": None}
+    assert measured["p99_interval_ms"] is None  # 100 requests are too few for the P99's interval
+    assert score.errors == {"p99": pytest.approx(11 / 99, abs=1e-4), "p99_in_interval": None, "p50": -0.1,
+                            "within_slo_points": 5.0, "hit_ratio_points": -5.0, "admissions": None}
     # idempotent: a second pass changes nothing
     scored_at = score.scored_at
     assert scoring.score_tick(now_s=end_s + 600) == {"waiting": 0, "done": 0, "failed": 0}
@@ -209,8 +210,8 @@ def _scored(pool, p99_error: float, generation: int) -> None:
         preview=preview, pool=pool, generation=preview.generation, published_at=now, window_s=60,
         measure_from=now, measure_to=now + timedelta(seconds=60 + generation), status=PreviewScore.Status.DONE,
         predicted=PREDICTED, measured={"p99_ms": 100.0},
-        errors={"p99": p99_error, "p50": 0.05, "within_slo_points": -2.0 * generation, "hit_ratio_points": 1.0,
-                "admissions": None})
+        errors={"p99": p99_error, "p99_in_interval": abs(p99_error) <= 0.1, "p50": 0.05,
+                "within_slo_points": -2.0 * generation, "hit_ratio_points": 1.0, "admissions": None})
 
 
 def test_the_scores_endpoint_is_for_viewers_and_summarises_the_last_five(clients, pool, redis_on):
@@ -228,6 +229,8 @@ def test_the_scores_endpoint_is_for_viewers_and_summarises_the_last_five(clients
     assert summary["p99_within_pct"] == 11.0 and summary["p99_median_abs_pct"] == 5.0
     assert summary["within_slo_within_points"] == 12.0 and summary["p50_within_pct"] == 5.0
     assert summary["note"].startswith("last 5 scored previews of this pool: P99 within ±11 %")
+    assert summary["p99_in_interval"] == {"inside": 4, "of": 5}  # the −11 % one fell outside
+    assert "P99 within ±11 % (inside the measured P99's 95 % interval in 4 of 5)" in summary["note"]
     assert len(body["scores"]) == 6
     row = body["scores"][0]
     assert {"generation", "status", "reason", "predicted", "measured", "errors", "measure_from", "measure_to",
@@ -266,3 +269,11 @@ def test_admissions_are_measured_from_the_pools_telemetry(operator, pool, redis_
     assert score.status == "done", score.reason
     assert (score.measured["admissions"], score.measured["admitted_per_request"]) == (50, 0.25)
     assert score.errors["admissions"] == pytest.approx(0.2)  # 0.3 predicted per request against 0.25
+
+
+def test_the_p99_is_judged_against_its_own_interval_and_the_summary_counts_the_predictions_inside():
+    predicted = {"p99_ms": 120.0, "p50_ms": 10.0}
+    measured = {"p99_ms": 100.0, "p50_ms": 10.0, "p99_interval_ms": [85.0, 125.0]}
+    assert scoring.errors_of(predicted, measured)["p99_in_interval"] is True
+    assert scoring.errors_of({**predicted, "p99_ms": 130.0}, measured)["p99_in_interval"] is False
+    assert scoring.errors_of({**predicted, "p99_ms": None}, measured)["p99_in_interval"] is None

@@ -337,3 +337,11 @@ def test_the_summary_names_the_live_instances_that_capture_nothing_and_why(viewe
     assert body["capture_off"] == {blind.name: blind.status.capture_off}
     shown = viewer.get(f"/api/v1/pools/{pool.name}/instances/{blind.name}/").json()
     assert shown["capture_off"] == blind.status.capture_off
+
+
+def test_the_p99s_interval_is_the_order_statistics_around_its_rank():
+    from controlplane.previews.traffic import _percentile_interval
+    values = [float(i) for i in range(1, 10_001)]  # n q = 9,900, half-width 1.96 √99 = 19.5 ranks
+    assert _percentile_interval(values, 0.99) == [9880.0, 9920.0]
+    assert _percentile_interval(values[:100], 0.99) is None  # its upper rank falls past the sample
+    assert _percentile_interval([], 0.99) is None

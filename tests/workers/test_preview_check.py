@@ -50,6 +50,9 @@ def test_the_live_table_counts_the_windows_whose_p99_is_within_a_quarter():
     assert "| 1 | 1180 | 50.0 / 60.0 | -17 % | 9 (40.0–65.0) |" in text
     assert "| 2 | 1180 | 70.0 / 50.0 | +40 % |" in text
     assert "P99 within ±25 % of the measured in 1 of 3 windows." in text
+    assert "own 95 % intervals" not in text
+    report["windows"][1]["measured"]["p99_interval_ms"] = [41.0, 62.5]
+    assert "Measured P99s' own 95 % intervals (the window's requests alone): window 2 41.0–62.5." in live_table(report)
 
 
 def test_the_curve_is_read_between_its_points_and_never_past_them():
@@ -82,7 +85,8 @@ def test_the_curve_table_sets_the_live_revisions_preview_against_the_measured_wi
 def test_the_table_splits_the_next_windows_error_and_shows_the_scorecard():
     live = {"p99_ms": 100.0, "p50_ms": 10.0, "within_slo_share": 0.99, "hit_ratio": 0.70, "requests": 3600}
     proposed = {"p99_ms": 120.0, "p50_ms": 12.0, "within_slo_share": 0.985, "hit_ratio": 0.60, "requests": 3600}
-    measured = {"p99_ms": 100.0, "p50_ms": 12.0, "within_slo_share": 0.98, "hit_ratio": 0.62, "requests": 3500}
+    measured = {"p99_ms": 100.0, "p50_ms": 12.0, "within_slo_share": 0.98, "hit_ratio": 0.62, "requests": 3500,
+                "p99_interval_ms": [85.0, 125.0]}
     replayed = {"p99_ms": 105.0, "p50_ms": 12.5, "within_slo_share": 0.98, "hit_ratio": 0.615, "requests": 3500}
     report = {"pool": "main", "window": "15m", "change": {"words": "cache.hbm_budget_mb 1024 → 512"},
               "predicted": {"live": live, "proposed": proposed}, "measured": {"live": live, "proposed": measured},
@@ -93,6 +97,9 @@ def test_the_table_splits_the_next_windows_error_and_shows_the_scorecard():
     text = table(report)
     assert "| P99 (ms) | 100.0 | 100.0 | 120.0 | 100.0 | +20.0 % | 105.0 | +5.0 % |" in text
     assert "| hit ratio | 70.00 % | 70.00 % | 60.00 % | 62.00 % | -2.00 pt | 61.50 % | -0.50 pt |" in text
+    assert "Measured P99 of the proposed revision: 100.0 ms, 95 % interval 85.0–125.0 from the window's requests " \
+           "alone; the prediction is inside it." in text
+    assert "Measured P99 of the live revision" not in text  # no interval there
     assert "Scorecard (the control plane's own score, a → b): P99 +18.3 %, P50 -2.0 %, within SLO +0.40 pt, " \
            "hit ratio -1.50 pt" in text
     report["score"] = {"status": "failed", "reason": "superseded by generation 9"}

@@ -149,9 +149,11 @@ class PreviewScoresView(APIView):
         "or a canary promoted) measured over a window as long as its preview's, from the fleet's convergence on "
         "it. `scores`: the last 20, newest first: `status` waiting | done | failed (`reason`, a sentence), "
         "`predicted` and `measured` (p99_ms, p50_ms, within_slo_share, hit_ratio, admissions, "
-        "admitted_per_request, requests), `errors` (p99, p50 and admissions relative: (predicted − measured) "
-        "/ measured; within_slo_points and hit_ratio_points). `summary`: over the last 5 done, "
-        "`p99_within_pct` (the largest |P99 error|), `p99_median_abs_pct`, `p50_within_pct`, "
+        "admitted_per_request, requests; measured also p99_interval_ms, the measured P99's own 95 % interval "
+        "from the window's requests), `errors` (p99, p50 and admissions relative: (predicted − measured) "
+        "/ measured; within_slo_points and hit_ratio_points; p99_in_interval). `summary`: over the last 5 done, "
+        "`p99_within_pct` (the largest |P99 error|), `p99_median_abs_pct`, `p50_within_pct`, `p99_in_interval` "
+        "({inside, of}), "
         "`within_slo_within_points`, `hit_ratio_within_points` and a `note`; `source` \"none\" while no preview "
         "of the pool was scored. Every preview's `model_error` is this summary's `p99_within_pct`.",
     )
