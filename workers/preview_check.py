@@ -46,7 +46,6 @@ ROOT = Path(__file__).resolve().parent.parent
 FIGURES = (("p99_ms", "P99 (ms)"), ("p50_ms", "P50 (ms)"), ("within_slo_share", "within SLO"),
            ("hit_ratio", "hit ratio"))
 WINDOWS = {"1m": 60, "3m": 180, "5m": 300, "10m": 600, "15m": 900}
-ROUND_STEP_S = 20  # at least the control plane's rounding of a window's end (a fifteenth, ≤ 60 s)
 
 
 class Api:
@@ -166,7 +165,7 @@ def check_live(api: Api, pool: str, window: str, windows: int) -> dict:
     rows = []
     for i in range(windows):
         say(f"window {i + 1} of {windows}: letting {window} of traffic into the capture")
-        time.sleep(window_s + (ROUND_STEP_S if i == 0 else 0))
+        time.sleep(window_s + (end_step_s(window_s) + 1 if i == 0 else 0))
         preview, preview_s = previewed(api, pool, generation, window)
         measured_now = measured_on(api, pool, window, preview)
         live = preview["result"]["live"]
@@ -213,7 +212,7 @@ def check_curve(api: Api, pool: str, window: str, keep: tuple[dict, Path] | None
     against the simulator's replay of the same window (at half and twice the live HBM budget). ``keep``:
     the stack's status and a file for the window's captured records."""
     say(f"letting a full {window} window of traffic into the capture")
-    time.sleep(WINDOWS[window] + ROUND_STEP_S)
+    time.sleep(WINDOWS[window] + end_step_s(WINDOWS[window]) + 1)
     state = api("GET", f"/api/v1/pools/{pool}/")
     live = api("GET", f"/api/v1/pools/{pool}/revisions/{state['desired_generation']}/")
     live_mb = parse_policy(live["spec"]).cache.hbm_budget_mb
@@ -315,7 +314,7 @@ def _share(value: float | None) -> str:
 def check(api: Api, pool: str, window: str, at_risk_seq_len: int | None, change: str = "trigger") -> dict:
     window_s = WINDOWS[window]
     say(f"letting a full {window} window of traffic into the capture")
-    time.sleep(window_s + ROUND_STEP_S)
+    time.sleep(window_s + end_step_s(window_s) + 1)
     state = api("GET", f"/api/v1/pools/{pool}/")
     live = api("GET", f"/api/v1/pools/{pool}/revisions/{state['desired_generation']}/")
     spec, words, values = changed(live["spec"], change, at_risk_seq_len)
