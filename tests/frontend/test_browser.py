@@ -354,6 +354,9 @@ def test_preview_shows_live_and_proposed_side_by_side_then_publishes_that_revisi
     else:
         assert off_p99.endswith(")"), off_p99
     assert "ago" in sre.locator('[data-role="preview"] [data-role="preview-window"]').inner_text()
+    # The host's other processes, where the pool's forwards measured them (wall time beyond CPU time).
+    background = result["host_background"]
+    assert (f"On the host, {background['note']}." in window_text) == (background["share"] > 0), window_text
     # Beside the Preview button: how the pool's earlier previews scored (none was published yet here).
     sre.locator('[data-role="preview-scorecard"]', has_text="no preview of this pool has been scored yet").wait_for()
     screenshot(sre, "09b-config-preview")

@@ -120,6 +120,42 @@ def test_the_preview_replays_with_the_pools_own_times_and_says_so(tmp_path):
     assert runs["profile"]["profile"]["live_fit"] is None
     # Three times slower forwards: the same traffic waits longer.
     assert runs["own"]["live"]["p50_ms"] > 2 * runs["profile"]["live"]["p50_ms"]
+    # The pool's forwards took their CPU time in wall time: nothing else on the host; the profile alone
+    # says nothing of it.
+    assert own["pool_sharing"] == pytest.approx(1.0) and runs["own"]["host_background"]["share"] == 0.0
+    assert runs["profile"]["host_background"]["pool_sharing"] is None
+
+
+def test_a_pools_forwards_that_waited_beyond_their_cpu_time_model_the_hosts_other_processes(tmp_path):
+    base_path = tmp_path / "base.json"
+    base = true_model()
+    base.save(base_path)
+    trace = tmp_path / "trace.jsonl"
+    write_trace(trace, generate_trace(TraceSpec(queries=200, qps=10, seed=1)))
+    spec = tmp_path / "spec.json"
+    spec.write_text("{}")
+    times = ForwardTimes()
+    for op in ("prefill", "rank", "rank_full"):
+        for n in LENGTHS:
+            for _ in range(20):
+                ms = base.op_ms(op, n, 30, 128)
+                times.record(op, n, 0 if op == "prefill" else 30, 0 if op == "prefill" else 128, ms, 1.3 * ms)
+    path = pool_file(tmp_path, times)
+    out = tmp_path / "out.json"
+    argv = ["preview", "--trace", str(trace), "--live", str(spec), "--proposed", str(spec), "--instances", "2",
+            "--profile", str(base_path), "--jobs", "1", "--max-requests", "200", "--forward-times", str(path),
+            "--out", str(out)]
+    assert cli.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["profile"]["pool_sharing"] == pytest.approx(1.3)
+    background = result["host_background"]
+    assert background["share"] > 0.05  # the rest of 1.3 after what the simulator's own instances explain
+    assert background["share"] == pytest.approx(1 - background["simulated_sharing"] / 1.3, abs=1e-3)
+    # On an accelerator's wall clock there is no CPU time to set it against: nothing modelled.
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps(data | {"clock": "wall", "device_kind": "cuda"}))
+    assert cli.main(argv) == 0
+    assert json.loads(out.read_text())["host_background"]["pool_sharing"] is None
 
 
 def test_interleaving_is_the_ranking_forwards_wall_over_cpu_and_cpu_over_their_time_alone():

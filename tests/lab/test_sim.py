@@ -17,10 +17,12 @@ from relay_engine.lab.bench.modes import MODES, Regime
 from relay_engine.lab.bench.workload import Window, paired_windows, route, schedule, trace_qps, window_rng
 from relay_engine.lab.costmodel import OPS, TERMS, CostModel, SpeedDrift
 from relay_engine.lab.sim.des import SharedCompute, Simulation
-from relay_engine.lab.sim.fleet import FleetSpec
+from relay_engine.lab.sim.fleet import FleetSpec, computes
 from relay_engine.lab.sim.preview import (
+    MAX_BACKGROUND,
     MAX_REPLICATES,
     PROFILES_DIR,
+    host_background,
     model_error_of,
     preview,
     preview_routing,
@@ -162,6 +164,44 @@ def test_a_host_of_two_cores_runs_two_single_threaded_jobs_at_full_speed_and_sha
     sim.run()
     # x and y share the other core (half each) until heavy is done at 1 s, then have a core each: done at 1.5 s
     assert done["heavy"] == pytest.approx(1.0) and done["x"] == pytest.approx(1.5) and done["y"] == pytest.approx(1.5)
+
+
+def test_other_processes_of_a_host_slow_a_forward_alone_by_their_share_of_each_core():
+    sim = Simulation()
+    spec = FleetSpec(None, instances=2, deadline_ms=10_000, instances_per_host=2, host_cores=2.0,
+                     background_share=0.2)
+    a, b = computes(sim, spec)
+    assert a is b  # one host
+    done = {}
+    sim.spawn(lambda: (a.run(1.0), done.__setitem__("alone", sim.now)))
+    sim.run()
+    assert done["alone"] == pytest.approx(1.25)  # 0.8 of a core
+    sim = Simulation()
+    host = computes(sim, replace(spec, background_share=0.0))[0]
+    sim.spawn(lambda: (host.run(1.0), done.__setitem__("quiet", sim.now)))
+    sim.run()
+    assert done["quiet"] == pytest.approx(1.0)
+
+
+def test_the_preview_models_the_hosts_other_processes_from_the_pools_wall_over_cpu_time():
+    queries = generate_trace(TraceSpec(queries=300, qps=10, seed=3))
+    live = PolicySpec(trigger=TriggerPolicy(at_risk_seq_len=256))
+    cost = constant_cost(20.0, 4.0, 30.0)
+    quiet = run_preview(queries, live, live, instances=2, cost=cost, max_requests=300, jobs=1)
+    assert quiet["host_background"]["share"] == 0 and quiet["host_background"]["pool_sharing"] is None
+    busy = run_preview(queries, live, live, instances=2, cost=cost, max_requests=300, jobs=1, pool_sharing=1.25)
+    background = busy["host_background"]
+    # The simulator's own instances explain a little of the pool's 1.25 (two of them, light load): the rest
+    # is the other processes', and every forward alone runs at what they leave.
+    assert 1.0 <= background["simulated_sharing"] < 1.05
+    assert background["share"] == pytest.approx(1 - background["simulated_sharing"] / 1.25, abs=1e-3)
+    assert "other processes took" in background["note"]
+    assert busy["relay_off"]["p50_ms"] == pytest.approx(30.0 / (1 - background["share"]), rel=0.01)
+    assert busy["live"]["p50_ms"] > quiet["live"]["p50_ms"]
+    # A pool that says its wall time was less than the simulator's own sharing: nothing else modelled;
+    # one whose wall clock is many times its CPU time: at most MAX_BACKGROUND of a core.
+    assert host_background(queries, live, 2, cost, pool_sharing=1.0).share == 0.0
+    assert host_background(queries, live, 2, cost, pool_sharing=20.0).share == MAX_BACKGROUND
 
 
 def test_a_paced_prefill_keeps_its_share_while_its_instance_ranks_even_with_a_core_free():

@@ -150,6 +150,7 @@ RelayGR.editor.preview = (() => {
         + ` on ${r.instances} instances (${r.instances_note})`
         + (r.routing ? `, requests sent ${r.routing}` : "")
         + `; ${r.profile.note}.`
+        + (r.host_background && r.host_background.share > 0 ? ` On the host, ${r.host_background.note}.` : "")
         + (r.replicates > 1 ? ` Each figure is the median of ${r.replicates} replays, each drawing every forward's `
           + "time with the spread this pool's forwards measured: a P99 of a few minutes moves that much by chance." : "")
         + (r.sampling ? ` ${r.sampling}.` : "")),

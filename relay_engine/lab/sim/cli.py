@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from relay_engine.core.capture import to_trace
 from relay_engine.core.config import PolicyError, parse_policy
-from relay_engine.core.forward_times import ForwardTimesError
+from relay_engine.core.forward_times import ForwardTimes, ForwardTimesError
 from relay_engine.core.trace import TraceError, TraceQuery, read_trace
 from relay_engine.lab.bench import report
 from relay_engine.lab.bench.calibration import regime_for
@@ -187,10 +187,11 @@ def preview_cost(profile: Path | None, device_kind: str, forward_times: Path | N
         profile, profile_note = profile_for(device_kind)
     cost = CostModel.load(profile)
     pools_own = not Path(profile).samefile(REFERENCE_PROFILE)
-    live_fit = None
+    live_fit, pool_sharing = None, None
     if forward_times:
         times, meta = read_pool_forwards(forward_times)
         live_fit = fit_live(times, cost)
+        pool_sharing = ranking_sharing(times, meta)
         if live_fit.live_ops:
             cost = live_fit.cost
             # The pool's own times when every operation is, or the rest come from its own device's profile.
@@ -201,7 +202,22 @@ def preview_cost(profile: Path | None, device_kind: str, forward_times: Path | N
             profile_note = f"{profile_note}: no forwards of this pool's own in {window_words(meta)} yet"
     return cost, {"path": str(profile), "device": cost.device, "note": profile_note,
                   # whether the times are this pool's devices' own, or a stand-in's
-                  "pools_own": pools_own, "live_fit": None if live_fit is None else live_fit.to_dict()}
+                  "pools_own": pools_own, "live_fit": None if live_fit is None else live_fit.to_dict(),
+                  "pool_sharing": pool_sharing}
+
+
+# Ranking forwards a window needs before its wall ÷ CPU time stands for the host's other processes.
+MIN_SHARING_FORWARDS = 100
+
+
+def ranking_sharing(times: ForwardTimes, meta: dict) -> float | None:
+    """The pool's ranking forwards' wall time ÷ CPU time (``livefit.interleaving``), where its instances
+    time their forwards on the CPU clock (wall time beside it) and ran enough of them; else None."""
+    ranks = [m for m in times.means() if m.op in ("rank", "rank_full") and m.mean_ms > 0]
+    if meta.get("clock") != "thread_cpu" or sum(m.count for m in ranks) < MIN_SHARING_FORWARDS:
+        return None
+    cpu = sum(m.mean_ms * m.count for m in ranks)
+    return max(1.0, sum(m.mean_wall_ms * m.count for m in ranks) / cpu)
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
@@ -214,7 +230,8 @@ def cmd_preview(args: argparse.Namespace) -> int:
     model_error, model_error_note = model_error_of(Path(args.validation))
     result = run_preview(queries, live, proposed, instances=args.instances, cost=cost,
                          rank_threads=args.rank_threads, max_requests=args.max_requests, jobs=args.jobs,
-                         host=(args.instances_per_host, args.host_cores), warmup_requests=args.warmup_requests)
+                         host=(args.instances_per_host, args.host_cores), warmup_requests=args.warmup_requests,
+                         pool_sharing=profile_info["pool_sharing"])
     result.update({"model_error": model_error, "model_error_note": model_error_note, "profile": profile_info})
     report.write_json(Path(args.out), result)
     print(f"previewed {result['requests']} requests on {args.instances} instances in {result['sim_wall_s']} s "
@@ -271,15 +288,16 @@ def cmd_decompose(args: argparse.Namespace) -> int:
     profile = original.profile or (kept_profile if kept_profile.is_file() else None)
     forwards = None if args.profile_alone else local.get("forward_times")
     cost, profile_info = preview_cost(profile, original.device_kind, forwards)
-    rows = decompose.replay_rows(queries, records, live, cost, instances=original.instances,
+    rows, background = decompose.replay_rows(queries, records, live, cost, instances=original.instances,
                                  rank_threads=original.rank_threads,
                                  host=(original.instances_per_host, original.host_cores),
                                  max_requests=original.max_requests, warmup_requests=original.warmup_requests,
-                                 seed=args.seed, routing=args.routing)
+                                 seed=args.seed, routing=args.routing, pool_sharing=profile_info["pool_sharing"])
     result = decompose.summarize(rows, live.trigger.ranking_p99_slo_ms, slowest=args.slowest)
     result["profile"] = profile_info["note"]
+    result["host_background"] = background.to_dict()
     print(f"Preview {folder.name} of pool {kept.get('pool')}, replayed with seed {args.seed}; cost model: "
-          f"{profile_info['note']}\n")
+          f"{profile_info['note']}; {background.sentence()}\n")
     print(decompose.table(result))
     if args.out:
         report.write_json(Path(args.out), result | {"rows": [asdict(r) for r in rows]})

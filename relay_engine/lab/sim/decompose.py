@@ -30,7 +30,14 @@ from relay_engine.core.trace import TraceQuery
 from relay_engine.lab.bench.stats import RANKED, quantile
 from relay_engine.lab.costmodel import CostModel
 from relay_engine.lab.sim.fleet import instance_names
-from relay_engine.lab.sim.preview import preview_fleet, preview_routing, replay_plan, replay_trace
+from relay_engine.lab.sim.preview import (
+    HostBackground,
+    host_background,
+    preview_fleet,
+    preview_routing,
+    replay_plan,
+    replay_trace,
+)
 
 LENGTH_BUCKETS = (0, 512, 1024, 2048, 4096)
 SIM_DEADLINE = "deadline"
@@ -90,17 +97,22 @@ def read_capture(path: Path) -> list[CaptureRecord]:
 
 def replay_rows(queries: Sequence[TraceQuery], records: Sequence[CaptureRecord], live: PolicySpec, cost: CostModel,
                 *, instances: int, rank_threads: int, host: tuple[int, float], max_requests: int,
-                warmup_requests: int, seed: int = 0, routing: str | None = None) -> list[Row]:
+                warmup_requests: int, seed: int = 0, routing: str | None = None,
+                pool_sharing: float | None = None) -> tuple[list[Row], HostBackground]:
     """The live spec replayed as its preview replays it (``routing``: as a preview routes, unless given:
-    ``FleetSpec.routing``); a row per measured request."""
+    ``FleetSpec.routing``; the host's other processes as ``host_background`` finds them from
+    ``pool_sharing``); a row per measured request, and the background it was replayed with."""
     if len(queries) != len(records) or any((q.user_id, q.seq_len) != (r.user, r.prefix_len)
                                            for q, r in zip(queries, records, strict=False)):
         raise KeptError(f"the trace holds {len(queries)} queries and the capture {len(records)} records: "
                         f"they must be the same requests in the same order")
     plan = replay_plan(queries, cost, max_requests=max_requests, warmup_requests=warmup_requests)
     offset = len(queries) - len(plan.replayed)
+    background = host_background(plan.replayed, live, instances, cost, pool_sharing=pool_sharing,
+                                 rank_threads=rank_threads, host=host, cap=plan.cap, shares=plan.shares)
     fleet = preview_fleet(live, instances, cost, slo_ms=live.trigger.ranking_p99_slo_ms, rank_threads=rank_threads,
-                          host=host, routing=routing or preview_routing(plan.replayed, instances)[0])
+                          host=host, routing=routing or preview_routing(plan.replayed, instances)[0],
+                          background=background.share)
     reports = replay_trace(plan.replayed, fleet, cost, cap=plan.cap, prime_share=plan.shares[0],
                            warmup_share=plan.shares[1], seed=seed)
     rows = []
@@ -113,7 +125,7 @@ def replay_rows(queries: Sequence[TraceQuery], records: Sequence[CaptureRecord],
             rows.append(Row(offset + query, record.prefix_len, record.outcome, record.latency_ms, record.instance,
                             outcome, ms, name, queued, work, forward, record.miss_reason, reason, record.cpu_ms,
                             record.signal_delay_ms))
-    return sorted(rows, key=lambda r: r.query)
+    return sorted(rows, key=lambda r: r.query), background
 
 
 def _figures(latencies: np.ndarray, served: np.ndarray, slo_ms: float, hits: int, deadline: int, n: int) -> dict:

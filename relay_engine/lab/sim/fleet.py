@@ -65,7 +65,8 @@ class FleetSpec:
     # the forwards): handing it to a rank thread, the dispatcher, the interpreter lock changing hands — what
     # a real instance's process spends beyond its forwards, per request (``stats.cpu_parts``).
     rank_overhead_ms: float = 0.0
-    # The share of each instance's compute other processes take (``stats.cpu_parts``'s ``others_share``).
+    # The share of each instance's compute (or each core of its host) other processes take
+    # (``stats.cpu_parts``'s ``others_share``; a preview's ``host_background``).
     background_share: float = 0.0
     # What interleaving forwards on a core costs (``des.SharedCompute``'s ``thrash``; 0: nothing).
     thrash: float = 0.0
@@ -175,8 +176,9 @@ def computes(sim: Simulation, spec: FleetSpec) -> list[SharedCompute]:
     if spec.instances_per_host <= 1 and spec.host_cores == 1.0:
         return [SharedCompute(sim, capacity=1.0 - spec.background_share, thrash=spec.thrash)
                 for _ in range(spec.instances)]
-    per_host = max(1, spec.instances_per_host)
-    hosts = [SharedCompute(sim, capacity=spec.host_cores, job_cap=1.0, thrash=spec.thrash)
+    # Other processes of the host take the same share of every core: a forward alone runs at the rest.
+    per_host, left = max(1, spec.instances_per_host), 1.0 - spec.background_share
+    hosts = [SharedCompute(sim, capacity=spec.host_cores * left, job_cap=left, thrash=spec.thrash)
              for _ in range(-(-spec.instances // per_host))]
     return [hosts[i // per_host] for i in range(spec.instances)]
 

@@ -163,31 +163,92 @@ def preview_routing(queries: Sequence[TraceQuery], instances: int) -> tuple[str,
 
 
 def preview_fleet(spec: PolicySpec | None, instances: int, cost: CostModel, *, slo_ms: float, rank_threads: int = 4,
-                  host: tuple[int, float] = (1, 1.0), routing: str = "rendezvous") -> FleetSpec:
-    """The simulated fleet a preview replays ``spec`` on (None: the relay off; deadlines at 2 × the SLO)."""
+                  host: tuple[int, float] = (1, 1.0), routing: str = "rendezvous",
+                  background: float = 0.0) -> FleetSpec:
+    """The simulated fleet a preview replays ``spec`` on (None: the relay off; deadlines at 2 × the SLO).
+    ``background``: the share of each core other processes of the host take (``host_background``)."""
     return FleetSpec(spec, instances, deadline_ms=2 * slo_ms, rank_threads=rank_threads,
                      preinfer=spec is not None, instances_per_host=host[0], host_cores=host[1],
                      device_type=cost.device if cost.device in ("cpu", "cuda", "npu") else "accelerator",
-                     routing=routing)
+                     routing=routing, background_share=background)
+
+
+# The most of a core a preview lets other processes take: past it the pool's wall clock says something
+# the simulator does not model at all, and a preview that doubled every forward would only hide it.
+MAX_BACKGROUND = 0.5
+
+
+@dataclass(frozen=True)
+class HostBackground:
+    """What the CPU instances' other processes took from them, as a preview models it: ``share`` of every
+    core, from ``pool_sharing`` (the pool's own ranking forwards' wall time ÷ their CPU time, over the
+    window its forward times cover) against ``simulated_sharing`` (the same ratio in a replay of the live
+    spec on the window with nothing else on the host: the wait the simulator explains itself, its own
+    instances' forwards taking turns). A forward alone then runs at 1 − share of a core:
+    share = 1 − simulated ÷ pool, within [0, ``MAX_BACKGROUND``]."""
+
+    share: float
+    pool_sharing: float | None
+    simulated_sharing: float | None
+
+    def to_dict(self) -> dict:
+        return {"share": round(self.share, 4), "pool_sharing": _rounded(self.pool_sharing),
+                "simulated_sharing": _rounded(self.simulated_sharing), "note": self.sentence()}
+
+    def sentence(self) -> str:
+        if self.pool_sharing is None:
+            return "no other processes modelled (the pool's forwards have no CPU and wall time both)"
+        return (f"other processes took {100 * self.share:.1f} % of each core (the pool's ranking forwards took "
+                f"{self.pool_sharing:.3f}× their CPU time in wall time, the simulator's own instances explain "
+                f"{self.simulated_sharing:.3f}×)")
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def simulated_sharing(reports: Sequence[InstanceReport]) -> float | None:
+    """The ranking forwards' time on the shared compute ÷ their time alone, over every rank of a replay."""
+    alone = sum(d[2] for r in reports for d in r.detail)
+    elapsed = sum(d[3] for r in reports for d in r.detail)
+    return elapsed / alone if alone > 0 else None
+
+
+def host_background(queries: Sequence[TraceQuery], live: PolicySpec, instances: int, cost: CostModel, *,
+                    pool_sharing: float | None, rank_threads: int = 4, host: tuple[int, float] = (1, 1.0),
+                    cap: int | None = None, shares: tuple[float, float] = (0.1, 0.05),
+                    seed: int = 0) -> HostBackground:
+    """``HostBackground`` of a window: the live spec replayed once with nothing else on the host, its
+    ranking forwards' sharing set against the pool's (None: none modelled)."""
+    if pool_sharing is None:
+        return HostBackground(0.0, None, None)
+    fleet = preview_fleet(live, instances, cost, slo_ms=live.trigger.ranking_p99_slo_ms, rank_threads=rank_threads,
+                          host=host, routing=preview_routing(queries, instances)[0])
+    cap = cap or prefix_cap(queries, cost)
+    reports = replay_trace(queries, fleet, cost, cap=cap, prime_share=shares[0], warmup_share=shares[1], seed=seed)
+    simulated = simulated_sharing(reports) or 1.0
+    share = min(MAX_BACKGROUND, max(0.0, 1.0 - simulated / pool_sharing)) if pool_sharing > 0 else 0.0
+    return HostBackground(share, pool_sharing, simulated)
 
 
 def preview(queries: Sequence[TraceQuery], spec: PolicySpec | None, instances: int, cost: CostModel, *,
             rank_threads: int = 4, prime_share: float = 0.1, warmup_share: float = 0.05,
             seed: int = 0, cap: int | None = None, slo_ms: float | None = None,
-            host: tuple[int, float] = (1, 1.0), replicates: int = 1) -> PreviewFigures:
+            host: tuple[int, float] = (1, 1.0), replicates: int = 1, background: float = 0.0) -> PreviewFigures:
     """The figures of one policy on one traffic window (the what-if preview calls this for the live
     spec, the proposed one and the relay off, on the same captured queries and cost model). ``spec``
     None: the relay off — every ranking request runs the whole history (no pre-inference, no cache),
     judged on ``slo_ms``. ``host``: (instances to a host, its cores) for CPU instances that share one
     (``FleetSpec.instances_per_host``). ``replicates``: replays with seeds ``seed``, ``seed`` + 1, …
-    (forward times drawn anew where the cost model states their dispersion), combined by median."""
+    (forward times drawn anew where the cost model states their dispersion), combined by median.
+    ``background``: the share of each core the host's other processes take (``host_background``)."""
     slo_ms = spec.trigger.ranking_p99_slo_ms if spec is not None else slo_ms
     if slo_ms is None:
         raise ValueError("the relay off needs the SLO it is judged on (slo_ms)")
     if replicates < 1:
         raise ValueError(f"replicates must be ≥ 1, got {replicates}")
     fleet = preview_fleet(spec, instances, cost, slo_ms=slo_ms, rank_threads=rank_threads, host=host,
-                          routing=preview_routing(queries, instances)[0])
+                          routing=preview_routing(queries, instances)[0], background=background)
     window = whole_trace_window(len(queries), prime_share, warmup_share)
     span_s = max(1e-9, (queries[-1].t_ms - queries[window.first_measured].t_ms) / 1000)
     replays = []
@@ -281,10 +342,11 @@ def recent_share(queries: Sequence[TraceQuery], max_requests: int) -> tuple[list
 
 
 def _figures(args: tuple) -> dict:
-    queries, spec, instances, cost, rank_threads, cap, slo_ms, host, replicates, shares = args
+    queries, spec, instances, cost, rank_threads, cap, slo_ms, host, replicates, shares, background = args
     prime_share, warmup_share = shares
     return preview(queries, spec, instances, cost, rank_threads=rank_threads, cap=cap, slo_ms=slo_ms,
-                   host=host, replicates=replicates, prime_share=prime_share, warmup_share=warmup_share).to_dict()
+                   host=host, replicates=replicates, prime_share=prime_share, warmup_share=warmup_share,
+                   background=background).to_dict()
 
 
 def warmup_shares(requests: int, warmup_requests: int) -> tuple[float, float]:
@@ -330,11 +392,14 @@ def replay_plan(queries: Sequence[TraceQuery], cost: CostModel, *, max_requests:
 
 def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: PolicySpec, *, instances: int,
                 cost: CostModel, rank_threads: int = 4, max_requests: int = DEFAULT_MAX_REQUESTS,
-                jobs: int = 2, host: tuple[int, float] = (1, 1.0), warmup_requests: int = 0) -> dict:
+                jobs: int = 2, host: tuple[int, float] = (1, 1.0), warmup_requests: int = 0,
+                pool_sharing: float | None = None) -> dict:
     """Live and proposed spec on the same (most recent) captured queries, and the relay off on them
     (judged on the live SLO: what the relay is worth on this traffic); the replays in parallel
     processes when ``jobs`` > 1. ``warmup_requests``: the first ones are the traffic before the
-    window, replayed to warm the caches and not measured."""
+    window, replayed to warm the caches and not measured. ``pool_sharing``: the pool's ranking
+    forwards' wall time ÷ CPU time, where its instances measure both: the host's other processes are
+    then modelled (``host_background``, one replay more)."""
     plan = replay_plan(queries, cost, max_requests=max_requests, warmup_requests=warmup_requests)
     replayed, warm, measured, cap, shares, note = (plan.replayed, plan.warm, plan.measured, plan.cap, plan.shares,
                                                    plan.note)
@@ -342,9 +407,11 @@ def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: Polic
     cut = sum(q.seq_len > cap for q in replayed)
     slo_ms = live.trigger.ranking_p99_slo_ms
     replicates = replicates_for(len(replayed), cost, max_requests)
-    work = [(replayed, spec, instances, cost, rank_threads, cap, slo_ms, host, replicates, shares)
-            for spec in (live, proposed, None)]
     started = time.monotonic()
+    background = host_background(replayed, live, instances, cost, pool_sharing=pool_sharing,
+                                 rank_threads=rank_threads, host=host, cap=cap, shares=shares)
+    work = [(replayed, spec, instances, cost, rank_threads, cap, slo_ms, host, replicates, shares, background.share)
+            for spec in (live, proposed, None)]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork"),
                                  initializer=follow_parent, initargs=(os.getpid(),)) as pool:
@@ -355,5 +422,5 @@ def run_preview(queries: Sequence[TraceQuery], live: PolicySpec, proposed: Polic
             "routing": preview_routing(replayed, instances)[1],
             "requests_captured": len(queries) - lead, "warmup_requests": warm, "sampling": note, "instances": instances,
             "rank_threads": rank_threads, "instances_per_host": host[0], "host_cores": host[1], "prefix_cap": cap, "prefixes_cut": cut,
-            "replicates": replicates, "sim_nice": os.nice(0),
+            "replicates": replicates, "host_background": background.to_dict(), "sim_nice": os.nice(0),
             "sim_wall_s": round(time.monotonic() - started, 2)}
