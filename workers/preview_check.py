@@ -347,6 +347,7 @@ def check(api: Api, pool: str, window: str, at_risk_seq_len: int | None, change:
         "preview": {"id": preview["id"], "wall_s": round(preview_s, 1), "requests": result["requests"],
                     "sampling": result["sampling"], "model_error": result["model_error"],
                     "model_error_note": result["model_error_note"], "profile": result["profile"],
+                    "host_background": result.get("host_background"),
                     "instances": result["instances"]},
         "hindsight": {"id": hindsight["id"], "wall_s": round(hindsight_s, 1),
                       "window_from": hindsight["result"]["window_from"], "window_to": hindsight["result"]["window_to"],
@@ -393,7 +394,9 @@ def table(report: dict) -> str:
     hindsight = (report.get("hindsight") or {}).get("predicted")
     lines = [f"Preview accuracy on pool {report['pool']}, {report['window']} windows "
              f"({report['change']['words']}; "
-             f"profile: {report['preview']['profile']['note']})",
+             f"profile: {report['preview']['profile']['note']}"
+             + (f"; on the host, {background['note']}" if (background := report["preview"].get("host_background"))
+                else "") + ")",
              "| figure | live predicted | live measured | proposed predicted | proposed measured | error | "
              "proposed replayed on the measured window | its error |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]

@@ -36,6 +36,9 @@ def test_a_given_threshold_is_used_and_the_table_shows_ms_and_shares():
                           "wall_s": 2.4}}
     text = table(report)
     assert "| P99 (ms) | 54.4 |" in text and "| P50 (ms) | 11.8 |" in text and "| within SLO | 99.75 % |" in text
+    assert "on the host" not in text
+    report["preview"]["host_background"] = {"share": 0.07, "note": "other processes took 7.0 % of each core"}
+    assert "profile: fitted; on the host, other processes took 7.0 % of each core)" in table(report)
 
 
 def test_the_live_table_counts_the_windows_whose_p99_is_within_a_quarter():
