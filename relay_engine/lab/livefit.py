@@ -225,7 +225,7 @@ def window_words(meta: dict) -> str:
 
 
 __all__ = ["COMPARE_LENGTHS", "DriftFit", "LiveFit", "OpFit", "fit_drift", "fit_live", "read_pool_forwards",
-           "thrash_within", "window_words"]
+           "thrash_within", "window_words", "wall_over_cpu"]
 
 
 @dataclass(frozen=True)
@@ -244,15 +244,19 @@ class Interleaving:
 def interleaving(times: ForwardTimes, alone: CostModel, ops: tuple[str, ...] = ("rank", "rank_full")) -> Interleaving:
     """``Interleaving`` of the ``ops`` forwards in ``times`` (a CPU instance's: CPU and wall time both),
     against ``alone``'s time for each bucket's mean shape (1, 1 where there are none)."""
-    cpu = wall = expected = 0.0
-    for m in times.means():
-        if m.op in ops and m.mean_ms > 0:
-            cpu += m.mean_ms * m.count
-            wall += m.mean_wall_ms * m.count
-            expected += alone.op_ms(m.op, max(1, round(m.n)), round(m.s), round(m.c)) * m.count
+    timed = [m for m in times.means() if m.op in ops and m.mean_ms > 0]
+    cpu = sum(m.mean_ms * m.count for m in timed)
+    expected = sum(alone.op_ms(m.op, max(1, round(m.n)), round(m.s), round(m.c)) * m.count for m in timed)
     if cpu <= 0 or expected <= 0:
         return Interleaving(1.0, 1.0)
-    return Interleaving(max(1.0, wall / cpu), cpu / expected)
+    return Interleaving(wall_over_cpu(times, ops), cpu / expected)
+
+
+def wall_over_cpu(times: ForwardTimes, ops: tuple[str, ...] = ("rank", "rank_full")) -> float:
+    """The ``ops`` forwards' wall time ÷ their CPU time in ``times`` (at least 1; 1 where there are none)."""
+    timed = [m for m in times.means() if m.op in ops and m.mean_ms > 0]
+    cpu = sum(m.mean_ms * m.count for m in timed)
+    return max(1.0, sum(m.mean_wall_ms * m.count for m in timed) / cpu) if cpu > 0 else 1.0
 
 
 MAX_THRASH = 2.0

@@ -99,20 +99,24 @@ def test_the_fit_command_prints_fitted_against_the_profile(tmp_path, capsys):
     assert "ops.rank.44.sum_ms must be a number" in capsys.readouterr().err
 
 
-def test_the_preview_replays_with_the_pools_own_times_and_says_so(tmp_path):
+def preview_argv(tmp_path, base: CostModel, out) -> list[str]:
+    """``sim preview``'s arguments on a generated 200-query window, the same spec live and proposed."""
     base_path = tmp_path / "base.json"
-    base = true_model()
     base.save(base_path)
     trace = tmp_path / "trace.jsonl"
     write_trace(trace, generate_trace(TraceSpec(queries=200, qps=10, seed=1)))
     spec = tmp_path / "spec.json"
     spec.write_text("{}")
+    return ["preview", "--trace", str(trace), "--live", str(spec), "--proposed", str(spec), "--instances", "2",
+            "--profile", str(base_path), "--jobs", "1", "--max-requests", "200", "--out", str(out)]
+
+
+def test_the_preview_replays_with_the_pools_own_times_and_says_so(tmp_path):
+    base = true_model()
     runs = {}
     for name, extra in (("profile", []), ("own", ["--forward-times", str(pool_file(tmp_path, recorded(base.scaled(3.0))))])):
         out = tmp_path / f"{name}.json"
-        assert cli.main(["preview", "--trace", str(trace), "--live", str(spec), "--proposed", str(spec),
-                         "--instances", "2", "--profile", str(base_path), "--jobs", "1", "--max-requests", "200",
-                         "--out", str(out), *extra]) == 0
+        assert cli.main([*preview_argv(tmp_path, base, out), *extra]) == 0
         runs[name] = json.loads(out.read_text())
     own = runs["own"]["profile"]
     assert own["pools_own"] is True and own["note"].startswith("fitted from this pool's own forwards over the last 15 min")
@@ -127,13 +131,7 @@ def test_the_preview_replays_with_the_pools_own_times_and_says_so(tmp_path):
 
 
 def test_a_pools_forwards_that_waited_beyond_their_cpu_time_model_the_hosts_other_processes(tmp_path):
-    base_path = tmp_path / "base.json"
     base = true_model()
-    base.save(base_path)
-    trace = tmp_path / "trace.jsonl"
-    write_trace(trace, generate_trace(TraceSpec(queries=200, qps=10, seed=1)))
-    spec = tmp_path / "spec.json"
-    spec.write_text("{}")
     times = ForwardTimes()
     for op in ("prefill", "rank", "rank_full"):
         for n in LENGTHS:
@@ -142,9 +140,7 @@ def test_a_pools_forwards_that_waited_beyond_their_cpu_time_model_the_hosts_othe
                 times.record(op, n, 0 if op == "prefill" else 30, 0 if op == "prefill" else 128, ms, 1.3 * ms)
     path = pool_file(tmp_path, times)
     out = tmp_path / "out.json"
-    argv = ["preview", "--trace", str(trace), "--live", str(spec), "--proposed", str(spec), "--instances", "2",
-            "--profile", str(base_path), "--jobs", "1", "--max-requests", "200", "--forward-times", str(path),
-            "--out", str(out)]
+    argv = [*preview_argv(tmp_path, base, out), "--forward-times", str(path)]
     assert cli.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["profile"]["pool_sharing"] == pytest.approx(1.3)

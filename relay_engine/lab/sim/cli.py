@@ -34,7 +34,13 @@ from relay_engine.lab.bench.run import SimMeasure, measure_sweeps, summarize
 from relay_engine.lab.bench.settings import REFERENCE_PROFILE, BenchSettings, quick_settings
 from relay_engine.lab.bench.workload import paired_windows, trace_qps
 from relay_engine.lab.costmodel import CostModel, CostModelError, time_scale_against
-from relay_engine.lab.livefit import COMPARE_LENGTHS, fit_live, read_pool_forwards, window_words
+from relay_engine.lab.livefit import (
+    COMPARE_LENGTHS,
+    fit_live,
+    read_pool_forwards,
+    wall_over_cpu,
+    window_words,
+)
 from relay_engine.lab.sim import decompose
 from relay_engine.lab.sim.fleet import FleetSpec
 from relay_engine.lab.sim.preview import (
@@ -211,13 +217,12 @@ MIN_SHARING_FORWARDS = 100
 
 
 def ranking_sharing(times: ForwardTimes, meta: dict) -> float | None:
-    """The pool's ranking forwards' wall time ÷ CPU time (``livefit.interleaving``), where its instances
+    """The pool's ranking forwards' wall time ÷ CPU time (``livefit.wall_over_cpu``), where its instances
     time their forwards on the CPU clock (wall time beside it) and ran enough of them; else None."""
-    ranks = [m for m in times.means() if m.op in ("rank", "rank_full") and m.mean_ms > 0]
-    if meta.get("clock") != "thread_cpu" or sum(m.count for m in ranks) < MIN_SHARING_FORWARDS:
+    ranks = sum(m.count for m in times.means() if m.op in ("rank", "rank_full"))
+    if meta.get("clock") != "thread_cpu" or ranks < MIN_SHARING_FORWARDS:
         return None
-    cpu = sum(m.mean_ms * m.count for m in ranks)
-    return max(1.0, sum(m.mean_wall_ms * m.count for m in ranks) / cpu)
+    return wall_over_cpu(times)
 
 
 def cmd_preview(args: argparse.Namespace) -> int:

@@ -220,14 +220,14 @@ def host_background(queries: Sequence[TraceQuery], live: PolicySpec, instances: 
                     seed: int = 0) -> HostBackground:
     """``HostBackground`` of a window: the live spec replayed once with nothing else on the host, its
     ranking forwards' sharing set against the pool's (None: none modelled)."""
-    if pool_sharing is None:
+    if pool_sharing is None or pool_sharing <= 0:
         return HostBackground(0.0, None, None)
     fleet = preview_fleet(live, instances, cost, slo_ms=live.trigger.ranking_p99_slo_ms, rank_threads=rank_threads,
                           host=host, routing=preview_routing(queries, instances)[0])
     cap = cap or prefix_cap(queries, cost)
     reports = replay_trace(queries, fleet, cost, cap=cap, prime_share=shares[0], warmup_share=shares[1], seed=seed)
     simulated = simulated_sharing(reports) or 1.0
-    share = min(MAX_BACKGROUND, max(0.0, 1.0 - simulated / pool_sharing)) if pool_sharing > 0 else 0.0
+    share = min(MAX_BACKGROUND, max(0.0, 1.0 - simulated / pool_sharing))
     return HostBackground(share, pool_sharing, simulated)
 
 
